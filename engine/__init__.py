@@ -1,0 +1,1 @@
+"""The continuous-batching engine: requests, scheduling, running the model, sampling."""

@@ -1,0 +1,85 @@
+"""Which blocks a sequence holds: prefix hits, growth as it gets longer, release.
+
+A sequence's blocks are a `SequenceBlocks`: its block table, plus the hash chain
+of its leading full blocks that are already findable in the prefix cache.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from kvcache.block_allocator import BlockAllocator, hash_block
+from kvcache.pool import BLOCK_SIZE
+
+
+def blocks_for(num_tokens: int) -> int:
+    return -(-num_tokens // BLOCK_SIZE)
+
+
+@dataclass
+class SequenceBlocks:
+    block_table: list[int] = field(default_factory=list)
+    # hashes[i] identifies block_table[i], for each leading full block whose K/V is computed.
+    hashes: list[int] = field(default_factory=list)
+
+
+class KVCacheManager:
+    def __init__(self, allocator: BlockAllocator) -> None:
+        self.allocator = allocator
+
+    def find_cached_prefix(self, token_ids: Sequence[int]) -> SequenceBlocks:
+        """The longest run of leading full blocks already in the cache (nothing is acquired).
+
+        The last token is never taken from the cache: its logits are needed, so at least it
+        is computed again."""
+        found = SequenceBlocks()
+        if not self.allocator.enable_prefix_cache:
+            return found
+        parent = None
+        for i in range((len(token_ids) - 1) // BLOCK_SIZE):
+            chunk = token_ids[i * BLOCK_SIZE:(i + 1) * BLOCK_SIZE]
+            block_hash = hash_block(parent, chunk)
+            block_id = self.allocator.lookup(block_hash, parent, chunk)
+            if block_id is None:
+                break
+            found.block_table.append(block_id)
+            found.hashes.append(block_hash)
+            parent = block_hash
+        return found
+
+    def can_grow(self, blocks: SequenceBlocks, num_tokens: int) -> bool:
+        """Could `blocks` (held, or a fresh prefix hit not yet acquired) hold num_tokens?"""
+        new = blocks_for(num_tokens) - len(blocks.block_table)
+        # A hit on a cached-free block revives it, which uses up one free block.
+        revived = sum(1 for b in blocks.block_table if self.allocator.blocks[b].ref_count == 0)
+        return self.allocator.num_free - revived >= new
+
+    def acquire(self, blocks: SequenceBlocks) -> None:
+        """Take hold of a prefix hit returned by find_cached_prefix."""
+        for block_id in blocks.block_table:
+            self.allocator.acquire(block_id)
+
+    def grow(self, blocks: SequenceBlocks, num_tokens: int) -> None:
+        """Append fresh blocks until the table holds num_tokens (check can_grow first)."""
+        while len(blocks.block_table) < blocks_for(num_tokens):
+            blocks.block_table.append(self.allocator.allocate())
+
+    def cache_full_blocks(self, blocks: SequenceBlocks, token_ids: Sequence[int],
+                          num_computed: int) -> None:
+        """Make every full block whose K/V is now computed findable by later sequences."""
+        parent = blocks.hashes[-1] if blocks.hashes else None
+        for i in range(len(blocks.hashes), num_computed // BLOCK_SIZE):
+            chunk = token_ids[i * BLOCK_SIZE:(i + 1) * BLOCK_SIZE]
+            block_hash = hash_block(parent, chunk)
+            self.allocator.cache(blocks.block_table[i], block_hash, parent, chunk)
+            blocks.hashes.append(block_hash)
+            parent = block_hash
+
+    def release(self, blocks: SequenceBlocks) -> None:
+        """Give back every block; the tail first, so it is also evicted first (a prefix's
+        early blocks are the ones other sequences are most likely to share)."""
+        for block_id in reversed(blocks.block_table):
+            self.allocator.free(block_id)
+        blocks.block_table.clear()
+        blocks.hashes.clear()

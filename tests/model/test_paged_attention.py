@@ -1,0 +1,147 @@
+"""Paged prefill, paged decode and prefix hits against Hugging Face's logits."""
+
+from __future__ import annotations
+
+import torch
+
+from engine.model_runner import ModelRunner, SequenceStep
+from kvcache.block_allocator import BlockAllocator
+from kvcache.kv_cache_manager import KVCacheManager, SequenceBlocks
+from kvcache.pool import BLOCK_SIZE, KVCachePool
+from model.paged_attention import PagedAttention, StepMetadata
+from tests.conftest import LOGITS_ATOL
+
+torch.set_grad_enabled(False)
+
+
+def make_runner(model, num_blocks: int = 64) -> tuple[ModelRunner, KVCacheManager]:
+    cfg = model.cfg
+    pool = KVCachePool(cfg.num_layers, num_blocks, cfg.num_kv_heads, cfg.head_dim)
+    return ModelRunner(model, pool), KVCacheManager(BlockAllocator(num_blocks))
+
+
+def hf_last_logits(hf_model, ids: list[int]) -> torch.Tensor:
+    return hf_model(torch.tensor([ids])).logits[0, -1]
+
+
+def prompt_ids(tokenizer, n: int, seed: int) -> list[int]:
+    """A real-text prompt of exactly n tokens."""
+    text = " ".join(f"Sentence {seed}-{i} says the weather is mild today." for i in range(n))
+    return tokenizer(text).input_ids[:n]
+
+
+def test_write_path_stores_each_token_in_its_slot():
+    pool = KVCachePool(num_layers=1, num_blocks=8, num_kv_heads=3, head_dim=64)
+    attention = PagedAttention(pool)
+    table = [5, 2, 7]  # deliberately out of order
+    n = 40
+    k, v = torch.randn(n, 3, 64), torch.randn(n, 3, 64)
+    attention.step = StepMetadata.build([], [(table, n, n)])
+    attention(0, torch.randn(n, 9, 64), k, v)
+    for pos in range(n):
+        block, slot = table[pos // BLOCK_SIZE], pos % BLOCK_SIZE
+        assert torch.equal(pool.k[0][block, slot], k[pos])
+        assert torch.equal(pool.v[0][block, slot], v[pos])
+    untouched = [b for b in range(8) if b not in table]
+    assert all(pool.k[0][b].abs().sum() == 0 for b in untouched)
+    print(f"{n} tokens written to blocks {table}; other blocks untouched")
+
+
+def test_paged_prefill_matches_hf(model, hf_model, tokenizer):
+    runner, manager = make_runner(model)
+    for n in (5, 16, 37):
+        ids = prompt_ids(tokenizer, n, seed=n)
+        blocks = SequenceBlocks()
+        manager.grow(blocks, n)
+        logits = runner.run([SequenceStep(ids, 0, blocks.block_table, True)])[0]
+        diff = (logits - hf_last_logits(hf_model, ids)).abs().max().item()
+        print(f"paged prefill of {n} tokens: max |diff| vs HF = {diff:.2e}")
+        assert diff < LOGITS_ATOL
+        manager.release(blocks)
+
+
+def test_paged_decode_batch_of_different_lengths_matches_hf(model, hf_model, tokenizer):
+    runner, manager = make_runner(model)
+    lengths = [3, 17, 30, 48, 9]
+    seqs, tables = [], []
+    for i, n in enumerate(lengths):  # prefill each, then decode the batch for 3 steps
+        ids = prompt_ids(tokenizer, n, seed=100 + i)
+        blocks = SequenceBlocks()
+        manager.grow(blocks, n + 3)
+        runner.run([SequenceStep(ids, 0, blocks.block_table, True)])
+        seqs.append(ids)
+        tables.append(blocks.block_table)
+    for step in range(3):
+        new_tokens = [1000 + 7 * step + i for i in range(len(seqs))]
+        batch = [SequenceStep([tok], len(ids), table, True)
+                 for tok, ids, table in zip(new_tokens, seqs, tables)]
+        logits = runner.run(batch)
+        for i, tok in enumerate(new_tokens):
+            seqs[i] = [*seqs[i], tok]
+            diff = (logits[i] - hf_last_logits(hf_model, seqs[i])).abs().max().item()
+            print(f"decode step {step}, sequence of {len(seqs[i])} tokens: max |diff| = {diff:.2e}")
+            assert diff < LOGITS_ATOL
+
+
+def test_prefix_hit_computes_only_the_rest_and_matches_hf(model, hf_model, tokenizer):
+    runner, manager = make_runner(model)
+    shared = prompt_ids(tokenizer, 3 * BLOCK_SIZE, seed=7)
+    first = [*shared, *tokenizer(" and the first user asks about cats").input_ids]
+    second = [*shared, *tokenizer(" while the second one wants dogs, please").input_ids]
+
+    a = SequenceBlocks()
+    manager.grow(a, len(first))
+    runner.run([SequenceStep(first, 0, a.block_table, True)])
+    manager.cache_full_blocks(a, first, len(first))
+
+    b = manager.find_cached_prefix(second)
+    cached = len(b.block_table) * BLOCK_SIZE
+    assert cached == 3 * BLOCK_SIZE
+    manager.acquire(b)
+    manager.grow(b, len(second))
+    logits = runner.run([SequenceStep(second[cached:], cached, b.block_table, True)])[0]
+    diff = (logits - hf_last_logits(hf_model, second)).abs().max().item()
+    print(f"prefix hit: {cached} cached tokens reused, {len(second) - cached} computed; "
+          f"max |diff| vs HF = {diff:.2e}")
+    assert diff < LOGITS_ATOL
+
+
+def test_chunked_prefill_matches_hf(model, hf_model, tokenizer):
+    runner, manager = make_runner(model)
+    ids = prompt_ids(tokenizer, 45, seed=3)
+    blocks = SequenceBlocks()
+    manager.grow(blocks, len(ids))
+    pos = 0
+    for size in (13, 20, 12):  # chunk edges fall inside blocks on purpose
+        last = pos + size == len(ids)
+        out = runner.run([SequenceStep(ids[pos:pos + size], pos, blocks.block_table, last)])
+        pos += size
+    diff = (out[0] - hf_last_logits(hf_model, ids)).abs().max().item()
+    print(f"45 tokens prefilled in chunks of 13/20/12: max |diff| vs HF = {diff:.2e}")
+    assert diff < LOGITS_ATOL
+
+
+def test_garbage_in_unused_slots_is_masked_out(model, tokenizer):
+    """Unused and stale slots hold whatever was there before. Fill the pool with huge
+    finite values: masking must give them exactly zero weight. (Not NaN: softmax weight 0
+    times NaN is still NaN, so no mask could hide it; a real pool never holds NaN, since
+    every slot was either zeroed at start or written with a real K/V.)"""
+    clean, manager = make_runner(model)
+    dirty, _ = make_runner(model)
+    for layer in range(model.cfg.num_layers):
+        for t in (dirty.pool.k[layer], dirty.pool.v[layer]):
+            t.uniform_(-1e30, 1e30)
+    ids_a, ids_b = prompt_ids(tokenizer, 20, 1), prompt_ids(tokenizer, 7, 2)
+    a, b = SequenceBlocks(), SequenceBlocks()
+    manager.grow(a, 21)
+    manager.grow(b, 8)
+    results = []
+    for runner in (clean, dirty):
+        runner.run([SequenceStep(ids_a, 0, a.block_table, True),
+                    SequenceStep(ids_b, 0, b.block_table, True)])
+        results.append(runner.run([SequenceStep([42], 20, a.block_table, True),
+                                   SequenceStep([43], 7, b.block_table, True)]))
+    diff = (results[0] - results[1]).abs().max().item()
+    print(f"clean pool vs pool full of +-1e30 garbage: max |diff| = {diff:.2e}")
+    assert torch.isfinite(results[1]).all()
+    assert diff < LOGITS_ATOL
