@@ -1,0 +1,1 @@
+"""The OpenAI-compatible HTTP layer: request schemas, validation, SSE streaming."""

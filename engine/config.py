@@ -1,0 +1,63 @@
+"""The one config object the CLI fills, for the engine (the server adds host and port)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass
+
+
+@dataclass
+class EngineConfig:
+    model: str | None = None  # a local Hugging Face folder; None = the default model
+    device: str | None = None  # None = CUDA, else MPS, else CPU
+    dtype: str = "float32"
+    max_num_seqs: int = 30  # seats: sequences decoded together
+    num_blocks: int | None = None  # KV pool size in blocks; None = from kv_cache_memory
+    kv_cache_memory: str = "2GiB"
+    enable_prefix_cache: bool = True
+    max_num_batched_tokens: int = 512  # token budget of one step (prefill chunks + decodes)
+    max_waiting: int = 256  # beyond this, new requests are refused with 429
+    request_timeout: float | None = None  # seconds from arrival; None = no limit
+
+    @staticmethod
+    def add_cli_args(parser: argparse.ArgumentParser) -> None:
+        d = EngineConfig()
+        parser.add_argument("--model", default=None,
+                            help="local Hugging Face Llama folder (default: SmolLM2-135M-Instruct, "
+                                 "prepared on first use)")
+        parser.add_argument("--device", default=None, help="cuda, mps or cpu (default: best)")
+        parser.add_argument("--dtype", default=d.dtype, choices=["float32", "bfloat16", "float16"])
+        parser.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs)
+        parser.add_argument("--num-blocks", type=int, default=None,
+                            help="KV cache blocks of 16 tokens (overrides --kv-cache-memory)")
+        parser.add_argument("--kv-cache-memory", default=d.kv_cache_memory,
+                            help="KV cache size, e.g. 2GiB or 512MiB")
+        parser.add_argument("--no-prefix-cache", action="store_true",
+                            help="turn prefix caching off (also NANO_PREFIX_CACHE=0)")
+        parser.add_argument("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens,
+                            help="tokens computed per step; longer prompts are prefilled in chunks")
+        parser.add_argument("--max-waiting", type=int, default=d.max_waiting,
+                            help="queued requests beyond this get HTTP 429")
+        parser.add_argument("--request-timeout", type=float, default=None,
+                            help="abort a request this many seconds after it arrived")
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> EngineConfig:
+        prefix_cache = not args.no_prefix_cache and os.environ.get("NANO_PREFIX_CACHE", "1") != "0"
+        config = cls(model=args.model, device=args.device, dtype=args.dtype,
+                     max_num_seqs=args.max_num_seqs, num_blocks=args.num_blocks,
+                     kv_cache_memory=args.kv_cache_memory, enable_prefix_cache=prefix_cache,
+                     max_num_batched_tokens=args.max_num_batched_tokens,
+                     max_waiting=args.max_waiting, request_timeout=args.request_timeout)
+        config.validate()
+        return config
+
+    def validate(self) -> None:
+        if self.max_num_seqs < 1:
+            raise ValueError("--max-num-seqs must be at least 1")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError("--max-num-batched-tokens must be at least --max-num-seqs, so every "
+                             "seated sequence can decode in each step")
+        if self.max_waiting < 1:
+            raise ValueError("--max-waiting must be at least 1")

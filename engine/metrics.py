@@ -1,0 +1,94 @@
+"""Prometheus metrics, named like vLLM's (`vllm:` becomes `nano_vllm:`) so dashboards adapt.
+
+Each engine has its own registry; gauges are read from the engine when scraped,
+so the hot path only bumps counters and histograms.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+if TYPE_CHECKING:
+    from engine.request import Request
+    from engine.scheduler import ScheduledStep
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0,
+                   1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+P = "nano_vllm:"
+
+
+class EngineMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.prompt_tokens = Counter(P + "prompt_tokens", "Prefill tokens processed.", registry=r)
+        self.generation_tokens = Counter(P + "generation_tokens", "Generated tokens.", registry=r)
+        self.prefix_cache_queries = Counter(
+            P + "prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", registry=r)
+        self.prefix_cache_hits = Counter(
+            P + "prefix_cache_hits", "Prompt tokens found in the prefix cache.", registry=r)
+        self.preemptions = Counter(P + "num_preemptions", "Requests preempted.", registry=r)
+        self.request_success = Counter(P + "request_success", "Finished requests.",
+                                       ["finished_reason"], registry=r)
+        self.ttft = Histogram(P + "time_to_first_token_seconds", "Time to first token.",
+                              buckets=LATENCY_BUCKETS, registry=r)
+        self.itl = Histogram(P + "inter_token_latency_seconds", "Time between output tokens.",
+                             buckets=LATENCY_BUCKETS, registry=r)
+        self.e2e = Histogram(P + "e2e_request_latency_seconds", "Arrival to finish.",
+                             buckets=LATENCY_BUCKETS, registry=r)
+        self.queue_time = Histogram(P + "request_queue_time_seconds", "Arrival to first seated.",
+                                    buckets=LATENCY_BUCKETS, registry=r)
+
+    def add_gauges(self, read: Callable[[], dict[str, int]]) -> None:
+        """Gauges computed at scrape time from the engine's stats() (a dict of counts)."""
+        specs = {
+            "num_requests_running": ("running", "Requests seated in the batch."),
+            "num_requests_waiting": ("waiting", "Requests waiting for a seat."),
+            "kv_blocks_total": ("blocks_total", "Usable KV cache blocks."),
+            "kv_blocks_used": ("blocks_used", "KV cache blocks held by requests."),
+            "kv_blocks_free": ("blocks_free", "KV cache blocks that can be handed out."),
+            "kv_blocks_cached_free": ("blocks_cached_free",
+                                      "Free blocks that still hold a findable cached prefix."),
+        }
+        for name, (key, doc) in specs.items():
+            Gauge(P + name, doc, registry=self.registry).set_function(
+                lambda key=key: read()[key])
+
+        def usage() -> float:
+            stats = read()
+            return stats["blocks_used"] / max(stats["blocks_total"], 1)
+
+        Gauge(P + "kv_cache_usage_perc", "Fraction of KV blocks in use (0-1).",
+              registry=self.registry).set_function(usage)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    # --- hooks called by the engine thread ---
+
+    def on_schedule(self, step: ScheduledStep) -> None:
+        self.preemptions.inc(len(step.preempted))
+        self.prefix_cache_queries.inc(step.prefix_queried_tokens)
+        self.prefix_cache_hits.inc(step.prefix_hit_tokens)
+        self.prompt_tokens.inc(sum(n for r, n in step.work
+                                   if r.num_computed_tokens + n <= r.num_prompt_tokens))
+
+    def on_token(self, request: Request, now: float) -> None:
+        self.generation_tokens.inc()
+        if request.first_token_time is None:
+            request.first_token_time = now
+            self.ttft.observe(now - request.arrival_time)
+        else:
+            self.itl.observe(now - request.last_token_time)
+        request.last_token_time = now
+
+    def on_finish(self, request: Request) -> None:
+        now = time.monotonic()
+        self.request_success.labels(request.finish_reason).inc()
+        self.e2e.observe(now - request.arrival_time)
+        if request.scheduled_time is not None:
+            self.queue_time.observe(request.scheduled_time - request.arrival_time)

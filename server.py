@@ -1,0 +1,61 @@
+"""nano-vLLM's OpenAI-compatible server: `python3 server.py` serves on 127.0.0.1:8080."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+import uvicorn
+
+from api.app import create_app
+from engine.batch_engine import load_engine
+from engine.config import EngineConfig
+from model.prepare import MODEL_NAME, ModelPreparationError
+
+
+def build_parser(description: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8080)
+    parser.add_argument("--served-model-name", default=None,
+                        help="name clients use in 'model' (default: the model folder's name)")
+    EngineConfig.add_cli_args(parser)
+    return parser
+
+
+def serve(engine, args: argparse.Namespace, model_name: str) -> None:
+    app = create_app(engine, model_name)
+    engine.start()
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    finally:
+        engine.shutdown()
+
+
+def served_name(args: argparse.Namespace) -> str:
+    if args.served_model_name:
+        return args.served_model_name
+    return args.model.rstrip("/").split("/")[-1] if args.model else MODEL_NAME
+
+
+def main() -> int:
+    args = build_parser(__doc__).parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    try:
+        config = EngineConfig.from_args(args)
+        engine = load_engine(config)
+    except (ModelPreparationError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    stats = engine.stats()
+    print(f"nano-vLLM: {served_name(args)} on {engine.runner.device}, "
+          f"{stats['blocks_total']} KV blocks of 16 tokens, prefix cache "
+          f"{'on' if config.enable_prefix_cache else 'off'}; "
+          f"serving on http://{args.host}:{args.port}/v1", flush=True)
+    serve(engine, args, served_name(args))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
