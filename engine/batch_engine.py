@@ -44,18 +44,8 @@ class BatchEngine:
         self.config = config
         self.model = model
         self.tokenizer = tokenizer
+        self._build_cache_and_scheduler()
         cfg = model.cfg
-        dtype = model.embed_tokens.weight.dtype
-        device = model.embed_tokens.weight.device
-        num_blocks = config.num_blocks or KVCachePool.blocks_for_memory(
-            parse_memory(config.kv_cache_memory), cfg.num_layers, cfg.num_kv_heads, cfg.head_dim,
-            dtype)
-        self.pool = KVCachePool(cfg.num_layers, num_blocks, cfg.num_kv_heads, cfg.head_dim,
-                                dtype, device)
-        self.allocator = BlockAllocator(num_blocks, config.enable_prefix_cache)
-        self.kv = KVCacheManager(self.allocator)
-        self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens)
-        self.runner = ModelRunner(model, self.pool)
         self.metrics = EngineMetrics()
         self.metrics.add_gauges(self.stats)
         self.eos_token_ids = set(cfg.eos_token_ids)
@@ -70,6 +60,24 @@ class BatchEngine:
         self._wakeup = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="batch-engine", daemon=True)
+
+    def _build_cache_and_scheduler(self) -> None:
+        """The paged KV pool, its allocator, the scheduler and the model runner.
+
+        A method of its own so that baseline_server.py can keep K/V its own way and reuse
+        the rest of the engine (queue, aborts, sampling, stop conditions, metrics)."""
+        cfg, config = self.model.cfg, self.config
+        dtype = self.model.embed_tokens.weight.dtype
+        device = self.model.embed_tokens.weight.device
+        num_blocks = config.num_blocks or KVCachePool.blocks_for_memory(
+            parse_memory(config.kv_cache_memory), cfg.num_layers, cfg.num_kv_heads, cfg.head_dim,
+            dtype)
+        self.pool = KVCachePool(cfg.num_layers, num_blocks, cfg.num_kv_heads, cfg.head_dim,
+                                dtype, device)
+        self.allocator = BlockAllocator(num_blocks, config.enable_prefix_cache)
+        self.kv = KVCacheManager(self.allocator)
+        self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens)
+        self.runner = ModelRunner(self.model, self.pool)
 
     # --- called from other threads -------------------------------------------------------
 
@@ -218,8 +226,9 @@ class BatchEngine:
             num_cached_tokens=request.num_cached_tokens, error=error))
 
 
-def load_engine(config: EngineConfig) -> BatchEngine:
-    """Prepare or find the model, load it and its tokenizer, and build an engine."""
+def load_engine(config: EngineConfig, engine_class: type[BatchEngine] = BatchEngine) -> BatchEngine:
+    """Prepare or find the model, load it and its tokenizer, and build an engine
+    (of `engine_class`: baseline_server.py passes its own)."""
     from transformers import AutoTokenizer
 
     from model.loader import load_model, pick_device, pick_dtype
@@ -231,4 +240,4 @@ def load_engine(config: EngineConfig) -> BatchEngine:
     model = load_model(model_dir, device, pick_dtype(config.dtype))
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     torch.set_grad_enabled(False)
-    return BatchEngine(config, model, tokenizer)
+    return engine_class(config, model, tokenizer)

@@ -1,0 +1,260 @@
+"""The baseline server: nano-vLLM's API and model, over a naive per-user KV cache.
+
+`python3 baseline_server.py` takes server.py's flags and serves the same OpenAI-compatible
+API (on 127.0.0.1:8080 unless told otherwise). It is the fixed yardstick that the real
+engine is measured against, so it is kept simple and is not optimised.
+
+It differs from the engine (engine/batch_engine.py) in two things only:
+
+- **KV cache.** Each request keeps, per layer, its own K and V tensors
+  [tokens, kv_heads, head_dim]. At every decode step each user's past is concatenated with
+  its new K/V (torch.cat: a new allocation and a copy of the whole past), the users are
+  right-padded to the longest and stacked into one batch, and attention masks the padding.
+  That is the common naive design; the paged cache writes each K/V once and never moves it.
+- **Prefill.** Each newcomer's prompt goes through the model alone, in one plain causal
+  forward pass: no chunking, no token budget, no prefix cache. There is no preemption
+  either: memory is not bounded, so --num-blocks, --kv-cache-memory, --no-prefix-cache and
+  --max-num-batched-tokens are accepted and ignored.
+
+A round seats waiting requests up to --max-num-seqs, prefills the newcomers one at a time,
+then decodes one token for every seated request in one batched forward pass. Everything
+else is the engine's own code (BaselineEngine subclasses BatchEngine): the request queue,
+aborts and timeouts, sampling, stop conditions, detokenization, metrics and the HTTP app.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.nn.utils.rnn import pad_sequence
+
+from engine.batch_engine import BatchEngine, load_engine
+from engine.config import EngineConfig
+from engine.request import Request, Status
+from engine.sampler import sample
+from engine.scheduler import ScheduledStep
+from model.llama import LlamaModel, causal_attention
+from model.prepare import ModelPreparationError
+from server import build_parser, serve, served_name
+
+log = logging.getLogger("nano_vllm.baseline")
+
+
+@dataclass
+class UserKV:
+    """One request's own KV cache: per layer, the K and V of every token computed so far,
+    each [tokens, kv_heads, head_dim]."""
+
+    k: list[Tensor]
+    v: list[Tensor]
+
+    @property
+    def length(self) -> int:
+        return self.k[0].shape[0] if self.k else 0
+
+
+class PrefillAttention:
+    """The `attention` callable for one user's prefill: causal attention of the prompt over
+    itself, keeping each layer's K/V as that user's cache. Flat layout: q [L, heads, dim],
+    k and v [L, kv_heads, dim]."""
+
+    def __init__(self) -> None:
+        self.cache = UserKV([], [])
+
+    def __call__(self, layer_idx: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        assert layer_idx == len(self.cache.k), "layers must run in order"
+        # k and v are views into the layer's QKV output; copy them so the cache holds only K/V.
+        self.cache.k.append(k.clone())
+        self.cache.v.append(v.clone())
+        return causal_attention(layer_idx, q[None], k[None], v[None])[0]
+
+
+class PaddedDecodeAttention:
+    """The `attention` callable for one decode step over per-user caches.
+
+    q is [B, 1, heads, dim], k and v [B, 1, kv_heads, dim], row i belonging to caches[i].
+    Per layer, each user's past is concatenated with its new K/V (that concatenation is the
+    user's next cache), the users are right-padded to one length and stacked, and the
+    padding is masked. The new caches are kept aside and only installed by `commit`, after
+    the whole forward pass succeeded, so a failed step leaves every cache as it was.
+    """
+
+    def __init__(self, caches: list[UserKV], device: torch.device) -> None:
+        self.caches = caches
+        lengths = torch.tensor([c.length + 1 for c in caches], device=device)  # past + new
+        key_pos = torch.arange(int(lengths.max()), device=device)
+        self.mask = (key_pos[None, :] < lengths[:, None])[:, None, None, :]  # [B, 1, 1, T]
+        self.new_k: list[list[Tensor]] = []  # per layer, per user: past + this step's K
+        self.new_v: list[list[Tensor]] = []
+
+    def __call__(self, layer_idx: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        assert layer_idx == len(self.new_k), "layers must run in order"
+        keys = [torch.cat([c.k[layer_idx], k[i]]) for i, c in enumerate(self.caches)]
+        values = [torch.cat([c.v[layer_idx], v[i]]) for i, c in enumerate(self.caches)]
+        self.new_k.append(keys)
+        self.new_v.append(values)
+        k_batch = pad_sequence(keys, batch_first=True)  # [B, T, kv_heads, dim], zero-padded
+        v_batch = pad_sequence(values, batch_first=True)
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k_batch.transpose(1, 2), v_batch.transpose(1, 2),
+            attn_mask=self.mask, enable_gqa=True)
+        return out.transpose(1, 2)  # [B, 1, heads, dim]
+
+    def commit(self) -> None:
+        """Give every user its grown cache (past + this step's K/V)."""
+        for i, cache in enumerate(self.caches):
+            cache.k = [layer[i] for layer in self.new_k]
+            cache.v = [layer[i] for layer in self.new_v]
+
+
+class BaselineRunner:
+    """Runs the model for the baseline: one user's prefill, or one batched decode step."""
+
+    def __init__(self, model: LlamaModel) -> None:
+        self.model = model
+        self.device = model.embed_tokens.weight.device
+
+    @torch.inference_mode()
+    def prefill(self, token_ids: list[int]) -> tuple[Tensor, UserKV]:
+        """The last prompt token's logits [1, vocab], and the user's new cache."""
+        attention = PrefillAttention()
+        n = len(token_ids)
+        logits = self.model(
+            torch.tensor(token_ids, device=self.device), torch.arange(n, device=self.device),
+            attention, logits_indices=torch.tensor([n - 1], device=self.device))
+        return logits, attention.cache
+
+    @torch.inference_mode()
+    def decode(self, caches: list[UserKV], last_tokens: list[int]) -> Tensor:
+        """Logits [B, vocab] for each user's last token, at position = its cache length;
+        afterwards each cache holds that token's K/V too."""
+        attention = PaddedDecodeAttention(caches, self.device)
+        input_ids = torch.tensor(last_tokens, device=self.device)[:, None]
+        positions = torch.tensor([c.length for c in caches], device=self.device)[:, None]
+        logits = self.model(input_ids, positions, attention)[:, -1]
+        attention.commit()
+        return logits
+
+
+class BaselineScheduler:
+    """Seats, first come first served, up to max_num_seqs; no memory limit, no preemption.
+
+    Holds each seated request's cache. Has the parts of engine/scheduler.py's Scheduler
+    that BatchEngine uses: `waiting`, `running`, `add`, `has_work`, `finish`."""
+
+    def __init__(self, max_num_seqs: int) -> None:
+        self.max_num_seqs = max_num_seqs
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.caches: dict[str, UserKV] = {}  # request id -> its cache, once prefilled
+
+    def add(self, request: Request) -> None:
+        self.waiting.append(request)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def seat(self) -> list[Request]:
+        """Seat requests from the front of the line while seats are free; returns them."""
+        newcomers = []
+        while self.waiting and len(self.running) < self.max_num_seqs:
+            request = self.waiting.popleft()
+            request.status = Status.RUNNING
+            request.scheduled_time = time.monotonic()
+            self.running.append(request)
+            newcomers.append(request)
+        return newcomers
+
+    def finish(self, request: Request) -> None:
+        """Unseat (or unqueue) a request for good, dropping its cache."""
+        if request.status is Status.RUNNING:
+            self.running.remove(request)
+            self.caches.pop(request.request_id, None)
+        elif request.status is Status.WAITING:
+            self.waiting.remove(request)
+        request.status = Status.FINISHED
+
+
+class BaselineEngine(BatchEngine):
+    """BatchEngine with the per-user cache: only the cache, the round and the stats differ."""
+
+    scheduler: BaselineScheduler
+    runner: BaselineRunner
+
+    def _build_cache_and_scheduler(self) -> None:
+        self.scheduler = BaselineScheduler(self.config.max_num_seqs)
+        self.runner = BaselineRunner(self.model)
+
+    @property
+    def max_tokens_per_request(self) -> int:
+        """Only RoPE's table bounds a request here: the caches grow without limit."""
+        return self.model.cfg.max_position_embeddings
+
+    def stats(self) -> dict[str, int]:
+        return {"running": len(self.scheduler.running),
+                "waiting": len(self.scheduler.waiting) + len(self._inbox),
+                "blocks_total": 0, "blocks_used": 0, "blocks_free": 0, "blocks_cached_free": 0}
+
+    def step(self) -> None:
+        """One round: seat newcomers, prefill them one by one, decode everyone seated."""
+        self._take_inbox()
+        for request in self.scheduler.seat():
+            self._prefill(request)
+        if self.scheduler.running:  # everyone seated now has a cache and a token to feed
+            self._decode(list(self.scheduler.running))
+
+    def _prefill(self, request: Request) -> None:
+        self.metrics.on_schedule(ScheduledStep(work=[(request, request.num_prompt_tokens)]))
+        try:
+            logits, cache = self.runner.prefill(request.token_ids)
+            token = sample(logits, [request.params], [request.generator])[0]
+        except Exception as exc:  # a failed prefill fails only this request
+            log.exception("prefill failed; failing request %s", request.request_id)
+            self._finish(request, "error", f"internal error in the baseline: {exc}")
+            return
+        self.scheduler.caches[request.request_id] = cache
+        request.num_computed_tokens = request.num_tokens
+        self._append_token(request, token, time.monotonic())
+
+    def _decode(self, requests: list[Request]) -> None:
+        self.metrics.on_schedule(ScheduledStep(work=[(r, 1) for r in requests]))
+        try:
+            logits = self.runner.decode([self.scheduler.caches[r.request_id] for r in requests],
+                                        [r.token_ids[-1] for r in requests])
+            tokens = sample(logits, [r.params for r in requests], [r.generator for r in requests])
+        except Exception as exc:  # a failed step fails only the requests in it
+            log.exception("decode step failed; failing the %d requests in it", len(requests))
+            for request in requests:
+                self._finish(request, "error", f"internal error in the baseline: {exc}")
+            return
+        now = time.monotonic()
+        for request, token in zip(requests, tokens):
+            request.num_computed_tokens += 1
+            self._append_token(request, token, now)
+
+
+def main() -> int:
+    args = build_parser(__doc__).parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    try:
+        config = EngineConfig.from_args(args)
+        engine = load_engine(config, BaselineEngine)
+    except (ModelPreparationError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"nano-vLLM BASELINE (per-user KV cache, padded and concatenated every step): "
+          f"{served_name(args)} on {engine.runner.device}, up to {config.max_num_seqs} users "
+          f"at once; serving on http://{args.host}:{args.port}/v1", flush=True)
+    serve(engine, args, served_name(args))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
