@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 import uuid
 from collections.abc import AsyncIterator
+from itertools import takewhile
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -28,6 +30,9 @@ from engine.request import Request as EngineRequest
 from engine.request import RequestOutput, SamplingParams
 
 RETRY_AFTER_SECONDS = 1
+DISCONNECT_CHECK_SECONDS = 1.0
+# Below this a temperature is greedy (as in vLLM): dividing logits by a tinier one overflows.
+GREEDY_TEMPERATURE = 1e-5
 
 
 class APIError(Exception):
@@ -50,13 +55,25 @@ def error_response(exc: APIError) -> JSONResponse:
 
 
 def describe_validation_error(exc: RequestValidationError) -> tuple[str, str | None]:
-    first = exc.errors()[0]
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    errors = exc.errors()
+    first = errors[0]
     if first.get("type") == "json_invalid":
         return "The request body is not valid JSON.", None
-    param = ".".join(loc) or None
+    if first.get("type") == "model_attributes_type" and isinstance(first.get("input"),
+                                                                     str | bytes):
+        # FastAPI leaves a body unparsed unless it comes as application/json (curl -d doesn't)
+        return ("The request body must be a JSON object, sent with "
+                "'Content-Type: application/json'.", None)
+    # A value that fits no member of a union (prompt: str | list[int] | ...) fails once per
+    # member, each loc ending in the member's name ('str'): name the field, list every reason.
+    locs = [[str(p) for p in e.get("loc", ()) if p != "body"] for e in errors]
+    group = [i for i, loc in enumerate(locs) if loc[:1] == locs[0][:1]]
+    columns = zip(*(locs[i] for i in group))  # the k-th part of each loc, side by side
+    path = [parts[0] for parts in takewhile(lambda parts: len(set(parts)) == 1, columns)]
+    reasons = list(dict.fromkeys(errors[i].get("msg", "invalid") for i in group))
+    param = ".".join(path) or None
     where = f"'{param}'" if param else "the request body"
-    return f"Invalid value for {where}: {first.get('msg', 'invalid')}.", param
+    return f"Invalid value for {where}: {'; or '.join(reasons)}.", param
 
 
 def create_app(engine, model_name: str) -> FastAPI:
@@ -115,8 +132,10 @@ def create_app(engine, model_name: str) -> FastAPI:
                            "this server holds per request. Shorten the prompt or lower "
                            "max_tokens.", "max_tokens", code="context_length_exceeded")
         temperature = 1.0 if body.temperature is None else body.temperature
-        if temperature < 0:
-            raise APIError("temperature must be at least 0.", "temperature")
+        if not (math.isfinite(temperature) and temperature >= 0):  # NaN would fail the step
+            raise APIError("temperature must be a finite number of at least 0.", "temperature")
+        if temperature < GREEDY_TEMPERATURE:
+            temperature = 0.0
         top_p = 1.0 if body.top_p is None else body.top_p
         if not 0 < top_p <= 1:
             raise APIError("top_p must be in (0, 1].", "top_p")
@@ -125,6 +144,8 @@ def create_app(engine, model_name: str) -> FastAPI:
             raise APIError("top_k must be -1 or 0 (off), or a positive number.", "top_k")
         if not 0 <= body.min_tokens <= max_tokens:
             raise APIError("min_tokens must be between 0 and max_tokens.", "min_tokens")
+        if body.seed is not None and not -(2**63) <= body.seed < 2**64:
+            raise APIError("seed must be an integer in [-2**63, 2**64).", "seed")
         stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
         if any(not s for s in stop):
             raise APIError("stop strings must not be empty.", "stop")
@@ -183,18 +204,25 @@ def create_app(engine, model_name: str) -> FastAPI:
 
     async def outputs(request_id: str, queue: asyncio.Queue[RequestOutput],
                       http_request: Request) -> AsyncIterator[RequestOutput]:
-        """The engine's outputs until the last; aborts the request if the client leaves."""
+        """The engine's outputs until the last; aborts the request if the client leaves.
+
+        The client is checked at least every DISCONNECT_CHECK_SECONDS, also while outputs
+        keep coming (a non-streaming handler would otherwise notice only at the end)."""
         finished = False
+        checked = time.monotonic()
         try:
             while not finished:
                 try:
-                    output = await asyncio.wait_for(queue.get(), timeout=1.0)
+                    output = await asyncio.wait_for(queue.get(), DISCONNECT_CHECK_SECONDS)
                 except TimeoutError:
+                    output = None
+                if output is None or time.monotonic() - checked >= DISCONNECT_CHECK_SECONDS:
+                    checked = time.monotonic()
                     if await http_request.is_disconnected():
                         return
-                    continue
-                finished = output.finished
-                yield output
+                if output is not None:
+                    finished = output.finished
+                    yield output
         finally:
             if not finished:
                 engine.abort(request_id)

@@ -1,0 +1,78 @@
+"""Servers for the API tests: the real app over real HTTP on loopback, one model for all.
+
+`server` is a roomy engine; `small_server` has one seat and a waiting line of two, to
+see backpressure. Both run uvicorn in a background thread on a port the OS picks.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import httpx
+import pytest
+import uvicorn
+
+from api.app import create_app
+from engine.batch_engine import BatchEngine
+from engine.config import EngineConfig
+
+MODEL_NAME = "SmolLM2-135M-Instruct"
+
+
+@dataclass
+class RunningServer:
+    engine: BatchEngine
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+def serve(engine: BatchEngine) -> Iterator[RunningServer]:
+    """Start the engine and uvicorn on a free port; stop both afterwards."""
+    app = create_app(engine, MODEL_NAME)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))  # bound here, handed to uvicorn: no race for the port
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
+                                           log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]},
+                              name=f"uvicorn-{port}", daemon=True)
+    engine.start()
+    thread.start()
+    running = RunningServer(engine, port)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(f"{running.url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if not thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"the server on port {port} did not come up")
+            time.sleep(0.05)
+        yield running
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        engine.shutdown()
+        sock.close()
+
+
+@pytest.fixture(scope="session")
+def server(model, tokenizer) -> Iterator[RunningServer]:
+    yield from serve(BatchEngine(EngineConfig(num_blocks=256), model, tokenizer))
+
+
+@pytest.fixture(scope="session")
+def small_server(model, tokenizer) -> Iterator[RunningServer]:
+    """One seat, at most two waiting: the rest must be turned away with 429."""
+    config = EngineConfig(num_blocks=64, max_num_seqs=1, max_waiting=2)
+    yield from serve(BatchEngine(config, model, tokenizer))
