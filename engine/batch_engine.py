@@ -76,7 +76,8 @@ class BatchEngine:
                                 dtype, device)
         self.allocator = BlockAllocator(num_blocks, config.enable_prefix_cache)
         self.kv = KVCacheManager(self.allocator)
-        self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens)
+        self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens,
+                                   config.max_prefills_per_step)
         self.runner = ModelRunner(self.model, self.pool)
 
     # --- called from other threads -------------------------------------------------------

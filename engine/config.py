@@ -17,6 +17,7 @@ class EngineConfig:
     kv_cache_memory: str = "2GiB"
     enable_prefix_cache: bool = True
     max_num_batched_tokens: int = 512  # token budget of one step (prefill chunks + decodes)
+    max_prefills_per_step: int = 0  # newcomers seated per step; 0 = as many as fit
     max_waiting: int = 256  # beyond this, new requests are refused with 429
     request_timeout: float | None = None  # seconds from arrival; None = no limit
 
@@ -37,6 +38,9 @@ class EngineConfig:
                             help="turn prefix caching off (also NANO_PREFIX_CACHE=0)")
         parser.add_argument("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens,
                             help="tokens computed per step; longer prompts are prefilled in chunks")
+        parser.add_argument("--max-prefills-per-step", type=int, default=0,
+                            help="seat at most this many new requests per step (0 = no limit; "
+                                 "1 = one-at-a-time prefill, for comparison)")
         parser.add_argument("--max-waiting", type=int, default=d.max_waiting,
                             help="queued requests beyond this get HTTP 429")
         parser.add_argument("--request-timeout", type=float, default=None,
@@ -49,6 +53,7 @@ class EngineConfig:
                      max_num_seqs=args.max_num_seqs, num_blocks=args.num_blocks,
                      kv_cache_memory=args.kv_cache_memory, enable_prefix_cache=prefix_cache,
                      max_num_batched_tokens=args.max_num_batched_tokens,
+                     max_prefills_per_step=args.max_prefills_per_step,
                      max_waiting=args.max_waiting, request_timeout=args.request_timeout)
         config.validate()
         return config

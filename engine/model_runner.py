@@ -32,6 +32,7 @@ class ModelRunner:
         self.model = model
         self.pool = pool
         self.device = model.embed_tokens.weight.device
+        self.dtype = model.embed_tokens.weight.dtype
         self.attention = PagedAttention(pool)
 
     @torch.inference_mode()
@@ -55,7 +56,7 @@ class ModelRunner:
         self.attention.step = StepMetadata.build(
             [(s.block_table, s.context_len) for s in single],
             [(s.block_table, s.context_len, len(s.token_ids)) for s in chunks],
-            self.device)
+            self.device, self.dtype)
         try:
             return self.model(
                 torch.tensor(input_ids, device=self.device),

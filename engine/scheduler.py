@@ -36,10 +36,12 @@ class ScheduledStep:
 
 
 class Scheduler:
-    def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+    def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 max_prefills_per_step: int = 0) -> None:
         self.kv = kv
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_prefills_per_step = max_prefills_per_step or max_num_seqs
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
 
@@ -66,8 +68,9 @@ class Scheduler:
             budget -= n
 
         # Seat newcomers, but not in a step that had to preempt: the pool is full.
+        seated = 0
         while (self.waiting and not step.preempted and budget > 0
-               and len(self.running) < self.max_num_seqs):
+               and len(self.running) < self.max_num_seqs and seated < self.max_prefills_per_step):
             request = self.waiting[0]
             hit = self.kv.find_cached_prefix(request.token_ids)
             cached = len(hit.block_table) * BLOCK_SIZE
@@ -88,6 +91,7 @@ class Scheduler:
             self.running.append(request)
             step.work.append((request, n))
             budget -= n
+            seated += 1
         return step
 
     def _make_room(self, request: Request, num_tokens: int, step: ScheduledStep) -> bool:

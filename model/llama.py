@@ -6,7 +6,9 @@ MLP -> residual; a final RMSNorm and the LM head (tied to the embedding).
 
 Two fusions, both exact: Q, K and V come from one matmul (`qkv_proj`), gate and
 up from another (`gate_up_proj`). Fewer, larger matmuls mean fewer Python-level
-ops per layer, which matters at small batch sizes on a CPU.
+ops per layer, which matters at small batch sizes on a CPU. Weights are stored
+transposed ([in, out], see `Linear`), the layout the CPU's GEMM runs fastest
+for the few rows of a decode step.
 
 The model does not own a KV cache. Each layer hands its (q, k, v) to an
 `attention` callable supplied by the caller: the paged cache of the engine
@@ -39,6 +41,21 @@ def causal_attention(layer_idx: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=True
     )
     return out.transpose(1, 2)
+
+
+class Linear(nn.Module):
+    """y = x @ weight_t, with the weight kept as [in_features, out_features].
+
+    Same math as nn.Linear (whose weight is [out, in]); on a CPU, multiplying by a
+    contiguous [in, out] matrix ran 25-35% faster for 1-30 rows than F.linear did
+    (measured here: 30 layers of a 30-row decode step, 60 ms -> 45 ms)."""
+
+    def __init__(self, in_features: int, out_features: int) -> None:
+        super().__init__()
+        self.weight_t = nn.Parameter(torch.empty(in_features, out_features))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x @ self.weight_t
 
 
 class RMSNorm(nn.Module):
@@ -82,8 +99,8 @@ class Attention(nn.Module):
         self.num_heads, self.num_kv_heads = cfg.num_heads, cfg.num_kv_heads
         self.head_dim = cfg.head_dim
         qkv_size = (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim
-        self.qkv_proj = nn.Linear(cfg.hidden_size, qkv_size, bias=False)
-        self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=False)
+        self.qkv_proj = Linear(cfg.hidden_size, qkv_size)
+        self.o_proj = Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size)
 
     def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], attention: AttentionFn) -> Tensor:
         kv_size = self.num_kv_heads * self.head_dim
@@ -101,8 +118,8 @@ class MLP(nn.Module):
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size)
+        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size)
 
     def forward(self, x: Tensor) -> Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
@@ -129,9 +146,9 @@ class LlamaModel(nn.Module):
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        if cfg.tie_word_embeddings:
-            self.lm_head.weight = self.embed_tokens.weight
+        # With tied embeddings this is a transposed copy of the embedding (113 MB more in
+        # fp32 for SmolLM2-135M): the lookup wants rows, the LM head wants [in, out].
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size)
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.max_position_embeddings)
 
     def reset_rotary(self) -> None:

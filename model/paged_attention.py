@@ -25,13 +25,20 @@ from torch import Tensor
 from kvcache.pool import BLOCK_SIZE, KVCachePool
 
 
+def additive_mask(allowed: Tensor, dtype: torch.dtype) -> Tensor:
+    """0 where allowed, -inf elsewhere. Masked scores become exactly -inf, so whatever sits
+    in an unused or stale slot gets softmax weight 0 (as long as it is finite)."""
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(
+        ~allowed, float("-inf"))
+
+
 @dataclass
 class PrefillChunk:
     start: int  # first row of this chunk in the flat batch
     length: int  # tokens computed now
     context_len: int  # tokens of the sequence after this chunk (cached + new)
     block_table: Tensor  # [blocks covering context_len]
-    mask: Tensor | None  # [length, context_len], True = may attend; None = plain causal
+    mask: Tensor | None  # [length, context_len]: 0 = may attend, -inf = not; None = causal
 
 
 @dataclass
@@ -39,12 +46,15 @@ class StepMetadata:
     slot_mapping: Tensor  # [num_tokens]: block * BLOCK_SIZE + offset, where each new K/V goes
     num_single: int  # rows [0, num_single) are one-token sequences
     single_block_tables: Tensor  # [num_single, max_blocks], padded with the dummy block
-    single_mask: Tensor  # [num_single, 1, 1, max_blocks * BLOCK_SIZE], True = may attend
+    # [num_single, 1, 1, max_blocks * BLOCK_SIZE]: 0 where a query may attend, -inf elsewhere.
+    # Additive and built once per step: SDPA turns a boolean mask into this on every call.
+    single_mask: Tensor
     chunks: list[PrefillChunk]
 
     @classmethod
     def build(cls, single: list[tuple[list[int], int]], chunks: list[tuple[list[int], int, int]],
-              device: torch.device | str = "cpu") -> StepMetadata:
+              device: torch.device | str = "cpu",
+              dtype: torch.dtype = torch.float32) -> StepMetadata:
         """single: (block_table, context_len) per one-token sequence; chunks: (block_table,
         context_len, length) per multi-token chunk, in that order in the flat batch."""
         slots: list[int] = []
@@ -62,7 +72,7 @@ class StepMetadata:
             else:  # query at position first + i sees keys 0 .. first + i
                 keys = torch.arange(context_len, device=device)
                 queries = torch.arange(first, context_len, device=device)
-                mask = keys[None, :] <= queries[:, None]
+                mask = additive_mask(keys[None, :] <= queries[:, None], dtype)
             used = -(-context_len // BLOCK_SIZE)
             prefill_chunks.append(PrefillChunk(
                 start, length, context_len,
@@ -75,7 +85,7 @@ class StepMetadata:
             tables[row, :len(table)] = torch.tensor(table, dtype=torch.long)
         lengths = torch.tensor([n for _, n in single], dtype=torch.long, device=device)
         key_pos = torch.arange(width * BLOCK_SIZE, device=device)
-        single_mask = (key_pos[None, :] < lengths[:, None])[:, None, None, :]
+        single_mask = additive_mask(key_pos[None, :] < lengths[:, None], dtype)[:, None, None, :]
         return cls(torch.tensor(slots, dtype=torch.long, device=device), len(single),
                    tables, single_mask, prefill_chunks)
 
@@ -91,40 +101,51 @@ class PagedAttention:
         step = self.step
         assert step is not None, "set .step before running the model"
         k_cache, v_cache = self.pool.k[layer_idx], self.pool.v[layer_idx]
-        # Write this step's K/V once, into their slots; they are never moved again.
-        k_cache.view(-1, *k.shape[1:]).index_copy_(0, step.slot_mapping, k)
-        v_cache.view(-1, *v.shape[1:]).index_copy_(0, step.slot_mapping, v)
-
+        self.write(k_cache, v_cache, k, v, step)
         outputs = []
         if step.num_single:
-            outputs.append(self._single_tokens(q[:step.num_single], k_cache, v_cache, step))
+            keys, values = self.gather_single(k_cache, v_cache, step)
+            outputs.append(self.attend_single(q[:step.num_single], keys, values, step))
         for chunk in step.chunks:
             rows = slice(chunk.start, chunk.start + chunk.length)
-            outputs.append(self._chunk(q[rows], k[rows], v[rows], k_cache, v_cache, chunk))
+            outputs.append(self.attend_chunk(q[rows], k[rows], v[rows], k_cache, v_cache, chunk))
         return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
 
     @staticmethod
-    def _single_tokens(q: Tensor, k_cache: Tensor, v_cache: Tensor, step: StepMetadata) -> Tensor:
+    def write(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, step: StepMetadata) -> None:
+        """Store this step's K/V in their slots, once; they are never moved again."""
+        k_cache.view(-1, *k.shape[1:]).index_copy_(0, step.slot_mapping, k)
+        v_cache.view(-1, *v.shape[1:]).index_copy_(0, step.slot_mapping, v)
+
+    @staticmethod
+    def gather_single(k_cache: Tensor, v_cache: Tensor,
+                      step: StepMetadata) -> tuple[Tensor, Tensor]:
+        """K and V of every one-token sequence through its block table, one gather each:
+        [batch, kv_heads, width * BLOCK_SIZE, head_dim]."""
         batch, width = step.single_block_tables.shape
         flat_tables = step.single_block_tables.flatten()
-        # [batch, kv_heads, width * BLOCK_SIZE, head_dim]: one gather for K, one for V
-        keys = k_cache.index_select(0, flat_tables).view(batch, width * BLOCK_SIZE,
-                                                         *k_cache.shape[2:]).transpose(1, 2)
-        values = v_cache.index_select(0, flat_tables).view(batch, width * BLOCK_SIZE,
-                                                           *v_cache.shape[2:]).transpose(1, 2)
+        shape = (batch, width * BLOCK_SIZE, *k_cache.shape[2:])
+        keys = k_cache.index_select(0, flat_tables).view(shape).transpose(1, 2)
+        values = v_cache.index_select(0, flat_tables).view(shape).transpose(1, 2)
+        return keys, values
+
+    @staticmethod
+    def attend_single(q: Tensor, keys: Tensor, values: Tensor, step: StepMetadata) -> Tensor:
         out = F.scaled_dot_product_attention(q.unsqueeze(2), keys, values,
                                              attn_mask=step.single_mask, enable_gqa=True)
         return out.squeeze(2)  # [batch, heads, head_dim]
 
     @staticmethod
-    def _chunk(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor,
-               chunk: PrefillChunk) -> Tensor:
+    def attend_chunk(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor,
+                     chunk: PrefillChunk) -> Tensor:
         if chunk.mask is None:  # nothing before this chunk: attend over its own K/V
             keys, values = k, v
         else:
             keys = k_cache.index_select(0, chunk.block_table).flatten(0, 1)[:chunk.context_len]
             values = v_cache.index_select(0, chunk.block_table).flatten(0, 1)[:chunk.context_len]
+        # As [1, heads, tokens, dim]: in 4-D, SDPA's CPU flash kernel maps query heads onto
+        # their K/V head itself; in 3-D it falls back to copying K/V once per query head.
         out = F.scaled_dot_product_attention(
-            q.transpose(0, 1), keys.transpose(0, 1), values.transpose(0, 1),
+            q.transpose(0, 1)[None], keys.transpose(0, 1)[None], values.transpose(0, 1)[None],
             attn_mask=chunk.mask, is_causal=chunk.mask is None, enable_gqa=True)
-        return out.transpose(0, 1)
+        return out[0].transpose(0, 1)

@@ -11,11 +11,14 @@ from model.llama import LlamaModel
 from model.loader import load_model
 from model.prepare import prepare_default_model
 
-# Our forward pass against Hugging Face's on the same fp32 weights. Both run the same
-# sequence of fp32 kernels, so the observed difference is 0 or a few float32 ulps;
-# 1e-4 leaves room for a different SDPA kernel choice at other lengths, and is still
-# ~1000x smaller than what a real bug (a wrong RoPE theta, say) produces.
-LOGITS_ATOL = 1e-4
+# Our forward pass against Hugging Face's on the same fp32 weights. Both are fp32 roundings
+# of the same math, summed in different orders (our weights are fused and transposed), so
+# they cannot agree exactly. How far apart may they honestly be? Measured against a float64
+# evaluation of the same weights, Hugging Face's own fp32 logits (magnitude up to ~40) are off
+# by up to 1.3e-4, and ours by about as much (test_logits_match_hf checks that, too). Two such
+# errors can add up, hence 3e-4: still ~1000x below what a real bug (RoPE theta 10,000
+# instead of 100,000) produces.
+LOGITS_ATOL = 3e-4
 
 PROMPTS = [
     "The cat sat on the",

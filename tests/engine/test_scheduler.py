@@ -94,3 +94,13 @@ def test_no_block_is_leaked():
     print(f"after all finished: used={allocator.num_used} free={allocator.num_free} "
           f"cached-free={allocator.num_cached_free}")
     assert allocator.num_used == 0 and allocator.num_free == allocator.num_usable
+
+
+def test_one_at_a_time_prefill_seats_one_newcomer_per_step():
+    s = Scheduler(KVCacheManager(BlockAllocator(40)), max_num_seqs=4, max_num_batched_tokens=64,
+                  max_prefills_per_step=1)
+    for i in range(3):
+        s.add(req(f"r{i}", 5, start=100 * i))
+    steps = [run_step(s) for _ in range(3)]
+    print("steps:", steps)
+    assert steps == [[("r0", 5)], [("r0", 1), ("r1", 5)], [("r0", 1), ("r1", 1), ("r2", 5)]]
