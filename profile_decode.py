@@ -16,6 +16,7 @@ import argparse
 import json
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -57,7 +58,8 @@ class Clock:
 
 
 def decode_by_hand(model: LlamaModel, pool: KVCachePool, tables: list[list[int]],
-                   context_len: int, token_ids: list[int], clock: Clock) -> torch.Tensor:
+                   context_len: int, token_ids: list[int], clock: Clock,
+                   kernel: Callable | None) -> torch.Tensor:
     """One decode step, part by part; same operations as LlamaModel.forward + PagedAttention."""
     device = clock.device
     users = len(tables)
@@ -85,10 +87,15 @@ def decode_by_hand(model: LlamaModel, pool: KVCachePool, tables: list[list[int]]
         k_cache, v_cache = pool.k[i], pool.v[i]
         with clock.part("kv write"):
             PagedAttention.write(k_cache, v_cache, k, v, step)
-        with clock.part("gather"):
-            keys, values = PagedAttention.gather_single(k_cache, v_cache, step)
-        with clock.part("attention"):
-            out = PagedAttention.attend_single(q, keys, values, step)
+        if kernel is not None:  # reads K/V in place: there is no gather
+            with clock.part("attention"):
+                out = kernel(q.contiguous(), k_cache, v_cache, step.single_block_tables,
+                             step.single_context_lens, attn.head_dim ** -0.5)
+        else:
+            with clock.part("gather"):
+                keys, values = PagedAttention.gather_single(k_cache, v_cache, step)
+            with clock.part("attention"):
+                out = PagedAttention.attend_single(q, keys, values, step)
         with clock.part("o_proj"):
             x = x + attn.o_proj(out.flatten(-2))
         with clock.part("norms"):
@@ -103,7 +110,7 @@ def decode_by_hand(model: LlamaModel, pool: KVCachePool, tables: list[list[int]]
 
 
 @torch.inference_mode()
-def profile(model: LlamaModel, users: int, context: int, steps: int) -> dict:
+def profile(model: LlamaModel, users: int, context: int, steps: int, backend: str) -> dict:
     cfg, device = model.cfg, model.embed_tokens.weight.device
     dtype = model.embed_tokens.weight.dtype
     per_user = context + steps + 2
@@ -117,14 +124,16 @@ def profile(model: LlamaModel, users: int, context: int, steps: int) -> dict:
         blocks = SequenceBlocks()
         kv.grow(blocks, per_user)
         tables.append(blocks.block_table)
-    runner = ModelRunner(model, pool)
+    runner = ModelRunner(model, pool, backend)
+    kernel = runner.attention.decode_kernel
     clock = Clock(device)
     token_ids = [(17 * u + 5) % cfg.vocab_size for u in range(users)]
 
-    decode_by_hand(model, pool, tables, context + 1, token_ids, Clock(device))  # warm-up
+    decode_by_hand(model, pool, tables, context + 1, token_ids, Clock(device), kernel)  # warm-up
     for s in range(steps):
-        decode_by_hand(model, pool, tables, context + 1 + s, token_ids, clock)
-    by_hand = decode_by_hand(model, pool, tables, context + steps, token_ids, Clock(device))
+        decode_by_hand(model, pool, tables, context + 1 + s, token_ids, clock, kernel)
+    by_hand = decode_by_hand(model, pool, tables, context + steps, token_ids, Clock(device),
+                             kernel)
     batch = [SequenceStep([t], context + steps - 1, table, True)
              for t, table in zip(token_ids, tables)]
     real = runner.run(batch)
@@ -138,7 +147,8 @@ def profile(model: LlamaModel, users: int, context: int, steps: int) -> dict:
     clock.sync()
     real_ms = (time.perf_counter() - start) / steps * 1000
     parts_ms = {p: clock.totals[p] / steps * 1000 for p in PARTS}
-    return {"users": users, "context": context, "parts_ms": parts_ms,
+    return {"users": users, "context": context, "attention": runner.attention_backend,
+            "parts_ms": parts_ms,
             "sum_of_parts_ms": sum(parts_ms.values()), "model_runner_ms": real_ms,
             "tokens_per_s": users / (real_ms / 1000)}
 
@@ -164,6 +174,7 @@ def main() -> None:
     parser.add_argument("--model", default=None)
     parser.add_argument("--device", default=None)
     parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--attention", default="auto", choices=["auto", "cpu-kernel", "torch"])
     parser.add_argument("--out", default="results/profile_decode.json")
     args = parser.parse_args()
 
@@ -174,9 +185,9 @@ def main() -> None:
     for users in args.users:
         for context in args.contexts:
             print(f"profiling {users} users x {context} tokens of context ...", flush=True)
-            results.append(profile(model, users, context, args.steps))
-    print(f"\ndevice {device}, {args.dtype}, {torch.get_num_threads()} threads; "
-          f"mean of {args.steps} steps")
+            results.append(profile(model, users, context, args.steps, args.attention))
+    print(f"\ndevice {device}, {args.dtype}, {torch.get_num_threads()} threads, "
+          f"{results[0]['attention']} attention; mean of {args.steps} steps")
     print_table(results)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"device": str(device), "dtype": args.dtype,

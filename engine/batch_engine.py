@@ -78,7 +78,7 @@ class BatchEngine:
         self.kv = KVCacheManager(self.allocator)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens,
                                    config.max_prefills_per_step)
-        self.runner = ModelRunner(self.model, self.pool)
+        self.runner = ModelRunner(self.model, self.pool, config.attention)
 
     # --- called from other threads -------------------------------------------------------
 

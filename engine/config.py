@@ -18,6 +18,7 @@ class EngineConfig:
     enable_prefix_cache: bool = True
     max_num_batched_tokens: int = 512  # token budget of one step (prefill chunks + decodes)
     max_prefills_per_step: int = 0  # newcomers seated per step; 0 = as many as fit
+    attention: str = "auto"  # decode attention: "cpu-kernel", "torch" (gather + SDPA) or auto
     max_waiting: int = 256  # beyond this, new requests are refused with 429
     request_timeout: float | None = None  # seconds from arrival; None = no limit
 
@@ -41,6 +42,10 @@ class EngineConfig:
         parser.add_argument("--max-prefills-per-step", type=int, default=0,
                             help="seat at most this many new requests per step (0 = no limit; "
                                  "1 = one-at-a-time prefill, for comparison)")
+        parser.add_argument("--attention", default=d.attention,
+                            choices=["auto", "cpu-kernel", "torch"],
+                            help="decode attention: compiled CPU kernel reading blocks in place, "
+                                 "or PyTorch gather + SDPA (auto: the kernel on CPU in fp32)")
         parser.add_argument("--max-waiting", type=int, default=d.max_waiting,
                             help="queued requests beyond this get HTTP 429")
         parser.add_argument("--request-timeout", type=float, default=None,
@@ -54,7 +59,8 @@ class EngineConfig:
                      kv_cache_memory=args.kv_cache_memory, enable_prefix_cache=prefix_cache,
                      max_num_batched_tokens=args.max_num_batched_tokens,
                      max_prefills_per_step=args.max_prefills_per_step,
-                     max_waiting=args.max_waiting, request_timeout=args.request_timeout)
+                     attention=args.attention, max_waiting=args.max_waiting,
+                     request_timeout=args.request_timeout)
         config.validate()
         return config
 

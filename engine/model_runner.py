@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 
 from kvcache.pool import KVCachePool
+from model.cpu_kernel import load_paged_decode_attention
 from model.llama import LlamaModel
 from model.paged_attention import PagedAttention, StepMetadata
 
@@ -28,12 +29,26 @@ class SequenceStep:
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaModel, pool: KVCachePool) -> None:
+    def __init__(self, model: LlamaModel, pool: KVCachePool, attention_backend: str = "torch",
+                 ) -> None:
         self.model = model
         self.pool = pool
         self.device = model.embed_tokens.weight.device
         self.dtype = model.embed_tokens.weight.dtype
-        self.attention = PagedAttention(pool)
+        self.attention_backend = self.choose_backend(attention_backend)
+        kernel = load_paged_decode_attention() if self.attention_backend == "cpu-kernel" else None
+        if kernel is None:
+            self.attention_backend = "torch"
+        self.attention = PagedAttention(pool, kernel)
+
+    def choose_backend(self, requested: str) -> str:
+        """'auto': the compiled kernel where it applies (CPU, fp32), else gather + SDPA."""
+        fits = self.device.type == "cpu" and self.dtype == torch.float32
+        if requested == "auto":
+            return "cpu-kernel" if fits else "torch"
+        if requested == "cpu-kernel" and not fits:
+            raise ValueError("--attention cpu-kernel needs --device cpu and --dtype float32")
+        return requested
 
     @torch.inference_mode()
     def run(self, steps: list[SequenceStep]) -> Tensor:

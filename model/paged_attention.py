@@ -12,10 +12,16 @@ and prefills with one token left to compute), then the multi-token chunks
 
 Query heads are grouped onto their shared K/V head by SDPA's `enable_gqa`, so K/V
 are never repeated.
+
+On a CPU in fp32, the one-token sequences can instead go through a compiled kernel
+(model/csrc/paged_attention_cpu.cpp) that reads K/V in place through the block
+tables: no gather, no padding. The gather path stays as the reference and for
+other devices and dtypes.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -49,6 +55,7 @@ class StepMetadata:
     # [num_single, 1, 1, max_blocks * BLOCK_SIZE]: 0 where a query may attend, -inf elsewhere.
     # Additive and built once per step: SDPA turns a boolean mask into this on every call.
     single_mask: Tensor
+    single_context_lens: Tensor  # [num_single]
     chunks: list[PrefillChunk]
 
     @classmethod
@@ -87,14 +94,15 @@ class StepMetadata:
         key_pos = torch.arange(width * BLOCK_SIZE, device=device)
         single_mask = additive_mask(key_pos[None, :] < lengths[:, None], dtype)[:, None, None, :]
         return cls(torch.tensor(slots, dtype=torch.long, device=device), len(single),
-                   tables, single_mask, prefill_chunks)
+                   tables, single_mask, lengths, prefill_chunks)
 
 
 class PagedAttention:
     """The `attention` callable the model gets during an engine step."""
 
-    def __init__(self, pool: KVCachePool) -> None:
+    def __init__(self, pool: KVCachePool, decode_kernel: Callable | None = None) -> None:
         self.pool = pool
+        self.decode_kernel = decode_kernel  # see model/cpu_kernel.py; None = gather + SDPA
         self.step: StepMetadata | None = None
 
     def __call__(self, layer_idx: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
@@ -103,7 +111,11 @@ class PagedAttention:
         k_cache, v_cache = self.pool.k[layer_idx], self.pool.v[layer_idx]
         self.write(k_cache, v_cache, k, v, step)
         outputs = []
-        if step.num_single:
+        if step.num_single and self.decode_kernel is not None:
+            outputs.append(self.decode_kernel(
+                q[:step.num_single].contiguous(), k_cache, v_cache, step.single_block_tables,
+                step.single_context_lens, q.shape[-1] ** -0.5))
+        elif step.num_single:
             keys, values = self.gather_single(k_cache, v_cache, step)
             outputs.append(self.attend_single(q[:step.num_single], keys, values, step))
         for chunk in step.chunks:

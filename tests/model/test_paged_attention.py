@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from engine.model_runner import ModelRunner, SequenceStep
@@ -14,10 +15,19 @@ from tests.conftest import LOGITS_ATOL
 torch.set_grad_enabled(False)
 
 
-def make_runner(model, num_blocks: int = 64) -> tuple[ModelRunner, KVCacheManager]:
+# Decode attention has two implementations: PyTorch gather + SDPA, and the compiled CPU
+# kernel (when it can be built here). Decode tests run against both.
+BACKENDS = ["torch", "cpu-kernel"]
+
+
+def make_runner(model, num_blocks: int = 64,
+                backend: str = "torch") -> tuple[ModelRunner, KVCacheManager]:
     cfg = model.cfg
     pool = KVCachePool(cfg.num_layers, num_blocks, cfg.num_kv_heads, cfg.head_dim)
-    return ModelRunner(model, pool), KVCacheManager(BlockAllocator(num_blocks))
+    runner = ModelRunner(model, pool, backend)
+    if runner.attention_backend != backend:
+        pytest.skip(f"{backend} attention is not available here")
+    return runner, KVCacheManager(BlockAllocator(num_blocks))
 
 
 def hf_last_logits(hf_model, ids: list[int]) -> torch.Tensor:
@@ -60,8 +70,9 @@ def test_paged_prefill_matches_hf(model, hf_model, tokenizer):
         manager.release(blocks)
 
 
-def test_paged_decode_batch_of_different_lengths_matches_hf(model, hf_model, tokenizer):
-    runner, manager = make_runner(model)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_paged_decode_batch_of_different_lengths_matches_hf(model, hf_model, tokenizer, backend):
+    runner, manager = make_runner(model, backend=backend)
     lengths = [3, 17, 30, 48, 9]
     seqs, tables = [], []
     for i, n in enumerate(lengths):  # prefill each, then decode the batch for 3 steps
@@ -79,7 +90,7 @@ def test_paged_decode_batch_of_different_lengths_matches_hf(model, hf_model, tok
         for i, tok in enumerate(new_tokens):
             seqs[i] = [*seqs[i], tok]
             diff = (logits[i] - hf_last_logits(hf_model, seqs[i])).abs().max().item()
-            print(f"decode step {step}, sequence of {len(seqs[i])} tokens: max |diff| = {diff:.2e}")
+            print(f"{backend} decode step {step}, {len(seqs[i])} tokens: max |diff| = {diff:.2e}")
             assert diff < LOGITS_ATOL
 
 
@@ -121,13 +132,14 @@ def test_chunked_prefill_matches_hf(model, hf_model, tokenizer):
     assert diff < LOGITS_ATOL
 
 
-def test_garbage_in_unused_slots_is_masked_out(model, tokenizer):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_garbage_in_unused_slots_is_masked_out(model, tokenizer, backend):
     """Unused and stale slots hold whatever was there before. Fill the pool with huge
     finite values: masking must give them exactly zero weight. (Not NaN: softmax weight 0
     times NaN is still NaN, so no mask could hide it; a real pool never holds NaN, since
     every slot was either zeroed at start or written with a real K/V.)"""
-    clean, manager = make_runner(model)
-    dirty, _ = make_runner(model)
+    clean, manager = make_runner(model, backend=backend)
+    dirty, _ = make_runner(model, backend=backend)
     for layer in range(model.cfg.num_layers):
         for t in (dirty.pool.k[layer], dirty.pool.v[layer]):
             t.uniform_(-1e30, 1e30)
@@ -142,6 +154,6 @@ def test_garbage_in_unused_slots_is_masked_out(model, tokenizer):
         results.append(runner.run([SequenceStep([42], 20, a.block_table, True),
                                    SequenceStep([43], 7, b.block_table, True)]))
     diff = (results[0] - results[1]).abs().max().item()
-    print(f"clean pool vs pool full of +-1e30 garbage: max |diff| = {diff:.2e}")
+    print(f"{backend}: clean pool vs pool full of +-1e30 garbage: max |diff| = {diff:.2e}")
     assert torch.isfinite(results[1]).all()
     assert diff < LOGITS_ATOL
