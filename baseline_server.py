@@ -25,7 +25,6 @@ aborts and timeouts, sampling, stop conditions, detokenization, metrics and the 
 from __future__ import annotations
 
 import logging
-import sys
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -35,14 +34,13 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.utils.rnn import pad_sequence
 
-from engine.batch_engine import BatchEngine, load_engine
+from engine.batch_engine import BatchEngine
 from engine.config import EngineConfig
 from engine.request import Request, Status
 from engine.sampler import sample
 from engine.scheduler import ScheduledStep
 from model.llama import LlamaModel, causal_attention
-from model.prepare import ModelPreparationError
-from server import build_parser, serve, served_name
+from server import run_server
 
 log = logging.getLogger("nano_vllm.baseline")
 
@@ -240,20 +238,13 @@ class BaselineEngine(BatchEngine):
             self._append_token(request, token, now)
 
 
+def describe(engine: BaselineEngine, config: EngineConfig) -> str:
+    return (f"{engine.runner.device}, per-user KV cache padded and concatenated every step, "
+            f"up to {config.max_num_seqs} users at once")
+
+
 def main() -> int:
-    args = build_parser(__doc__).parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    try:
-        config = EngineConfig.from_args(args)
-        engine = load_engine(config, BaselineEngine)
-    except (ModelPreparationError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    print(f"nano-vLLM BASELINE (per-user KV cache, padded and concatenated every step): "
-          f"{served_name(args)} on {engine.runner.device}, up to {config.max_num_seqs} users "
-          f"at once; serving on http://{args.host}:{args.port}/v1", flush=True)
-    serve(engine, args, served_name(args))
-    return 0
+    return run_server(__doc__, "nano-vLLM BASELINE", BaselineEngine, describe)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ def load_paged_decode_attention() -> Callable | None:
     try:
         from torch.utils.cpp_extension import load_inline
 
-        log.info("building the CPU paged-attention kernel (first use only) ...")
+        log.info("loading the CPU paged-attention kernel (compiled on first use, ~1 min) ...")
         module = load_inline(
             name="nano_vllm_paged_attention", cpp_sources=[SOURCE.read_text()],
             functions=["paged_decode_attention"],
