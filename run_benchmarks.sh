@@ -28,6 +28,8 @@ bench_server() {  # bench_server LABEL SERVER_SCRIPT "SERVER FLAGS" BENCH FLAGS.
 # 1. Our engine against the baseline (per-user padded KV cache), same load.
 bench_server nano-vllm server.py "" --users 1 10 30 40 --max-tokens 100
 bench_server baseline baseline_server.py "" --users 1 10 30 40 --max-tokens 100
+# 1b. The same load in bfloat16 (this CPU has AVX-512 bf16), for reference.
+bench_server nano-vllm-bf16 server.py "--dtype bfloat16" --users 1 10 30 40 --max-tokens 100
 # 2. Prefix caching on and off, ~500-token system prompt shared by 30 users.
 bench_server prefix-cache-on server.py "" --users 30 --max-tokens 100 --system-repeats 50
 bench_server prefix-cache-off server.py "--no-prefix-cache" --users 30 --max-tokens 100 \
@@ -44,3 +46,4 @@ python3 plot.py "$OUT/prefix-cache-on.json" "$OUT/prefix-cache-off.json" --out d
   --prefix prefix_
 python3 plot.py "$OUT/prefill-batched.json" "$OUT/prefill-one-at-a-time.json" --out docs/charts \
   --prefix prefill_
+python3 report.py "$OUT" > "$OUT/tables.md"
