@@ -66,11 +66,12 @@ def main() -> None:
         if run_a and run_b:
             print(f"\n{a} vs {b} (each cell: {a} / {b})\n")
             print("\n".join(side_by_side(run_a, run_b)))
-    profile = load(folder, "profile_decode")
-    if profile:
-        print(f"\ndecode profile: {profile['device']}, {profile['dtype']}, "
-              f"{profile['results'][0].get('attention', '?')} attention\n")
-        print("\n".join(profile_table(profile)))
+    for name in ("profile_decode", "profile_decode_torch"):
+        profile = load(folder, name)
+        if profile:
+            print(f"\n{name}: {profile['device']}, {profile['dtype']}, "
+                  f"{profile['results'][0]['attention']} attention\n")
+            print("\n".join(profile_table(profile)))
 
 
 if __name__ == "__main__":

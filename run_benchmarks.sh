@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Every benchmark in the README, side by side in one session, one server at a time.
-#   bash run_benchmarks.sh [results-dir]        (about 15 minutes on 2 CPU cores)
+#   bash run_benchmarks.sh [results-dir]        (about 25 minutes on 2 CPU cores)
+# Each level is repeated (--rounds) where a repeat measures the same thing; not for the prefix
+# cache runs, whose later rounds would find the whole system prompt cached by the first.
 # Results go to results/<label>.json, charts to docs/charts/, the decode profile to
 # results/profile_decode.json. Run nothing else heavy meanwhile: the numbers are ratios
 # measured in this one run.
@@ -26,20 +28,23 @@ bench_server() {  # bench_server LABEL SERVER_SCRIPT "SERVER FLAGS" BENCH FLAGS.
 }
 
 # 1. Our engine against the baseline (per-user padded KV cache), same load.
-bench_server nano-vllm server.py "" --users 1 10 30 40 --max-tokens 100
-bench_server baseline baseline_server.py "" --users 1 10 30 40 --max-tokens 100
+bench_server nano-vllm server.py "" --users 1 10 30 40 --max-tokens 100 --rounds 2
+bench_server baseline baseline_server.py "" --users 1 10 30 40 --max-tokens 100 --rounds 2
 # 1b. The same load in bfloat16 (this CPU has AVX-512 bf16), for reference.
-bench_server nano-vllm-bf16 server.py "--dtype bfloat16" --users 1 10 30 40 --max-tokens 100
+bench_server nano-vllm-bf16 server.py "--dtype bfloat16" --users 1 10 30 40 --max-tokens 100 \
+  --rounds 2
 # 2. Prefix caching on and off, ~500-token system prompt shared by 30 users.
 bench_server prefix-cache-on server.py "" --users 30 --max-tokens 100 --system-repeats 50
 bench_server prefix-cache-off server.py "--no-prefix-cache" --users 30 --max-tokens 100 \
   --system-repeats 50
 # 3. Batched prefill under the token budget against one newcomer prefilled per step.
 bench_server prefill-one-at-a-time server.py "--max-prefills-per-step 1" --users 10 30 \
-  --max-tokens 100
-bench_server prefill-batched server.py "" --users 10 30 --max-tokens 100
+  --max-tokens 100 --rounds 3
+bench_server prefill-batched server.py "" --users 10 30 --max-tokens 100 --rounds 3
 # 4. Where a decode step's time goes.
 python3 profile_decode.py --users 1 10 30 --contexts 100 1000 2000 --out "$OUT/profile_decode.json"
+python3 profile_decode.py --attention torch --users 30 --contexts 100 1000 \
+  --out "$OUT/profile_decode_torch.json"
 # 5. Charts.
 python3 plot.py "$OUT/nano-vllm.json" "$OUT/baseline.json" --out docs/charts
 python3 plot.py "$OUT/prefix-cache-on.json" "$OUT/prefix-cache-off.json" --out docs/charts \

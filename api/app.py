@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 import time
 import uuid
@@ -30,6 +31,7 @@ from engine.request import Request as EngineRequest
 from engine.request import RequestOutput, SamplingParams
 
 RETRY_AFTER_SECONDS = 1
+log = logging.getLogger("nano_vllm.api")
 DISCONNECT_CHECK_SECONDS = 1.0
 # Below this a temperature is greedy (as in vLLM): dividing logits by a tinier one overflows.
 GREEDY_TEMPERATURE = 1e-5
@@ -90,6 +92,12 @@ def create_app(engine, model_name: str) -> FastAPI:
     async def on_validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
         message, param = describe_validation_error(exc)
         return error_response(APIError(message, param))
+
+    @app.exception_handler(Exception)
+    async def on_unexpected_error(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error in a request handler")
+        return JSONResponse(error_body(f"Internal server error: {exc}", "server_error"),
+                            status_code=500)
 
     @app.exception_handler(StarletteHTTPException)
     async def on_http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -124,12 +124,11 @@ class BatchEngine:
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            self._take_inbox()
-            if not self.scheduler.has_work():
+            if self._inbox or self._aborts or self.scheduler.has_work():
+                self.step()
+            else:
                 self._wakeup.wait(timeout=1.0)
-                self._wakeup.clear()
-                continue
-            self.step()
+                self._wakeup.clear()  # anything that arrived meanwhile is seen above
 
     def _take_inbox(self) -> None:
         with self._lock:
