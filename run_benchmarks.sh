@@ -52,3 +52,14 @@ python3 plot.py "$OUT/prefix-cache-on.json" "$OUT/prefix-cache-off.json" --out d
 python3 plot.py "$OUT/prefill-batched.json" "$OUT/prefill-one-at-a-time.json" --out docs/charts \
   --prefix prefill_
 python3 report.py "$OUT" > "$OUT/tables.md"
+# 6. Preemption: 30 users in a pool of 64 blocks (1,024 tokens, about a third of what they
+#    need at once). Every request must still finish; /metrics counts the preemptions.
+python3 server.py --port "$PORT" --num-blocks 64 > /tmp/nano-vllm-preemption.log 2>&1 &
+PID=$!
+for _ in $(seq 300); do curl -sf "$URL/health" > /dev/null && break; sleep 1; done
+python3 bench.py --url "$URL" --label preemption-64-blocks --results-dir "$OUT" --users 30 \
+  --max-tokens 100 || true
+curl -s "$URL/metrics" | grep -E '^nano_vllm:(num_preemptions_total|request_success_total)' \
+  > "$OUT/preemption_metrics.txt"
+kill "$PID"; wait "$PID" 2> /dev/null || true
+cat "$OUT/preemption_metrics.txt"
