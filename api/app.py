@@ -105,8 +105,11 @@ def create_app(engine, model_name: str) -> FastAPI:
         return JSONResponse(error_body(str(exc.detail), err_type), status_code=exc.status_code)
 
     @app.get("/health")
-    async def health() -> dict[str, str]:
-        return {"status": "ok"}
+    async def health() -> JSONResponse:
+        if not engine.is_alive:
+            return JSONResponse(error_body("The engine thread has stopped.", "server_error"),
+                                status_code=503)
+        return JSONResponse({"status": "ok"})
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -125,6 +128,15 @@ def create_app(engine, model_name: str) -> FastAPI:
                            f"'{model_name}'.", "model", code="model_not_found")
         if body.n != 1:
             raise APIError("Only n=1 is supported.", "n")
+        unsupported = {"presence_penalty": body.presence_penalty not in (None, 0),
+                       "frequency_penalty": body.frequency_penalty not in (None, 0),
+                       "repetition_penalty": body.repetition_penalty not in (None, 1),
+                       "logit_bias": bool(body.logit_bias),
+                       "best_of": body.best_of not in (None, 1),
+                       "response_format": body.response_format not in (None, {"type": "text"})}
+        for field, asked in unsupported.items():
+            if asked:
+                raise APIError(f"{field} is not supported by this server.", field)
         room = engine.max_tokens_per_request - num_prompt_tokens
         if room < 1:
             raise APIError(f"The prompt is {num_prompt_tokens} tokens; this server holds at most "

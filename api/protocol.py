@@ -29,6 +29,14 @@ class SamplingFields(APIModel):
     min_tokens: int = 0
     n: int = 1
     user: str | None = None
+    # Accepted so that asking for them is an explicit 400 (see api/app.py), not silently
+    # ignored.
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    best_of: int | None = None
+    response_format: dict | None = None
 
 
 class CompletionRequest(SamplingFields):

@@ -116,16 +116,25 @@ class BatchEngine:
             "waiting": len(self.scheduler.waiting) + len(self._inbox),
             "blocks_total": self.allocator.num_usable,
             "blocks_used": self.allocator.num_used,
-            "blocks_free": self.allocator.num_free,
+            "blocks_free": self.allocator.num_free - self.allocator.num_cached_free,
             "blocks_cached_free": self.allocator.num_cached_free,
         }
 
     # --- the engine thread -----------------------------------------------------------------
 
+    @property
+    def is_alive(self) -> bool:
+        return self._thread.is_alive()
+
     def _loop(self) -> None:
         while not self._stop.is_set():
             if self._inbox or self._aborts or self.scheduler.has_work():
-                self.step()
+                try:
+                    self.step()
+                except Exception as exc:  # outside the model run: fail everyone in flight
+                    log.exception("engine step failed outside the model run")
+                    for request in list(self._requests.values()):
+                        self._finish(request, "error", f"internal error in the engine: {exc}")
             else:
                 self._wakeup.wait(timeout=1.0)
                 self._wakeup.clear()  # anything that arrived meanwhile is seen above

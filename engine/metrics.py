@@ -50,7 +50,7 @@ class EngineMetrics:
             "num_requests_waiting": ("waiting", "Requests waiting for a seat."),
             "kv_blocks_total": ("blocks_total", "Usable KV cache blocks."),
             "kv_blocks_used": ("blocks_used", "KV cache blocks held by requests."),
-            "kv_blocks_free": ("blocks_free", "KV cache blocks that can be handed out."),
+            "kv_blocks_free": ("blocks_free", "KV cache blocks holding nothing findable."),
             "kv_blocks_cached_free": ("blocks_cached_free",
                                       "Free blocks that still hold a findable cached prefix."),
         }

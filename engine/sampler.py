@@ -19,7 +19,8 @@ def sample(logits: Tensor, params: list[SamplingParams],
 
 
 def sample_one(logits: Tensor, p: SamplingParams, generator: torch.Generator | None) -> int:
-    logits = logits.float() / p.temperature
+    # On the CPU, where each request's seeded generator lives (one row: cheap to move).
+    logits = logits.float().cpu() / p.temperature
     if p.top_k > 0:
         kth = torch.topk(logits, min(p.top_k, logits.numel())).values[-1]
         logits = logits.masked_fill(logits < kth, float("-inf"))

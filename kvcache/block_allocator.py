@@ -12,6 +12,8 @@ other than the dummy is in exactly one of three states:
 
 from __future__ import annotations
 
+import hashlib
+from array import array
 from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,8 +27,12 @@ class OutOfBlocksError(RuntimeError):
 
 def hash_block(parent_hash: int | None, token_ids: Sequence[int]) -> int:
     """A full block's identity: its own tokens and, through the parent's hash, everything
-    before it. Python hashes ints and tuples deterministically."""
-    return hash((parent_hash, tuple(token_ids)))
+    before it. BLAKE2b-128 rather than Python's hash(): a crafted prompt must not be able to
+    collide with another user's prefix and be served its K/V."""
+    digest = hashlib.blake2b(digest_size=16)
+    digest.update((parent_hash or 0).to_bytes(16, "little"))
+    digest.update(array("q", token_ids).tobytes())
+    return int.from_bytes(digest.digest(), "little")
 
 
 @dataclass
@@ -61,11 +67,6 @@ class BlockAllocator:
     @property
     def num_cached_free(self) -> int:
         return len(self._cached_free)
-
-    @property
-    def num_cached(self) -> int:
-        """Blocks findable by hash, used or not."""
-        return len(self._by_hash)
 
     def allocate(self) -> int:
         """A block for fresh content, ref_count 1. Evicts the oldest cached-free block if no

@@ -22,10 +22,6 @@ class ModelConfig:
     tie_word_embeddings: bool
     eos_token_ids: tuple[int, ...]
 
-    @property
-    def num_queries_per_kv(self) -> int:
-        return self.num_heads // self.num_kv_heads
-
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> ModelConfig:
         raw = json.loads((Path(model_dir) / "config.json").read_text())
@@ -37,6 +33,10 @@ class ModelConfig:
         rope_type = rope.get("rope_type", "default")
         if raw.get("rope_scaling") or rope_type != "default":
             raise ValueError(f"rope scaling ({rope_type}) is not supported")
+        if raw.get("attention_bias") or raw.get("mlp_bias"):
+            raise ValueError("models with attention or MLP biases are not supported")
+        if raw.get("hidden_act", "silu") != "silu":
+            raise ValueError(f"only SiLU MLPs are supported, got {raw['hidden_act']}")
         eos = raw.get("eos_token_id", [])
         eos_ids = tuple(eos) if isinstance(eos, list) else (eos,)
         hidden = raw["hidden_size"]

@@ -45,6 +45,8 @@ torch::Tensor paged_decode_attention(torch::Tensor q,             // [batch, hea
                                      torch::Tensor block_tables,  // [batch, max_blocks] int64
                                      torch::Tensor context_lens,  // [batch] int64
                                      double scale) {
+  // Pure C++ from here on: let the server's other Python threads run meanwhile.
+  pybind11::gil_scoped_release no_gil;
   TORCH_CHECK(q.dtype() == torch::kFloat32 && k_cache.dtype() == torch::kFloat32 &&
                   v_cache.dtype() == torch::kFloat32,
               "paged_decode_attention: float32 only");
@@ -56,7 +58,8 @@ torch::Tensor paged_decode_attention(torch::Tensor q,             // [batch, hea
   const int64_t batch = q.size(0), heads = q.size(1), dim = q.size(2);
   const int64_t block_size = k_cache.size(1), kv_heads = k_cache.size(2);
   const int64_t group = heads / kv_heads, max_blocks = block_tables.size(1);
-  TORCH_CHECK(k_cache.size(3) == dim && heads % kv_heads == 0, "paged_decode_attention: shapes");
+  TORCH_CHECK(k_cache.size(3) == dim && heads % kv_heads == 0 && v_cache.sizes() == k_cache.sizes(),
+              "paged_decode_attention: shapes");
 
   const float* qp = q.data_ptr<float>();
   const float* kp = k_cache.data_ptr<float>();
@@ -71,6 +74,9 @@ torch::Tensor paged_decode_attention(torch::Tensor q,             // [batch, hea
   for (int64_t b = 0; b < batch; ++b) {
     TORCH_CHECK(lens[b] >= 1 && lens[b] <= max_blocks * block_size,
                 "paged_decode_attention: context length outside its block table");
+    for (int64_t i = 0; i < (lens[b] + block_size - 1) / block_size; ++i)
+      TORCH_CHECK(tables[b * max_blocks + i] >= 0 && tables[b * max_blocks + i] < k_cache.size(0),
+                  "paged_decode_attention: block id outside the pool");
     first_task[b] = static_cast<int64_t>(task_seq.size());
     for (int64_t start = 0; start < lens[b]; start += kPart) {
       task_seq.push_back(b);
@@ -88,8 +94,9 @@ torch::Tensor paged_decode_attention(torch::Tensor q,             // [batch, hea
     const int64_t n = std::min(kPart, lens[b] - start);
     const int64_t* table = tables + b * max_blocks;
     const float* qb = qp + b * heads * dim;
-    float scores[kPart * 64];  // [heads][n]; heads <= 64 is checked below
-    TORCH_CHECK(heads <= 64, "paged_decode_attention: at most 64 query heads");
+    // Nothing may throw in here (an exception cannot leave an OpenMP region): every check
+    // is done above.
+    std::vector<float> scores(heads * kPart);  // [heads][n]
 
     for (int64_t i = 0; i < n; ++i) {
       const int64_t t = start + i;
@@ -101,7 +108,7 @@ torch::Tensor paged_decode_attention(torch::Tensor q,             // [batch, hea
     float* acc = part_acc.data() + task * heads * dim;
     std::fill(acc, acc + heads * dim, 0.0f);
     for (int64_t h = 0; h < heads; ++h) {
-      float* s = scores + h * kPart;
+      float* s = scores.data() + h * kPart;
       float peak = s[0];
       for (int64_t i = 1; i < n; ++i) peak = std::max(peak, s[i]);
       float total = 0.0f;

@@ -416,6 +416,8 @@ BAD_REQUESTS = [
     ("min_tokens above max_tokens", COMPLETIONS, {**GOOD, "min_tokens": 3}, "min_tokens"),
     ("seed beyond 64 bits", COMPLETIONS, {**GOOD, "temperature": 1.0, "seed": 2**70}, "seed"),
     ("n=2", COMPLETIONS, {**GOOD, "n": 2}, "n"),
+    ("presence_penalty", COMPLETIONS, {**GOOD, "presence_penalty": 0.5}, "presence_penalty"),
+    ("logit_bias", COMPLETIONS, {**GOOD, "logit_bias": {"42": 5.0}}, "logit_bias"),
 ]
 
 
@@ -549,8 +551,9 @@ def test_metrics(server):
 
     gauges = {name: after[f"nano_vllm:{name}"] for name in (
         "num_requests_running", "num_requests_waiting", "kv_blocks_total", "kv_blocks_used",
-        "kv_blocks_free", "kv_cache_usage_perc")}
+        "kv_blocks_free", "kv_blocks_cached_free", "kv_cache_usage_perc")}
     print("gauges:", gauges)
     assert gauges["num_requests_running"] == 0 and gauges["num_requests_waiting"] == 0
     assert gauges["kv_blocks_total"] == server.engine.stats()["blocks_total"]
-    assert gauges["kv_blocks_free"] + gauges["kv_blocks_used"] == gauges["kv_blocks_total"]
+    assert (gauges["kv_blocks_free"] + gauges["kv_blocks_used"] + gauges["kv_blocks_cached_free"]
+            == gauges["kv_blocks_total"])

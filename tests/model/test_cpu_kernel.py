@@ -48,3 +48,24 @@ def test_engine_uses_the_kernel_on_cpu_fp32(model):
     pool = KVCachePool(model.cfg.num_layers, 8, model.cfg.num_kv_heads, model.cfg.head_dim)
     assert ModelRunner(model, pool, "auto").attention_backend == "cpu-kernel"
     assert ModelRunner(model, pool, "torch").attention.decode_kernel is None
+
+
+def test_kernel_handles_many_heads_and_rejects_bad_tables():
+    """Shapes other than SmolLM2's: 66 query heads on 3 K/V heads, head dim 80; and a block
+    id outside the pool is a Python error, not a crash."""
+    torch.manual_seed(1)
+    pool = KVCachePool(num_layers=1, num_blocks=10, num_kv_heads=3, head_dim=80)
+    pool.k[0].normal_()
+    pool.v[0].normal_()
+    step = StepMetadata.build([([3, 7, 1], 40), ([9], 5)], [])
+    q = torch.randn(2, 66, 80)
+    keys, values = PagedAttention.gather_single(pool.k[0], pool.v[0], step)
+    reference = PagedAttention.attend_single(q, keys, values, step)
+    ours = kernel(q, pool.k[0], pool.v[0], step.single_block_tables, step.single_context_lens,
+                  80 ** -0.5)
+    diff = (ours - reference).abs().max().item()
+    print(f"66 heads, head dim 80: max |diff| = {diff:.2e}")
+    assert diff < 1e-5
+    bad = StepMetadata.build([([3, 70], 20)], [])
+    with pytest.raises(RuntimeError, match="outside the pool"):
+        kernel(q[:1], pool.k[0], pool.v[0], bad.single_block_tables, bad.single_context_lens, 0.1)
