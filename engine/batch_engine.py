@@ -203,7 +203,8 @@ class BatchEngine:
         n_out = request.num_output_tokens
         detok = self._detok[request.request_id]
         reason = None
-        if n_out >= p.min_tokens and (
+        # A stop token ends the request only once min_tokens tokens came before it.
+        if n_out > p.min_tokens and (
                 token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_token_ids)):
             reason = "stop"  # the stop token itself is not part of the text
         else:
