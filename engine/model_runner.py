@@ -21,7 +21,7 @@ class SequenceStep:
     token_ids: list[int]
     start_pos: int
     block_table: list[int]
-    need_logits: bool  # False for a prefill chunk that does not reach the prompt's end
+    need_logits: bool  # False for a chunk that stops short of the sequence's last token
 
     @property
     def context_len(self) -> int:

@@ -13,6 +13,16 @@ kernel = load_paged_decode_attention()
 pytestmark = pytest.mark.skipif(kernel is None, reason="no C++ toolchain to build the kernel")
 
 
+def kernel_and_reference(pool: KVCachePool, step: StepMetadata,
+                         q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernel's output and the gather + SDPA path's, for the same one-token batch."""
+    keys, values = PagedAttention.gather_single(pool.k[0], pool.v[0], step)
+    reference = PagedAttention.attend_single(q, keys, values, step)
+    ours = kernel(q, pool.k[0], pool.v[0], step.single_block_tables, step.single_context_lens,
+                  q.shape[-1] ** -0.5)
+    return ours, reference
+
+
 def test_kernel_matches_gather_path_and_ignores_garbage():
     torch.manual_seed(0)
     pool = KVCachePool(num_layers=1, num_blocks=40, num_kv_heads=3, head_dim=64)
@@ -31,11 +41,7 @@ def test_kernel_matches_gather_path_and_ignores_garbage():
         pool.k[0][last, n % BLOCK_SIZE or BLOCK_SIZE:] = 1e30
         pool.v[0][last, n % BLOCK_SIZE or BLOCK_SIZE:] = -1e30
     step = StepMetadata.build(list(zip(tables, lengths)), [])
-    q = torch.randn(len(lengths), 9, 64)
-    keys, values = PagedAttention.gather_single(pool.k[0], pool.v[0], step)
-    reference = PagedAttention.attend_single(q, keys, values, step)
-    ours = kernel(q, pool.k[0], pool.v[0], step.single_block_tables, step.single_context_lens,
-                  64 ** -0.5)
+    ours, reference = kernel_and_reference(pool, step, torch.randn(len(lengths), 9, 64))
     diff = (ours - reference).abs().max().item()
     print(f"kernel vs gather + SDPA over lengths {lengths}: max |diff| = {diff:.2e}")
     assert torch.isfinite(ours).all()
@@ -59,10 +65,7 @@ def test_kernel_handles_many_heads_and_rejects_bad_tables():
     pool.v[0].normal_()
     step = StepMetadata.build([([3, 7, 1], 40), ([9], 5)], [])
     q = torch.randn(2, 66, 80)
-    keys, values = PagedAttention.gather_single(pool.k[0], pool.v[0], step)
-    reference = PagedAttention.attend_single(q, keys, values, step)
-    ours = kernel(q, pool.k[0], pool.v[0], step.single_block_tables, step.single_context_lens,
-                  80 ** -0.5)
+    ours, reference = kernel_and_reference(pool, step, q)
     diff = (ours - reference).abs().max().item()
     print(f"66 heads, head dim 80: max |diff| = {diff:.2e}")
     assert diff < 1e-5
