@@ -18,8 +18,9 @@ It differs from the engine (engine/batch_engine.py) in two things only:
 
 A round seats waiting requests up to --max-num-seqs, prefills the newcomers one at a time,
 then decodes one token for every seated request in one batched forward pass. Everything
-else is the engine's own code (BaselineEngine subclasses BatchEngine): the request queue,
-aborts and timeouts, sampling, stop conditions, detokenization, metrics and the HTTP app.
+else is the engine's own code: BatchEngine drives a BaselineEngineCore through the same
+`EngineCore` protocol as the paged core (engine/core.py), so the request queue, aborts and
+timeouts, sampling, stop conditions, detokenization, metrics and the HTTP app are shared.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import torch
@@ -34,11 +36,10 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.utils.rnn import pad_sequence
 
-from engine.batch_engine import BatchEngine
 from engine.config import EngineConfig
-from engine.request import Request, Status
-from engine.sampler import sample
-from engine.scheduler import ScheduledStep
+from engine.core import EngineStats, StepResult
+from engine.request import FinishReason, Request, RequestUpdate, Status
+from engine.sampler import Sampler
 from model.llama import LlamaModel, causal_attention
 from server import run_server
 
@@ -141,17 +142,22 @@ class BaselineRunner:
         return logits
 
 
-class BaselineScheduler:
-    """Seats, first come first served, up to max_num_seqs; no memory limit, no preemption.
+class BaselineEngineCore:
+    """The baseline's engine core: seats first come first served up to max_num_seqs, with no
+    memory limit and no preemption; prefills newcomers one at a time, then decodes everyone
+    seated in one batched pass. Holds each seated request's cache."""
 
-    Holds each seated request's cache. Has the parts of engine/scheduler.py's Scheduler
-    that BatchEngine uses: `waiting`, `running`, `add`, `has_work`, `finish`."""
-
-    def __init__(self, max_num_seqs: int) -> None:
-        self.max_num_seqs = max_num_seqs
+    def __init__(self, config: EngineConfig, model: LlamaModel,
+                 eos_token_ids: Collection[int]) -> None:
+        self.max_num_seqs = config.max_num_seqs
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.runner = BaselineRunner(model)
+        self.sampler = Sampler()
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.caches: dict[str, UserKV] = {}  # request id -> its cache, once prefilled
+        # Only RoPE's table bounds a request here: the caches grow without limit.
+        self.max_tokens_per_request = model.cfg.max_position_embeddings
 
     def add(self, request: Request) -> None:
         self.waiting.append(request)
@@ -159,8 +165,18 @@ class BaselineScheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def seat(self) -> list[Request]:
-        """Seat requests from the front of the line while seats are free; returns them."""
+    def step(self) -> StepResult:
+        """One round: seat newcomers, prefill them one by one, decode everyone seated."""
+        result = StepResult()
+        for request in self._seat():
+            self._prefill(request, result)
+        decoding = [r for r in self.running if r.request_id in self.caches
+                    and r.num_computed_tokens < r.num_tokens]
+        if decoding:
+            self._decode(decoding, result)
+        return result
+
+    def _seat(self) -> list[Request]:
         newcomers = []
         while self.waiting and len(self.running) < self.max_num_seqs:
             request = self.waiting.popleft()
@@ -170,7 +186,43 @@ class BaselineScheduler:
             newcomers.append(request)
         return newcomers
 
-    def finish(self, request: Request) -> None:
+    def _prefill(self, request: Request, result: StepResult) -> None:
+        result.num_scheduled_tokens += request.num_prompt_tokens
+        result.num_prompt_tokens += request.num_prompt_tokens
+        try:
+            logits, cache = self.runner.prefill(request.token_ids)
+            token = self.sampler(logits, [request])[0]
+        except Exception as exc:  # a failed prefill fails only this request
+            log.exception("prefill failed; failing request %s", request.request_id)
+            result.failed.append(request)
+            result.error = f"internal error in the baseline: {exc}"
+            return
+        self.caches[request.request_id] = cache
+        request.num_computed_tokens = request.num_tokens
+        self._append(request, token, result)
+
+    def _decode(self, requests: list[Request], result: StepResult) -> None:
+        result.num_scheduled_tokens += len(requests)
+        try:
+            logits = self.runner.decode([self.caches[r.request_id] for r in requests],
+                                        [r.token_ids[-1] for r in requests])
+            tokens = self.sampler(logits, requests)
+        except Exception as exc:  # a failed step fails only the requests in it
+            log.exception("decode step failed; failing the %d requests in it", len(requests))
+            result.failed.extend(requests)
+            result.error = f"internal error in the baseline: {exc}"
+            return
+        for request, token in zip(requests, tokens):
+            request.num_computed_tokens += 1
+            self._append(request, token, result)
+
+    def _append(self, request: Request, token: int, result: StepResult) -> None:
+        reason = request.append_token(token, self.eos_token_ids)
+        if reason is not None:
+            self.finish(request, reason)
+        result.updates.append(RequestUpdate(request, [token], reason))
+
+    def finish(self, request: Request, reason: FinishReason) -> None:
         """Unseat (or unqueue) a request for good, dropping its cache."""
         if request.status is Status.RUNNING:
             self.running.remove(request)
@@ -178,73 +230,19 @@ class BaselineScheduler:
         elif request.status is Status.WAITING:
             self.waiting.remove(request)
         request.status = Status.FINISHED
+        request.finish_reason = reason
 
+    def stats(self) -> EngineStats:
+        return EngineStats(running=len(self.running), waiting=len(self.waiting), blocks_total=0,
+                           blocks_used=0, blocks_free=0, blocks_cached_free=0)
 
-class BaselineEngine(BatchEngine):
-    """BatchEngine with the per-user cache: only the cache, the round and the stats differ."""
-
-    scheduler: BaselineScheduler
-    runner: BaselineRunner
-
-    def _build_cache_and_scheduler(self) -> None:
-        self.scheduler = BaselineScheduler(self.config.max_num_seqs)
-        self.runner = BaselineRunner(self.model)
-
-    @property
-    def max_tokens_per_request(self) -> int:
-        """Only RoPE's table bounds a request here: the caches grow without limit."""
-        return self.model.cfg.max_position_embeddings
-
-    def stats(self) -> dict[str, int]:
-        return {"running": len(self.scheduler.running),
-                "waiting": len(self.scheduler.waiting) + len(self._inbox),
-                "blocks_total": 0, "blocks_used": 0, "blocks_free": 0, "blocks_cached_free": 0}
-
-    def step(self) -> None:
-        """One round: seat newcomers, prefill them one by one, decode everyone seated."""
-        self._take_inbox()
-        for request in self.scheduler.seat():
-            self._prefill(request)
-        if self.scheduler.running:  # everyone seated now has a cache and a token to feed
-            self._decode(list(self.scheduler.running))
-
-    def _prefill(self, request: Request) -> None:
-        self.metrics.on_schedule(ScheduledStep(work=[(request, request.num_prompt_tokens)]))
-        try:
-            logits, cache = self.runner.prefill(request.token_ids)
-            token = sample(logits, [request.params], [request.generator])[0]
-        except Exception as exc:  # a failed prefill fails only this request
-            log.exception("prefill failed; failing request %s", request.request_id)
-            self._finish(request, "error", f"internal error in the baseline: {exc}")
-            return
-        self.scheduler.caches[request.request_id] = cache
-        request.num_computed_tokens = request.num_tokens
-        self._append_token(request, token, time.monotonic())
-
-    def _decode(self, requests: list[Request]) -> None:
-        self.metrics.on_schedule(ScheduledStep(work=[(r, 1) for r in requests]))
-        try:
-            logits = self.runner.decode([self.scheduler.caches[r.request_id] for r in requests],
-                                        [r.token_ids[-1] for r in requests])
-            tokens = sample(logits, [r.params for r in requests], [r.generator for r in requests])
-        except Exception as exc:  # a failed step fails only the requests in it
-            log.exception("decode step failed; failing the %d requests in it", len(requests))
-            for request in requests:
-                self._finish(request, "error", f"internal error in the baseline: {exc}")
-            return
-        now = time.monotonic()
-        for request, token in zip(requests, tokens):
-            request.num_computed_tokens += 1
-            self._append_token(request, token, now)
-
-
-def describe(engine: BaselineEngine, config: EngineConfig) -> str:
-    return (f"{engine.runner.device}, per-user KV cache padded and concatenated every step, "
-            f"up to {config.max_num_seqs} users at once")
+    def describe(self) -> str:
+        return (f"{self.runner.device}, per-user KV cache padded and concatenated every step, "
+                f"up to {self.max_num_seqs} users at once")
 
 
 def main() -> int:
-    return run_server(__doc__, "nano-vLLM BASELINE", BaselineEngine, describe)
+    return run_server(__doc__, "nano-vLLM BASELINE", BaselineEngineCore)
 
 
 if __name__ == "__main__":

@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from collections.abc import Callable
 
 import uvicorn
 
 from api.app import create_app
-from engine.batch_engine import BatchEngine, load_engine
+from engine.batch_engine import load_engine
 from engine.config import EngineConfig
+from engine.core import EngineCore, PagedEngineCore
 from model.prepare import MODEL_NAME, ModelPreparationError
 
 
@@ -40,26 +40,18 @@ def served_name(args: argparse.Namespace) -> str:
     return args.model.rstrip("/").split("/")[-1] if args.model else MODEL_NAME
 
 
-def describe(engine, config: EngineConfig) -> str:
-    stats = engine.stats()
-    return (f"{engine.runner.device}, {stats['blocks_total']} KV blocks of 16 tokens, prefix "
-            f"cache {'on' if config.enable_prefix_cache else 'off'}, "
-            f"{engine.runner.attention_backend} attention")
-
-
 def run_server(description: str | None, title: str = "nano-vLLM",
-               engine_class: type[BatchEngine] = BatchEngine,
-               describe: Callable[[BatchEngine, EngineConfig], str] = describe) -> int:
+               core_class: type[EngineCore] = PagedEngineCore) -> int:
     """Parse the CLI, load the model into an engine, serve until stopped."""
     args = build_parser(description).parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     try:
         config = EngineConfig.from_args(args)
-        engine = load_engine(config, engine_class)
+        engine = load_engine(config, core_class)
     except (ModelPreparationError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    print(f"{title}: {served_name(args)} on {describe(engine, config)}; "
+    print(f"{title}: {served_name(args)} on {engine.describe()}; "
           f"serving on http://{args.host}:{args.port}/v1", flush=True)
     serve(engine, args, served_name(args))
     return 0

@@ -1,14 +1,13 @@
-"""The engine thread: continuous batching over the paged KV cache.
+"""The engine thread: continuous batching around an engine core.
 
-HTTP handlers (on the asyncio loop) call `add_request` and `abort`; the engine
-thread runs steps for as long as there is work:
+HTTP handlers (on the asyncio loop) call `add_request` and `abort`; the engine thread
+loops for as long as there is work:
 
-1. drop aborted and timed-out requests, releasing their blocks;
-2. schedule: seated requests first, then newcomers while seats, the token budget
-   and KV blocks allow (reusing cached prefix blocks), preempting if the pool runs dry;
-3. run the model once over every scheduled token: prefill chunks and decodes together;
-4. sample a token for each sequence that reached its end, detokenize, check stop
-   conditions, hand the output to the request's callback, and unseat finished ones.
+1. intake: take new requests, aborts and timed-out requests (releasing their blocks);
+2. step the core: schedule, run the model once over every scheduled token (prefill
+   chunks and decodes together), update each request from the output;
+3. output processing: detokenize, check stop strings, count metrics, and hand each
+   request its new text through its callback.
 """
 
 from __future__ import annotations
@@ -21,15 +20,10 @@ from collections import deque
 import torch
 
 from engine.config import EngineConfig
-from engine.detokenizer import IncrementalDetokenizer
+from engine.core import EngineCore, EngineStats, PagedEngineCore, StepResult
 from engine.metrics import EngineMetrics
-from engine.model_runner import ModelRunner, SequenceStep
-from engine.request import Request, RequestOutput, Status
-from engine.sampler import sample
-from engine.scheduler import ScheduledStep, Scheduler
-from kvcache.block_allocator import BlockAllocator
-from kvcache.kv_cache_manager import KVCacheManager
-from kvcache.pool import BLOCK_SIZE, KVCachePool, parse_memory
+from engine.output_processor import OutputProcessor
+from engine.request import FinishReason, Request
 from model.llama import LlamaModel
 
 log = logging.getLogger("nano_vllm.engine")
@@ -40,52 +34,36 @@ class QueueFullError(RuntimeError):
 
 
 class BatchEngine:
-    def __init__(self, config: EngineConfig, model: LlamaModel, tokenizer) -> None:
+    def __init__(self, config: EngineConfig, model: LlamaModel, tokenizer,
+                 core_class: type[EngineCore] = PagedEngineCore) -> None:
         self.config = config
         self.model = model
         self.tokenizer = tokenizer
-        self._build_cache_and_scheduler()
-        cfg = model.cfg
+        eos = set(model.cfg.eos_token_ids)
+        if tokenizer.eos_token_id is not None:
+            eos.add(tokenizer.eos_token_id)
+        self.core: EngineCore = core_class(config, model, eos)
         self.metrics = EngineMetrics()
         self.metrics.add_gauges(self.stats)
-        self.eos_token_ids = set(cfg.eos_token_ids)
-        if tokenizer.eos_token_id is not None:
-            self.eos_token_ids.add(tokenizer.eos_token_id)
+        self.outputs = OutputProcessor(tokenizer, self.metrics)
 
         self._lock = threading.Lock()  # guards _inbox and _aborts, filled by other threads
         self._inbox: deque[Request] = deque()
         self._aborts: set[str] = set()
         self._requests: dict[str, Request] = {}  # engine thread only
-        self._detok: dict[str, IncrementalDetokenizer] = {}
         self._wakeup = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="batch-engine", daemon=True)
-
-    def _build_cache_and_scheduler(self) -> None:
-        """The paged KV pool, its allocator, the scheduler and the model runner.
-
-        A method of its own so that baseline_server.py can keep K/V its own way and reuse
-        the rest of the engine (queue, aborts, sampling, stop conditions, metrics)."""
-        cfg, config = self.model.cfg, self.config
-        dtype = self.model.embed_tokens.weight.dtype
-        device = self.model.embed_tokens.weight.device
-        num_blocks = config.num_blocks or KVCachePool.blocks_for_memory(
-            parse_memory(config.kv_cache_memory), cfg.num_layers, cfg.num_kv_heads, cfg.head_dim,
-            dtype)
-        self.pool = KVCachePool(cfg.num_layers, num_blocks, cfg.num_kv_heads, cfg.head_dim,
-                                dtype, device)
-        self.allocator = BlockAllocator(num_blocks, config.enable_prefix_cache)
-        self.kv = KVCacheManager(self.allocator)
-        self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens,
-                                   config.max_prefills_per_step)
-        self.runner = ModelRunner(self.model, self.pool, config.attention)
 
     # --- called from other threads -------------------------------------------------------
 
     @property
     def max_tokens_per_request(self) -> int:
-        """A request longer than this could never fit, even alone in the pool."""
-        return min(self.allocator.num_usable * BLOCK_SIZE, self.model.cfg.max_position_embeddings)
+        return self.core.max_tokens_per_request
+
+    @property
+    def is_alive(self) -> bool:
+        return self._thread.is_alive()
 
     def start(self) -> None:
         self._thread.start()
@@ -98,7 +76,8 @@ class BatchEngine:
 
     def add_request(self, request: Request) -> None:
         with self._lock:
-            if len(self._inbox) + len(self.scheduler.waiting) >= self.config.max_waiting:
+            waiting = len(self._inbox) + self.core.stats()["waiting"]
+            if waiting >= self.config.max_waiting:
                 raise QueueFullError(
                     f"the server is at capacity ({self.config.max_waiting} requests waiting)")
             self._inbox.append(request)
@@ -110,135 +89,81 @@ class BatchEngine:
             self._aborts.add(request_id)
         self._wakeup.set()
 
-    def stats(self) -> dict[str, int]:
-        return {
-            "running": len(self.scheduler.running),
-            "waiting": len(self.scheduler.waiting) + len(self._inbox),
-            "blocks_total": self.allocator.num_usable,
-            "blocks_used": self.allocator.num_used,
-            "blocks_free": self.allocator.num_free - self.allocator.num_cached_free,
-            "blocks_cached_free": self.allocator.num_cached_free,
-        }
+    def stats(self) -> EngineStats:
+        stats = self.core.stats()
+        stats["waiting"] += len(self._inbox)
+        return stats
+
+    def describe(self) -> str:
+        return self.core.describe()
 
     # --- the engine thread -----------------------------------------------------------------
 
-    @property
-    def is_alive(self) -> bool:
-        return self._thread.is_alive()
-
     def _loop(self) -> None:
         while not self._stop.is_set():
-            if self._inbox or self._aborts or self.scheduler.has_work():
+            if self._inbox or self._aborts or self.core.has_work():
                 try:
                     self.step()
                 except Exception as exc:  # outside the model run: fail everyone in flight
                     log.exception("engine step failed outside the model run")
                     for request in list(self._requests.values()):
-                        self._finish(request, "error", f"internal error in the engine: {exc}")
+                        self._finish(request, FinishReason.ERROR,
+                                     f"internal error in the engine: {exc}")
             else:
                 self._wakeup.wait(timeout=1.0)
                 self._wakeup.clear()  # anything that arrived meanwhile is seen above
 
-    def _take_inbox(self) -> None:
+    def step(self) -> None:
+        """One round: intake, one core step, output processing."""
+        self._intake()
+        result = self.core.step()
+        self.metrics.on_step(result)
+        if result.num_scheduled_tokens == 0:
+            time.sleep(0.001)  # nothing fits yet (can only be momentary)
+            return
+        self._process(result)
+
+    def _intake(self) -> None:
         with self._lock:
             arrivals, self._inbox = self._inbox, deque()
             aborts, self._aborts = self._aborts, set()
         for request in arrivals:
             self._requests[request.request_id] = request
-            self._detok[request.request_id] = IncrementalDetokenizer(
-                self.tokenizer, request.prompt_token_ids, request.params.stop)
-            self.scheduler.add(request)
+            self.outputs.add(request)
+            self.core.add(request)
         for request_id in aborts:
             if request_id in self._requests:
-                self._finish(self._requests[request_id], "abort")
+                self._finish(self._requests[request_id], FinishReason.ABORT)
         timeout = self.config.request_timeout
         if timeout is not None:
             now = time.monotonic()
             for request in list(self._requests.values()):
                 if now - request.arrival_time > timeout:
-                    self._finish(request, "error", f"request timed out after {timeout:g} s")
+                    self._finish(request, FinishReason.ERROR,
+                                 f"request timed out after {timeout:g} s")
 
-    def step(self) -> None:
-        """One round: schedule, run the model once, sample, hand out tokens."""
-        self._take_inbox()
-        scheduled = self.scheduler.schedule()
-        self.metrics.on_schedule(scheduled)
-        if not scheduled.work:
-            time.sleep(0.001)  # nothing fits yet (can only be momentary)
-            return
-        try:
-            new_tokens = self._run(scheduled)
-        except Exception as exc:  # a failed step must not take the server down
-            log.exception("engine step failed; failing the %d requests in it", len(scheduled.work))
-            for request, _ in scheduled.work:
-                self._finish(request, "error", f"internal error in the engine: {exc}")
-            return
+    def _process(self, result: StepResult) -> None:
+        for request in result.failed:
+            self._finish(request, FinishReason.ERROR, result.error)
         now = time.monotonic()
-        for request, token in new_tokens:
-            self._append_token(request, token, now)
+        for update in result.updates:
+            stopped = self.outputs.process(update, now)
+            if stopped is not None:  # a stop string: the core has not unseated it yet
+                self.core.finish(update.request, stopped)
+            if update.request.finish_reason is not None:
+                self._requests.pop(update.request.request_id, None)
 
-    def _run(self, scheduled: ScheduledStep) -> list[tuple[Request, int]]:
-        steps, sampled = [], []
-        for request, n in scheduled.work:
-            start = request.num_computed_tokens
-            reaches_end = start + n == request.num_tokens
-            steps.append(SequenceStep(request.token_ids[start:start + n], start,
-                                      request.blocks.block_table, reaches_end))
-            if reaches_end:
-                sampled.append(request)
-        logits = self.runner.run(steps)
-        for request, n in scheduled.work:
-            request.num_computed_tokens += n
-            self.kv.cache_full_blocks(request.blocks, request.token_ids,
-                                      request.num_computed_tokens)
-        if not sampled:
-            return []
-        tokens = sample(logits, [r.params for r in sampled], [r.generator for r in sampled])
-        return list(zip(sampled, tokens))
-
-    def _append_token(self, request: Request, token: int, now: float) -> None:
-        request.token_ids.append(token)
-        self.metrics.on_token(request, now)
-        p = request.params
-        n_out = request.num_output_tokens
-        detok = self._detok[request.request_id]
-        reason = None
-        # A stop token ends the request only once min_tokens tokens came before it.
-        if n_out > p.min_tokens and (
-                token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_token_ids)):
-            reason = "stop"  # the stop token itself is not part of the text
-        else:
-            detok.add(request.token_ids)
-            if detok.stopped:
-                reason = "stop"
-            elif n_out >= p.max_tokens:
-                reason = "length"
-        if reason is not None:
-            self._finish(request, reason)
-        else:
-            request.on_output(RequestOutput(request.request_id, detok.take(final=False), [token],
-                                            num_output_tokens=n_out))
-
-    def _finish(self, request: Request, reason: str, error: str | None = None) -> None:
-        if request.status is Status.FINISHED:
-            return
-        self.scheduler.finish(request)
-        request.finish_reason = reason
+    def _finish(self, request: Request, reason: FinishReason, error: str | None = None) -> None:
+        """End a request from outside the core's own stop checks (abort, error, timeout)."""
+        self.core.finish(request, reason)
         self._requests.pop(request.request_id, None)
-        detok = self._detok.pop(request.request_id)
-        last = request.token_ids[-1:] if request.num_output_tokens else []
-        self.metrics.on_finish(request)
-        request.on_output(RequestOutput(
-            request.request_id, detok.take(final=True) if error is None else "",
-            last if reason in ("stop", "length") else [], finished=True, finish_reason=reason,
-            num_prompt_tokens=request.num_prompt_tokens,
-            num_output_tokens=request.num_output_tokens,
-            num_cached_tokens=request.num_cached_tokens, error=error))
+        self.outputs.finish(request, reason, error)
 
 
-def load_engine(config: EngineConfig, engine_class: type[BatchEngine] = BatchEngine) -> BatchEngine:
-    """Prepare or find the model, load it and its tokenizer, and build an engine
-    (of `engine_class`: baseline_server.py passes its own)."""
+def load_engine(config: EngineConfig,
+                core_class: type[EngineCore] = PagedEngineCore) -> BatchEngine:
+    """Prepare or find the model, load it and its tokenizer, and build an engine around a
+    core of `core_class` (baseline_server.py passes its own)."""
     from transformers import AutoTokenizer
 
     from model.loader import load_model, pick_device, pick_dtype
@@ -250,4 +175,4 @@ def load_engine(config: EngineConfig, engine_class: type[BatchEngine] = BatchEng
     model = load_model(model_dir, device, pick_dtype(config.dtype))
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     torch.set_grad_enabled(False)
-    return engine_class(config, model, tokenizer)
+    return BatchEngine(config, model, tokenizer, core_class)

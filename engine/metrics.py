@@ -6,15 +6,14 @@ so the hot path only bumps counters and histograms.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 if TYPE_CHECKING:
+    from engine.core import EngineStats, StepResult
     from engine.request import Request
-    from engine.scheduler import ScheduledStep
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0,
                    1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
@@ -43,7 +42,7 @@ class EngineMetrics:
         self.queue_time = Histogram(P + "request_queue_time_seconds", "Arrival to first seated.",
                                     buckets=LATENCY_BUCKETS, registry=r)
 
-    def add_gauges(self, read: Callable[[], dict[str, int]]) -> None:
+    def add_gauges(self, read: Callable[[], EngineStats]) -> None:
         """Gauges computed at scrape time from the engine's stats() (a dict of counts)."""
         specs = {
             "num_requests_running": ("running", "Requests seated in the batch."),
@@ -70,12 +69,11 @@ class EngineMetrics:
 
     # --- hooks called by the engine thread ---
 
-    def on_schedule(self, step: ScheduledStep) -> None:
-        self.preemptions.inc(len(step.preempted))
+    def on_step(self, step: StepResult) -> None:
+        self.preemptions.inc(step.num_preempted)
         self.prefix_cache_queries.inc(step.prefix_queried_tokens)
         self.prefix_cache_hits.inc(step.prefix_hit_tokens)
-        self.prompt_tokens.inc(sum(n for r, n in step.work
-                                   if r.num_computed_tokens + n <= r.num_prompt_tokens))
+        self.prompt_tokens.inc(step.num_prompt_tokens)
 
     def on_token(self, request: Request, now: float) -> None:
         self.generation_tokens.inc()
@@ -86,8 +84,7 @@ class EngineMetrics:
             self.itl.observe(now - request.last_token_time)
         request.last_token_time = now
 
-    def on_finish(self, request: Request) -> None:
-        now = time.monotonic()
+    def on_finish(self, request: Request, now: float) -> None:
         self.request_success.labels(request.finish_reason).inc()
         self.e2e.observe(now - request.arrival_time)
         if request.scheduled_time is not None:

@@ -1,4 +1,6 @@
-"""Turns one step's scheduled work into tensors and runs the model over the paged cache."""
+"""Runs one scheduled step: builds the input tensors, runs the model over the paged cache,
+samples. The runner owns the attention backend and the sampler; it reads each request's
+position and block table but changes nothing in it (the scheduler does that)."""
 
 from __future__ import annotations
 
@@ -7,10 +9,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from engine.sampler import Sampler
+from engine.scheduler import SchedulerOutput
 from kvcache.pool import KVCachePool
-from model.cpu_kernel import load_paged_decode_attention
+from model.attention import create_backend
 from model.llama import LlamaModel
-from model.paged_attention import PagedAttention, StepMetadata
 
 
 @dataclass
@@ -28,50 +31,58 @@ class SequenceStep:
         return self.start_pos + len(self.token_ids)
 
 
+@dataclass
+class RunnerOutput:
+    """sampled_token_ids[i]: the new tokens of the i-th scheduled request (empty for a prompt
+    chunk that stops short of the prompt's end). A list, so that a step may one day give a
+    request several tokens (speculative decoding); logprobs will sit beside it."""
+
+    sampled_token_ids: list[list[int]]
+
+
 class ModelRunner:
-    def __init__(self, model: LlamaModel, pool: KVCachePool, attention_backend: str = "torch",
+    def __init__(self, model: LlamaModel, pool: KVCachePool, attention_backend: str = "auto",
                  ) -> None:
         self.model = model
         self.pool = pool
         self.device = model.embed_tokens.weight.device
-        self.dtype = model.embed_tokens.weight.dtype
-        self.attention_backend = self.choose_backend(attention_backend)
-        kernel = load_paged_decode_attention() if self.attention_backend == "cpu-kernel" else None
-        if kernel is None:
-            self.attention_backend = "torch"
-        self.attention = PagedAttention(pool, kernel)
+        self.attention = create_backend(attention_backend, pool)
+        self.attention_backend = self.attention.name
+        self.sampler = Sampler()
 
-    def choose_backend(self, requested: str) -> str:
-        """'auto': the compiled kernel where it applies (CPU, fp32), else gather + SDPA."""
-        fits = self.device.type == "cpu" and self.dtype == torch.float32
-        if requested == "auto":
-            return "cpu-kernel" if fits else "torch"
-        if requested == "cpu-kernel" and not fits:
-            raise ValueError("--attention cpu-kernel needs --device cpu and --dtype float32")
-        return requested
+    def execute(self, scheduled: SchedulerOutput) -> RunnerOutput:
+        """Compute every scheduled token and sample for each request that reaches its end."""
+        steps, sampling = [], []
+        for request, n in scheduled.scheduled:
+            start = request.num_computed_tokens
+            reaches_end = start + n == request.num_tokens
+            steps.append(SequenceStep(request.token_ids[start:start + n], start,
+                                      request.blocks.block_table, reaches_end))
+            if reaches_end:
+                sampling.append(request)
+        logits = self.compute_logits(steps)
+        tokens = iter(self.sampler(logits, sampling) if sampling else [])
+        return RunnerOutput([[next(tokens)] if s.need_logits else [] for s in steps])
 
     @torch.inference_mode()
-    def run(self, steps: list[SequenceStep]) -> Tensor:
+    def compute_logits(self, steps: list[SequenceStep]) -> Tensor:
         """Logits [number of steps that need them, vocab], in the order of `steps`."""
         # One-token sequences go first: they attend together in one batched call.
-        order = sorted(range(len(steps)), key=lambda i: len(steps[i].token_ids) > 1)
-        single = [steps[i] for i in order if len(steps[i].token_ids) == 1]
-        chunks = [steps[i] for i in order if len(steps[i].token_ids) > 1]
-
+        single = [i for i, s in enumerate(steps) if len(s.token_ids) == 1]
+        chunks = [i for i, s in enumerate(steps) if len(s.token_ids) > 1]
         input_ids: list[int] = []
         positions: list[int] = []
-        last_row: dict[int, int] = {}  # step index -> its last row in the flat batch
-        for i in order:
+        last_row = [0] * len(steps)  # step index -> its last row in the flat batch
+        for i in single + chunks:
             s = steps[i]
             input_ids.extend(s.token_ids)
             positions.extend(range(s.start_pos, s.context_len))
             last_row[i] = len(input_ids) - 1
-        rows = [last_row[i] for i in range(len(steps)) if steps[i].need_logits]
-
-        self.attention.step = StepMetadata.build(
-            [(s.block_table, s.context_len) for s in single],
-            [(s.block_table, s.context_len, len(s.token_ids)) for s in chunks],
-            self.device, self.dtype)
+        rows = [last_row[i] for i, s in enumerate(steps) if s.need_logits]
+        self.attention.step = self.attention.build_metadata(
+            [(steps[i].block_table, steps[i].context_len) for i in single],
+            [(steps[i].block_table, steps[i].context_len, len(steps[i].token_ids))
+             for i in chunks])
         try:
             return self.model(
                 torch.tensor(input_ids, device=self.device),

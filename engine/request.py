@@ -1,15 +1,22 @@
-"""One request's state as it moves through the engine."""
+"""One request's state as it moves through the engine, and what a step hands back for it."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import Enum, StrEnum
 
 import torch
 
 from kvcache.kv_cache_manager import SequenceBlocks
+
+
+class FinishReason(StrEnum):
+    STOP = "stop"  # a stop token, EOS or a stop string
+    LENGTH = "length"  # max_tokens reached
+    ABORT = "abort"  # the client went away
+    ERROR = "error"  # the engine failed this request (see RequestOutput.error)
 
 
 @dataclass
@@ -43,7 +50,7 @@ class RequestOutput:
     text: str
     token_ids: list[int]
     finished: bool = False
-    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
+    finish_reason: FinishReason | None = None
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
     num_cached_tokens: int = 0
@@ -64,7 +71,7 @@ class Request:
     num_cached_tokens: int = 0  # prompt tokens taken from the prefix cache when first seated
     blocks: SequenceBlocks = field(default_factory=SequenceBlocks)
     generator: torch.Generator | None = None
-    finish_reason: str | None = None
+    finish_reason: FinishReason | None = None
     scheduled_time: float | None = None  # first seated
     first_token_time: float | None = None
     last_token_time: float | None = None
@@ -90,3 +97,30 @@ class Request:
     @property
     def num_output_tokens(self) -> int:
         return len(self.token_ids) - self.num_prompt_tokens
+
+    def append_token(self, token: int, eos_token_ids: Collection[int]) -> FinishReason | None:
+        """Add one generated token; say whether it ends the request by a stop token or length.
+
+        A stop token (EOS or stop_token_ids) ends the request only once min_tokens tokens came
+        before it; it is kept in token_ids but is not part of the text."""
+        self.token_ids.append(token)
+        p = self.params
+        if self.num_output_tokens > p.min_tokens and (
+                token in p.stop_token_ids or (not p.ignore_eos and token in eos_token_ids)):
+            return FinishReason.STOP
+        if self.num_output_tokens >= p.max_tokens:
+            return FinishReason.LENGTH
+        return None
+
+
+@dataclass
+class RequestUpdate:
+    """One request's result of a step: the tokens it gained, and whether they ended it."""
+
+    request: Request
+    new_token_ids: list[int]
+    finish_reason: FinishReason | None = None  # set by a stop token or by length
+
+    @property
+    def ended_by_stop_token(self) -> bool:
+        return self.finish_reason is FinishReason.STOP

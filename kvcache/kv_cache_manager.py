@@ -48,22 +48,25 @@ class KVCacheManager:
             parent = block_hash
         return found
 
-    def can_grow(self, blocks: SequenceBlocks, num_tokens: int) -> bool:
-        """Could `blocks` (held, or a fresh prefix hit not yet acquired) hold num_tokens?"""
+    def allocate_slots(self, blocks: SequenceBlocks, num_tokens: int,
+                       new_prefix_hit: bool = False) -> bool:
+        """Make `blocks` hold num_tokens, taking fresh blocks as needed; all or nothing.
+
+        With new_prefix_hit, `blocks` is what find_cached_prefix just returned: its blocks
+        are acquired (revived if cached-free) as part of the same all-or-nothing step.
+        Returns False, and changes nothing, if the pool cannot supply enough blocks."""
         new = blocks_for(num_tokens) - len(blocks.block_table)
         # A hit on a cached-free block revives it, which uses up one free block.
-        revived = sum(1 for b in blocks.block_table if self.allocator.blocks[b].ref_count == 0)
-        return self.allocator.num_free - revived >= new
-
-    def acquire(self, blocks: SequenceBlocks) -> None:
-        """Take hold of a prefix hit returned by find_cached_prefix."""
-        for block_id in blocks.block_table:
-            self.allocator.acquire(block_id)
-
-    def grow(self, blocks: SequenceBlocks, num_tokens: int) -> None:
-        """Append fresh blocks until the table holds num_tokens (check can_grow first)."""
-        while len(blocks.block_table) < blocks_for(num_tokens):
+        revived = sum(1 for b in blocks.block_table
+                      if self.allocator.blocks[b].ref_count == 0) if new_prefix_hit else 0
+        if self.allocator.num_free - revived < max(new, 0):
+            return False
+        if new_prefix_hit:
+            for block_id in blocks.block_table:
+                self.allocator.acquire(block_id)
+        for _ in range(new):
             blocks.block_table.append(self.allocator.allocate())
+        return True
 
     def cache_full_blocks(self, blocks: SequenceBlocks, token_ids: Sequence[int],
                           num_computed: int) -> None:

@@ -12,7 +12,8 @@ import threading
 import pytest
 import torch
 
-from baseline_server import BaselineEngine, BaselineRunner, PaddedDecodeAttention, UserKV
+from baseline_server import BaselineEngineCore, BaselineRunner, PaddedDecodeAttention, UserKV
+from engine.batch_engine import BatchEngine
 from engine.config import EngineConfig
 from engine.request import Request, RequestOutput, SamplingParams
 from model.llama import causal_attention
@@ -64,7 +65,7 @@ class Collector:
         return [t for o in self.outputs for t in o.token_ids]
 
 
-def submit(engine: BaselineEngine, request_id: str, ids: list[int], max_tokens: int,
+def submit(engine: BatchEngine, request_id: str, ids: list[int], max_tokens: int,
            signal_after: int = 1) -> Collector:
     collector = Collector(signal_after)
     params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
@@ -79,7 +80,7 @@ def compare(label: str, ours: list[int], theirs: list[int]) -> None:
 
 @pytest.fixture
 def engine(model, tokenizer):
-    engine = BaselineEngine(EngineConfig(max_num_seqs=8), model, tokenizer)
+    engine = BatchEngine(EngineConfig(max_num_seqs=8), model, tokenizer, BaselineEngineCore)
     yield engine
     engine.shutdown()
 
@@ -92,7 +93,7 @@ def test_padded_batch_matches_hf_generate(engine, hf_model, prompts):
     print("prompt lengths:", [len(ids) for ids in prompts])
     for i, (ids, collector) in enumerate(zip(prompts, collectors)):
         compare(f"request {i}", collector.tokens(), hf_greedy(hf_model, ids, MAX_NEW))
-    assert engine.stats()["running"] == 0 and not engine.scheduler.caches
+    assert engine.stats()["running"] == 0 and not engine.core.caches
 
 
 def test_request_joining_mid_decode_matches_hf_generate(engine, hf_model, prompts):

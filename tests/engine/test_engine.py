@@ -93,20 +93,20 @@ def test_ten_users_arriving_mid_decode_match_hf(model, tokenizer, prompts, hf_an
     hits = sum(r.num_cached_tokens for r in requests)
     print(f"prefix cache {'on' if prefix_cache else 'off'}: {hits} prompt tokens reused")
     assert (hits > 0) == prefix_cache
-    assert engine.allocator.num_used == 0  # everything released
+    assert engine.core.allocator.num_used == 0  # everything released
 
 
 def test_chunked_prefill_under_a_small_budget_matches_hf(model, tokenizer, prompts, hf_answers):
     engine = make_engine(model, tokenizer, max_num_seqs=4, max_num_batched_tokens=16)
     budgets = []
-    schedule = engine.scheduler.schedule
+    schedule = engine.core.scheduler.schedule
 
     def recording_schedule():
         step = schedule()
         budgets.append(step.num_tokens)
         return step
 
-    engine.scheduler.schedule = recording_schedule
+    engine.core.scheduler.schedule = recording_schedule
     tokens, _ = run(engine, prompts, [0] * len(prompts))
     check(tokens, hf_answers, "chunked")
     print(f"{len(budgets)} steps, most tokens in one step: {max(budgets)} (budget 16)")
@@ -126,22 +126,22 @@ def test_preemption_under_a_tiny_pool_gives_the_same_answers(model, tokenizer, p
     for i, (ours, theirs) in enumerate(zip(tokens, expected)):
         assert len(ours) == 24, f"request {i}: {len(ours)} tokens, duplicated or lost"
         assert ours == theirs, f"request {i} changed under preemption"
-    assert tiny.allocator.num_used == 0
-    tiny.allocator.check_invariants()
+    assert tiny.core.allocator.num_used == 0
+    tiny.core.allocator.check_invariants()
 
 
 def test_a_failing_step_fails_only_its_requests(model, tokenizer, prompts):
     engine = make_engine(model, tokenizer)
-    real_run = engine.runner.run
+    real_execute = engine.core.runner.execute
     calls = {"n": 0}
 
-    def flaky(steps):
+    def flaky(scheduled):
         calls["n"] += 1
         if calls["n"] == 2:
             raise RuntimeError("injected failure")
-        return real_run(steps)
+        return real_execute(scheduled)
 
-    engine.runner.run = flaky
+    engine.core.runner.execute = flaky
     outs: list[RequestOutput] = []
     engine.add_request(Request("doomed", prompts[0], SamplingParams(max_tokens=5, temperature=0),
                                on_output=outs.append))
@@ -149,6 +149,6 @@ def test_a_failing_step_fails_only_its_requests(model, tokenizer, prompts):
     engine.step()  # decode fails
     assert outs[-1].finished and outs[-1].finish_reason == "error"
     assert "injected failure" in outs[-1].error
-    assert engine.allocator.num_used == 0
+    assert engine.core.allocator.num_used == 0
     tokens, _ = run(engine, prompts[:2], [0, 0], max_tokens=4)  # and it keeps serving
     assert all(len(t) == 4 for t in tokens)

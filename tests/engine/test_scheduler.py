@@ -2,33 +2,35 @@
 
 from __future__ import annotations
 
-from engine.request import Request, SamplingParams, Status
+from engine.request import FinishReason, Request, SamplingParams, Status
 from engine.scheduler import Scheduler
 from kvcache.block_allocator import BlockAllocator
 from kvcache.kv_cache_manager import KVCacheManager
 from kvcache.pool import BLOCK_SIZE
 
+EOS = 2
+
 
 def make(num_blocks: int = 10, max_num_seqs: int = 4, budget: int = 64,
          prefix_cache: bool = True) -> Scheduler:
-    return Scheduler(KVCacheManager(BlockAllocator(num_blocks, prefix_cache)), max_num_seqs, budget)
+    return Scheduler(KVCacheManager(BlockAllocator(num_blocks, prefix_cache)), max_num_seqs, budget,
+                     eos_token_ids=[EOS])
 
 
-def req(rid: str, n: int, start: int = 0) -> Request:
-    return Request(rid, list(range(start, start + n)), SamplingParams(temperature=0),
-                   on_output=lambda out: None)
+def req(rid: str, n: int, start: int = 100, max_tokens: int = 16) -> Request:
+    return Request(rid, list(range(start, start + n)),
+                   SamplingParams(temperature=0, max_tokens=max_tokens), on_output=lambda out: None)
 
 
-def run_step(s: Scheduler) -> list[tuple[str, int]]:
-    """Schedule, then pretend the model ran: advance counts, cache blocks, add a token."""
+def run_step(s: Scheduler, token: int = 7) -> list[tuple[str, int]]:
+    """Schedule, then report a made-up runner output: `token` for every request whose
+    scheduled tokens reach its end, nothing for a prompt chunk that stops short."""
     step = s.schedule()
-    for r, n in step.work:
-        r.num_computed_tokens += n
-        s.kv.cache_full_blocks(r.blocks, r.token_ids, r.num_computed_tokens)
-        if r.num_computed_tokens == r.num_tokens:
-            r.token_ids.append(7)
+    sampled = [[token] if r.num_computed_tokens + n == r.num_tokens else []
+               for r, n in step.scheduled]
+    s.update_from_output(step, sampled)
     s.kv.allocator.check_invariants()
-    return [(r.request_id, n) for r, n in step.work]
+    return [(r.request_id, n) for r, n in step.scheduled]
 
 
 def test_budget_is_respected_and_long_prompts_are_chunked():
@@ -68,27 +70,25 @@ def test_newest_is_preempted_and_resumes_from_prefix_cache():
     assert b.num_computed_tokens == 0 and b.blocks.block_table == []
     # b's two full blocks (31 prompt tokens + 1 computed output) stay findable: when room
     # returns, b recomputes only its newest token.
-    s.finish(a)
+    s.finish(a, FinishReason.ABORT)
     assert b.num_tokens == 2 * BLOCK_SIZE + 1
     work = run_step(s)
     print("after a finished:", work)
     assert work == [("b", 1)]
-    s.finish(b)
+    s.finish(b, FinishReason.ABORT)
     assert s.kv.allocator.num_used == 0
 
 
 def test_no_block_is_leaked():
     s = make(num_blocks=12, max_num_seqs=3, budget=24)
-    reqs = [req(f"r{i}", 9 + 5 * i, start=50 * i) for i in range(6)]
+    reqs = [req(f"r{i}", 9 + 5 * i, start=100 + 50 * i, max_tokens=6) for i in range(6)]
     for r in reqs:
         s.add(r)
     for _ in range(60):
         run_step(s)
-        for r in list(s.running):
-            if r.num_output_tokens >= 6:
-                s.finish(r)
         if not s.has_work():
             break
+    assert all(r.finish_reason is FinishReason.LENGTH and r.num_output_tokens == 6 for r in reqs)
     assert all(r.status is Status.FINISHED for r in reqs)
     allocator = s.kv.allocator
     print(f"after all finished: used={allocator.num_used} free={allocator.num_free} "
@@ -100,7 +100,49 @@ def test_one_at_a_time_prefill_seats_one_newcomer_per_step():
     s = Scheduler(KVCacheManager(BlockAllocator(40)), max_num_seqs=4, max_num_batched_tokens=64,
                   max_prefills_per_step=1)
     for i in range(3):
-        s.add(req(f"r{i}", 5, start=100 * i))
+        s.add(req(f"r{i}", 5, start=100 * (i + 1)))
     steps = [run_step(s) for _ in range(3)]
     print("steps:", steps)
     assert steps == [[("r0", 5)], [("r0", 1), ("r1", 5)], [("r0", 1), ("r1", 1), ("r2", 5)]]
+
+
+def test_update_from_output_ends_requests_on_eos_and_length_and_frees_their_blocks():
+    s = make(num_blocks=10)
+    eos_early = req("eos", 20, max_tokens=10)
+    long = Request("long", list(range(300, 305)),
+                   SamplingParams(temperature=0, max_tokens=2, ignore_eos=True),
+                   on_output=lambda out: None)
+    s.add(eos_early)
+    s.add(long)
+    run_step(s)  # both prefilled: one token each
+    assert eos_early.num_output_tokens == 1 and long.num_output_tokens == 1
+    run_step(s, token=EOS)  # eos_early samples EOS; long reaches max_tokens with it
+    print("finish reasons:", eos_early.finish_reason, long.finish_reason)
+    assert eos_early.finish_reason is FinishReason.STOP
+    assert long.finish_reason is FinishReason.LENGTH
+    assert not s.has_work() and s.kv.allocator.num_used == 0
+    # Only computed tokens were cached: eos_early's 20 prompt + 1 output give one full block.
+    assert s.kv.allocator.num_cached_free == 1
+
+
+def test_min_tokens_holds_back_eos():
+    s = make()
+    r = Request("r", list(range(100, 105)), SamplingParams(temperature=0, max_tokens=5,
+                                                          min_tokens=2), on_output=lambda o: None)
+    s.add(r)
+    for _ in range(3):
+        run_step(s, token=EOS)
+    print("outputs:", r.token_ids[5:], r.finish_reason)
+    assert r.token_ids[5:] == [EOS, EOS, EOS] and r.finish_reason is FinishReason.STOP
+
+
+def test_several_tokens_per_step_stop_at_the_first_that_ends_the_request():
+    """Room for speculative decoding: a list of tokens per request, cut at a stop."""
+    s = make()
+    r = req("r", 5, max_tokens=10)
+    s.add(r)
+    step = s.schedule()
+    updates = s.update_from_output(step, [[11, 12, EOS, 13]])
+    print("update:", updates[0].new_token_ids, updates[0].finish_reason)
+    assert updates[0].new_token_ids == [11, 12, EOS]
+    assert updates[0].finish_reason is FinishReason.STOP and r.status is Status.FINISHED

@@ -23,9 +23,7 @@ class Toy:
     def seat(self, token_ids: list[int]) -> SequenceBlocks:
         """Seat a sequence like the scheduler does: prefix hit, then fresh blocks, then compute."""
         blocks = self.manager.find_cached_prefix(token_ids)
-        assert self.manager.can_grow(blocks, len(token_ids))
-        self.manager.acquire(blocks)
-        self.manager.grow(blocks, len(token_ids))
+        assert self.manager.allocate_slots(blocks, len(token_ids), new_prefix_hit=True)
         self.manager.cache_full_blocks(blocks, token_ids, len(token_ids))
         self.allocator.check_invariants()
         return blocks
@@ -106,22 +104,31 @@ def test_running_out_is_a_clear_error_and_corrupts_nothing():
     with pytest.raises(OutOfBlocksError, match="in use"):
         toy.allocator.allocate()
     toy.allocator.check_invariants()
-    assert not toy.manager.can_grow(SequenceBlocks(), 1)
+    empty = SequenceBlocks()
+    assert not toy.manager.allocate_slots(empty, 1)
+    assert empty.block_table == []
     for block_id in held:
         toy.allocator.free(block_id)
     toy.allocator.check_invariants()
     assert toy.allocator.num_free == 3
 
 
-def test_can_grow_counts_revived_blocks():
+def test_allocate_slots_counts_revived_blocks_and_is_all_or_nothing():
     toy = Toy(num_blocks=4)  # 3 usable
     prompt = tokens(BLOCK_SIZE + 1)
     toy.release(toy.seat(prompt))  # leaves 1 cached-free + 2 free
     hit = toy.manager.find_cached_prefix(tokens(BLOCK_SIZE) + [7] * 40)
     assert len(hit.block_table) == 1
     # 56 tokens need 4 blocks: the hit + 3 fresh, but only 2 remain once the hit is revived.
-    assert not toy.manager.can_grow(hit, BLOCK_SIZE + 40)
-    assert toy.manager.can_grow(hit, BLOCK_SIZE + 32)
+    before = (list(hit.block_table), toy.allocator.num_free, toy.allocator.num_cached_free)
+    assert not toy.manager.allocate_slots(hit, BLOCK_SIZE + 40, new_prefix_hit=True)
+    after = (list(hit.block_table), toy.allocator.num_free, toy.allocator.num_cached_free)
+    print(f"refused: (table, free, cached-free) before {before}, after {after}")
+    assert after == before  # a refusal changes nothing: the hit is not even revived
+    toy.allocator.check_invariants()
+    assert toy.manager.allocate_slots(hit, BLOCK_SIZE + 32, new_prefix_hit=True)
+    assert len(hit.block_table) == 3 and toy.refs(hit.block_table) == [1, 1, 1]
+    toy.release(hit)
 
 
 def test_hash_collision_is_not_a_hit():

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from kvcache.pool import BLOCK_SIZE, KVCachePool
+from model.attention import StepMetadata, TorchPagedAttention
 from model.cpu_kernel import load_paged_decode_attention
-from model.paged_attention import PagedAttention, StepMetadata
 
 kernel = load_paged_decode_attention()
 pytestmark = pytest.mark.skipif(kernel is None, reason="no C++ toolchain to build the kernel")
@@ -16,8 +16,7 @@ pytestmark = pytest.mark.skipif(kernel is None, reason="no C++ toolchain to buil
 def kernel_and_reference(pool: KVCachePool, step: StepMetadata,
                          q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The kernel's output and the gather + SDPA path's, for the same one-token batch."""
-    keys, values = PagedAttention.gather_single(pool.k[0], pool.v[0], step)
-    reference = PagedAttention.attend_single(q, keys, values, step)
+    reference = TorchPagedAttention(pool).attend_single(q, pool.k[0], pool.v[0], step)
     ours = kernel(q, pool.k[0], pool.v[0], step.single_block_tables, step.single_context_lens,
                   q.shape[-1] ** -0.5)
     return ours, reference
@@ -50,10 +49,12 @@ def test_kernel_matches_gather_path_and_ignores_garbage():
 
 def test_engine_uses_the_kernel_on_cpu_fp32(model):
     from engine.model_runner import ModelRunner
+    from model.attention import CpuKernelAttention
 
     pool = KVCachePool(model.cfg.num_layers, 8, model.cfg.num_kv_heads, model.cfg.head_dim)
     assert ModelRunner(model, pool, "auto").attention_backend == "cpu-kernel"
-    assert ModelRunner(model, pool, "torch").attention.decode_kernel is None
+    assert isinstance(ModelRunner(model, pool, "auto").attention, CpuKernelAttention)
+    assert not isinstance(ModelRunner(model, pool, "torch").attention, CpuKernelAttention)
 
 
 def test_kernel_handles_many_heads_and_rejects_bad_tables():

@@ -9,7 +9,7 @@ from engine.model_runner import ModelRunner, SequenceStep
 from kvcache.block_allocator import BlockAllocator
 from kvcache.kv_cache_manager import KVCacheManager, SequenceBlocks
 from kvcache.pool import BLOCK_SIZE, KVCachePool
-from model.paged_attention import PagedAttention, StepMetadata
+from model.attention import StepMetadata, TorchPagedAttention
 from tests.conftest import LOGITS_ATOL
 
 torch.set_grad_enabled(False)
@@ -42,7 +42,7 @@ def prompt_ids(tokenizer, n: int, seed: int) -> list[int]:
 
 def test_write_path_stores_each_token_in_its_slot():
     pool = KVCachePool(num_layers=1, num_blocks=8, num_kv_heads=3, head_dim=64)
-    attention = PagedAttention(pool)
+    attention = TorchPagedAttention(pool)
     table = [5, 2, 7]  # deliberately out of order
     n = 40
     k, v = torch.randn(n, 3, 64), torch.randn(n, 3, 64)
@@ -62,8 +62,8 @@ def test_paged_prefill_matches_hf(model, hf_model, tokenizer):
     for n in (5, 16, 37):
         ids = prompt_ids(tokenizer, n, seed=n)
         blocks = SequenceBlocks()
-        manager.grow(blocks, n)
-        logits = runner.run([SequenceStep(ids, 0, blocks.block_table, True)])[0]
+        assert manager.allocate_slots(blocks, n)
+        logits = runner.compute_logits([SequenceStep(ids, 0, blocks.block_table, True)])[0]
         diff = (logits - hf_last_logits(hf_model, ids)).abs().max().item()
         print(f"paged prefill of {n} tokens: max |diff| vs HF = {diff:.2e}")
         assert diff < LOGITS_ATOL
@@ -78,15 +78,15 @@ def test_paged_decode_batch_of_different_lengths_matches_hf(model, hf_model, tok
     for i, n in enumerate(lengths):  # prefill each, then decode the batch for 3 steps
         ids = prompt_ids(tokenizer, n, seed=100 + i)
         blocks = SequenceBlocks()
-        manager.grow(blocks, n + 3)
-        runner.run([SequenceStep(ids, 0, blocks.block_table, True)])
+        assert manager.allocate_slots(blocks, n + 3)
+        runner.compute_logits([SequenceStep(ids, 0, blocks.block_table, True)])
         seqs.append(ids)
         tables.append(blocks.block_table)
     for step in range(3):
         new_tokens = [1000 + 7 * step + i for i in range(len(seqs))]
         batch = [SequenceStep([tok], len(ids), table, True)
                  for tok, ids, table in zip(new_tokens, seqs, tables)]
-        logits = runner.run(batch)
+        logits = runner.compute_logits(batch)
         for i, tok in enumerate(new_tokens):
             seqs[i] = [*seqs[i], tok]
             diff = (logits[i] - hf_last_logits(hf_model, seqs[i])).abs().max().item()
@@ -101,16 +101,15 @@ def test_prefix_hit_computes_only_the_rest_and_matches_hf(model, hf_model, token
     second = [*shared, *tokenizer(" while the second one wants dogs, please").input_ids]
 
     a = SequenceBlocks()
-    manager.grow(a, len(first))
-    runner.run([SequenceStep(first, 0, a.block_table, True)])
+    assert manager.allocate_slots(a, len(first))
+    runner.compute_logits([SequenceStep(first, 0, a.block_table, True)])
     manager.cache_full_blocks(a, first, len(first))
 
     b = manager.find_cached_prefix(second)
     cached = len(b.block_table) * BLOCK_SIZE
     assert cached == 3 * BLOCK_SIZE
-    manager.acquire(b)
-    manager.grow(b, len(second))
-    logits = runner.run([SequenceStep(second[cached:], cached, b.block_table, True)])[0]
+    assert manager.allocate_slots(b, len(second), new_prefix_hit=True)
+    logits = runner.compute_logits([SequenceStep(second[cached:], cached, b.block_table, True)])[0]
     diff = (logits - hf_last_logits(hf_model, second)).abs().max().item()
     print(f"prefix hit: {cached} cached tokens reused, {len(second) - cached} computed; "
           f"max |diff| vs HF = {diff:.2e}")
@@ -121,11 +120,12 @@ def test_chunked_prefill_matches_hf(model, hf_model, tokenizer):
     runner, manager = make_runner(model)
     ids = prompt_ids(tokenizer, 45, seed=3)
     blocks = SequenceBlocks()
-    manager.grow(blocks, len(ids))
+    assert manager.allocate_slots(blocks, len(ids))
     pos = 0
     for size in (13, 20, 12):  # chunk edges fall inside blocks on purpose
         last = pos + size == len(ids)
-        out = runner.run([SequenceStep(ids[pos:pos + size], pos, blocks.block_table, last)])
+        chunk = SequenceStep(ids[pos:pos + size], pos, blocks.block_table, last)
+        out = runner.compute_logits([chunk])
         pos += size
     diff = (out[0] - hf_last_logits(hf_model, ids)).abs().max().item()
     print(f"45 tokens prefilled in chunks of 13/20/12: max |diff| vs HF = {diff:.2e}")
@@ -145,13 +145,13 @@ def test_garbage_in_unused_slots_is_masked_out(model, tokenizer, backend):
             t.uniform_(-1e30, 1e30)
     ids_a, ids_b = prompt_ids(tokenizer, 20, 1), prompt_ids(tokenizer, 7, 2)
     a, b = SequenceBlocks(), SequenceBlocks()
-    manager.grow(a, 21)
-    manager.grow(b, 8)
+    assert manager.allocate_slots(a, 21)
+    assert manager.allocate_slots(b, 8)
     results = []
     for runner in (clean, dirty):
-        runner.run([SequenceStep(ids_a, 0, a.block_table, True),
+        runner.compute_logits([SequenceStep(ids_a, 0, a.block_table, True),
                     SequenceStep(ids_b, 0, b.block_table, True)])
-        results.append(runner.run([SequenceStep([42], 20, a.block_table, True),
+        results.append(runner.compute_logits([SequenceStep([42], 20, a.block_table, True),
                                    SequenceStep([43], 7, b.block_table, True)]))
     diff = (results[0] - results[1]).abs().max().item()
     print(f"{backend}: clean pool vs pool full of +-1e30 garbage: max |diff| = {diff:.2e}")

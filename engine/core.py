@@ -1,0 +1,129 @@
+"""One engine step: schedule, execute, update from the output.
+
+An engine core owns the requests that are seated or waiting, their KV cache, and the
+model run. `PagedEngineCore` is nano-vLLM's (paged KV, prefix cache, chunked prefill,
+preemption); baseline_server.py composes another from the same parts. The engine
+thread (batch_engine.py) drives either through the `EngineCore` protocol.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from typing import Protocol, TypedDict
+
+from engine.config import EngineConfig
+from engine.model_runner import ModelRunner
+from engine.request import FinishReason, Request, RequestUpdate
+from engine.scheduler import Scheduler
+from kvcache.block_allocator import BlockAllocator
+from kvcache.kv_cache_manager import KVCacheManager
+from kvcache.pool import BLOCK_SIZE, KVCachePool, parse_memory
+from model.llama import LlamaModel
+
+log = logging.getLogger("nano_vllm.engine")
+
+
+class EngineStats(TypedDict):
+    """Counts read by /metrics and the tests: free + used + cached_free = total blocks."""
+
+    running: int
+    waiting: int
+    blocks_total: int
+    blocks_used: int
+    blocks_free: int
+    blocks_cached_free: int
+
+
+@dataclass
+class StepResult:
+    """What one step did: each request's new tokens, and counts for the metrics."""
+
+    updates: list[RequestUpdate] = field(default_factory=list)
+    num_scheduled_tokens: int = 0  # 0: nothing could run this step
+    num_prompt_tokens: int = 0
+    num_preempted: int = 0
+    prefix_queried_tokens: int = 0
+    prefix_hit_tokens: int = 0
+    failed: list[Request] = field(default_factory=list)  # the model run failed for these
+    error: str | None = None
+
+
+class EngineCore(Protocol):
+    max_tokens_per_request: int
+
+    def add(self, request: Request) -> None: ...
+
+    def step(self) -> StepResult: ...
+
+    def finish(self, request: Request, reason: FinishReason) -> None: ...
+
+    def has_work(self) -> bool: ...
+
+    def stats(self) -> EngineStats: ...
+
+    def describe(self) -> str: ...
+
+
+class PagedEngineCore:
+    def __init__(self, config: EngineConfig, model: LlamaModel,
+                 eos_token_ids: Collection[int]) -> None:
+        cfg = model.cfg
+        dtype, device = model.embed_tokens.weight.dtype, model.embed_tokens.weight.device
+        num_blocks = config.num_blocks or KVCachePool.blocks_for_memory(
+            parse_memory(config.kv_cache_memory), cfg.num_layers, cfg.num_kv_heads, cfg.head_dim,
+            dtype)
+        self.config = config
+        self.pool = KVCachePool(cfg.num_layers, num_blocks, cfg.num_kv_heads, cfg.head_dim,
+                                dtype, device)
+        self.allocator = BlockAllocator(num_blocks, config.enable_prefix_cache)
+        self.kv = KVCacheManager(self.allocator)
+        self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens,
+                                   config.max_prefills_per_step, eos_token_ids)
+        self.runner = ModelRunner(model, self.pool, config.attention)
+        # A request longer than this could never fit, even alone in the pool.
+        self.max_tokens_per_request = min(self.allocator.num_usable * BLOCK_SIZE,
+                                          cfg.max_position_embeddings)
+
+    def add(self, request: Request) -> None:
+        self.scheduler.add(request)
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    def finish(self, request: Request, reason: FinishReason) -> None:
+        self.scheduler.finish(request, reason)
+
+    def step(self) -> StepResult:
+        scheduled = self.scheduler.schedule()
+        result = StepResult(
+            num_scheduled_tokens=scheduled.num_tokens,
+            num_prompt_tokens=scheduled.num_prompt_tokens,
+            num_preempted=len(scheduled.preempted),
+            prefix_queried_tokens=scheduled.prefix_queried_tokens,
+            prefix_hit_tokens=scheduled.prefix_hit_tokens)
+        if not scheduled.scheduled:
+            return result
+        try:
+            output = self.runner.execute(scheduled)
+        except Exception as exc:  # a failed run fails its requests, not the server
+            log.exception("engine step failed; failing the %d requests in it",
+                          len(scheduled.scheduled))
+            result.failed = [r for r, _ in scheduled.scheduled]
+            result.error = f"internal error in the engine: {exc}"
+            return result
+        result.updates = self.scheduler.update_from_output(scheduled, output.sampled_token_ids)
+        return result
+
+    def stats(self) -> EngineStats:
+        a = self.allocator
+        return EngineStats(running=len(self.scheduler.running),
+                           waiting=len(self.scheduler.waiting), blocks_total=a.num_usable,
+                           blocks_used=a.num_used, blocks_free=a.num_free - a.num_cached_free,
+                           blocks_cached_free=a.num_cached_free)
+
+    def describe(self) -> str:
+        return (f"{self.runner.device}, {self.allocator.num_usable} KV blocks of {BLOCK_SIZE} "
+                f"tokens, prefix cache {'on' if self.config.enable_prefix_cache else 'off'}, "
+                f"{self.runner.attention_backend} attention")

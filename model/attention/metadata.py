@@ -1,0 +1,86 @@
+"""What one engine step tells attention: where each new K/V goes, and who attends to what.
+
+A step's tokens are laid out flat: first the single-token sequences (decodes, and
+prefills with one token left to compute), then the multi-token chunks (prefills).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from kvcache.pool import BLOCK_SIZE
+
+
+def additive_mask(allowed: Tensor, dtype: torch.dtype) -> Tensor:
+    """0 where allowed, -inf elsewhere. Masked scores become exactly -inf, so whatever sits
+    in an unused or stale slot gets softmax weight 0 (as long as it is finite)."""
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(
+        ~allowed, float("-inf"))
+
+
+def slot(table: list[int], pos: int) -> int:
+    """Where token `pos` of a sequence lives in the flattened pool."""
+    return table[pos // BLOCK_SIZE] * BLOCK_SIZE + pos % BLOCK_SIZE
+
+
+@dataclass
+class PrefillChunk:
+    start: int  # first row of this chunk in the flat batch
+    length: int  # tokens computed now
+    context_len: int  # tokens of the sequence after this chunk (cached + new)
+    block_table: Tensor  # [blocks covering context_len]
+    mask: Tensor | None  # [length, context_len]: 0 = may attend, -inf = not; None = causal
+
+
+@dataclass
+class StepMetadata:
+    slot_mapping: Tensor  # [num_tokens]: block * BLOCK_SIZE + offset, where each new K/V goes
+    num_single: int  # rows [0, num_single) are one-token sequences
+    single_block_tables: Tensor  # [num_single, max_blocks], padded with the dummy block
+    single_context_lens: Tensor  # [num_single]
+    chunks: list[PrefillChunk]
+    # [num_single, 1, 1, max_blocks * BLOCK_SIZE]: 0 where a query may attend, -inf elsewhere;
+    # only for backends that gather and mask (SDPA would rebuild a boolean mask every call).
+    single_mask: Tensor | None = None
+
+    @classmethod
+    def build(cls, single: list[tuple[list[int], int]], chunks: list[tuple[list[int], int, int]],
+              device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+              with_single_mask: bool = True) -> StepMetadata:
+        """single: (block_table, context_len) per one-token sequence; chunks: (block_table,
+        context_len, length) per multi-token chunk, in that order in the flat batch."""
+        slots = [slot(table, context_len - 1) for table, context_len in single]
+        prefill_chunks = []
+        start = len(single)
+        for table, context_len, length in chunks:
+            first = context_len - length
+            slots.extend(slot(table, p) for p in range(first, context_len))
+            prefill_chunks.append(PrefillChunk(
+                start, length, context_len,
+                torch.tensor(table[:-(-context_len // BLOCK_SIZE)], dtype=torch.long,
+                             device=device),
+                None if first == 0 else chunk_mask(first, context_len, device, dtype)))
+            start += length
+
+        width = max((len(t) for t, _ in single), default=0)
+        tables = torch.zeros((len(single), width), dtype=torch.long)
+        for row, (table, _) in enumerate(single):
+            tables[row, :len(table)] = torch.tensor(table, dtype=torch.long)
+        lengths = torch.tensor([n for _, n in single], dtype=torch.long, device=device)
+        mask = None
+        if with_single_mask:
+            key_pos = torch.arange(width * BLOCK_SIZE, device=device)
+            mask = additive_mask(key_pos[None, :] < lengths[:, None], dtype)[:, None, None, :]
+        return cls(torch.tensor(slots, dtype=torch.long, device=device), len(single),
+                   tables.to(device), lengths, prefill_chunks, mask)
+
+
+def chunk_mask(first: int, context_len: int, device: torch.device | str,
+               dtype: torch.dtype) -> Tensor:
+    """The query at position first + i sees keys 0 .. first + i."""
+    keys = torch.arange(context_len, device=device)
+    queries = torch.arange(first, context_len, device=device)
+    return additive_mask(keys[None, :] <= queries[:, None], dtype)

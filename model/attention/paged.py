@@ -1,0 +1,113 @@
+"""Attention over the paged KV cache, for one engine step (layout: see metadata.py).
+
+Per layer, the new K/V are written once into their slots; then
+
+- single-token sequences attend together: their block tables are padded with the
+  dummy block to one width, K/V gathered in one `index_select` each, and slots past
+  each sequence's length masked out;
+- each multi-token chunk attends causally over its sequence's cached K/V plus its own.
+
+Query heads are grouped onto their shared K/V head by SDPA's `enable_gqa`, so K/V are
+never repeated. `CpuKernelAttention` replaces the gather for the single-token rows with a
+compiled kernel (model/csrc/paged_attention_cpu.cpp) that reads K/V in place through the
+block tables; the gather path stays as the reference and for other devices and dtypes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from kvcache.pool import BLOCK_SIZE, KVCachePool
+from model.attention.metadata import PrefillChunk, StepMetadata
+
+
+class TorchPagedAttention:
+    """The `attention` callable the model gets during an engine step: gather + SDPA."""
+
+    name = "torch"
+
+    def __init__(self, pool: KVCachePool) -> None:
+        self.pool = pool
+        self.step: StepMetadata | None = None
+
+    def build_metadata(self, single: list[tuple[list[int], int]],
+                       chunks: list[tuple[list[int], int, int]]) -> StepMetadata:
+        device, dtype = self.pool.k[0].device, self.pool.k[0].dtype
+        return StepMetadata.build(single, chunks, device, dtype, with_single_mask=True)
+
+    def __call__(self, layer_idx: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        step = self.step
+        assert step is not None, "set .step before running the model"
+        k_cache, v_cache = self.pool.k[layer_idx], self.pool.v[layer_idx]
+        self.write(k_cache, v_cache, k, v, step)
+        outputs = []
+        if step.num_single:
+            outputs.append(self.attend_single(q[:step.num_single], k_cache, v_cache, step))
+        for chunk in step.chunks:
+            rows = slice(chunk.start, chunk.start + chunk.length)
+            outputs.append(self.attend_chunk(q[rows], k[rows], v[rows], k_cache, v_cache, chunk))
+        return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
+
+    @staticmethod
+    def write(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, step: StepMetadata) -> None:
+        """Store this step's K/V in their slots, once; they are never moved again."""
+        k_cache.view(-1, *k.shape[1:]).index_copy_(0, step.slot_mapping, k)
+        v_cache.view(-1, *v.shape[1:]).index_copy_(0, step.slot_mapping, v)
+
+    def attend_single(self, q: Tensor, k_cache: Tensor, v_cache: Tensor,
+                      step: StepMetadata) -> Tensor:
+        keys, values = self.gather_single(k_cache, v_cache, step)
+        out = F.scaled_dot_product_attention(q.unsqueeze(2), keys, values,
+                                             attn_mask=step.single_mask, enable_gqa=True)
+        return out.squeeze(2)  # [batch, heads, head_dim]
+
+    @staticmethod
+    def gather_single(k_cache: Tensor, v_cache: Tensor,
+                      step: StepMetadata) -> tuple[Tensor, Tensor]:
+        """K and V of every one-token sequence through its block table, one gather each:
+        [batch, kv_heads, width * BLOCK_SIZE, head_dim]."""
+        batch, width = step.single_block_tables.shape
+        flat_tables = step.single_block_tables.flatten()
+        shape = (batch, width * BLOCK_SIZE, *k_cache.shape[2:])
+        keys = k_cache.index_select(0, flat_tables).view(shape).transpose(1, 2)
+        values = v_cache.index_select(0, flat_tables).view(shape).transpose(1, 2)
+        return keys, values
+
+    @staticmethod
+    def attend_chunk(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor,
+                     chunk: PrefillChunk) -> Tensor:
+        if chunk.mask is None:  # nothing before this chunk: attend over its own K/V
+            keys, values = k, v
+        else:
+            keys = k_cache.index_select(0, chunk.block_table).flatten(0, 1)[:chunk.context_len]
+            values = v_cache.index_select(0, chunk.block_table).flatten(0, 1)[:chunk.context_len]
+        # As [1, heads, tokens, dim]: in 4-D, SDPA's CPU flash kernel maps query heads onto
+        # their K/V head itself; in 3-D it falls back to copying K/V once per query head.
+        out = F.scaled_dot_product_attention(
+            q.transpose(0, 1)[None], keys.transpose(0, 1)[None], values.transpose(0, 1)[None],
+            attn_mask=chunk.mask, is_causal=chunk.mask is None, enable_gqa=True)
+        return out[0].transpose(0, 1)
+
+
+class CpuKernelAttention(TorchPagedAttention):
+    """Single-token rows through the compiled kernel, which reads K/V in place."""
+
+    name = "cpu-kernel"
+
+    def __init__(self, pool: KVCachePool, kernel: Callable) -> None:
+        super().__init__(pool)
+        self.kernel = kernel
+
+    def build_metadata(self, single: list[tuple[list[int], int]],
+                       chunks: list[tuple[list[int], int, int]]) -> StepMetadata:
+        device, dtype = self.pool.k[0].device, self.pool.k[0].dtype
+        return StepMetadata.build(single, chunks, device, dtype, with_single_mask=False)
+
+    def attend_single(self, q: Tensor, k_cache: Tensor, v_cache: Tensor,
+                      step: StepMetadata) -> Tensor:
+        return self.kernel(q.contiguous(), k_cache, v_cache, step.single_block_tables,
+                           step.single_context_lens, q.shape[-1] ** -0.5)
