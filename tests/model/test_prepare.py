@@ -31,8 +31,12 @@ def test_sha256_accepts_intact_and_rejects_corrupted_file(tmp_path):
     print("corrupted file rejected:", str(err.value).splitlines()[0])
 
 
-def test_real_gguf_hash_is_pinned():
-    assert prepare.GGUF_SHA256 == "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+def test_prepared_folder_records_the_verified_gguf(model_dir):
+    """The folder the tests and the server load was built from the file whose hash was
+    checked: prepare writes the ready marker only after verify_sha256 passed."""
+    marker = (model_dir / READY_MARKER).read_text()
+    print("ready marker:", marker.strip())
+    assert prepare.GGUF_SHA256 in marker and prepare.WHEEL_REQUIREMENT in marker
 
 
 def test_prepared_folder_is_reused_without_converting(tmp_path, monkeypatch):
