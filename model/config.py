@@ -21,12 +21,11 @@ class ModelConfig:
     max_position_embeddings: int
     tie_word_embeddings: bool
     eos_token_ids: tuple[int, ...]
+    model_type: str = "llama"
 
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> ModelConfig:
         raw = json.loads((Path(model_dir) / "config.json").read_text())
-        if raw.get("model_type", "llama") != "llama":
-            raise ValueError(f"only Llama-architecture models are supported: {raw['model_type']}")
         # transformers 5 nests rope settings under rope_parameters; older folders keep rope_theta
         # at the top level.
         rope = raw.get("rope_parameters") or {}
@@ -54,4 +53,5 @@ class ModelConfig:
             max_position_embeddings=raw.get("max_position_embeddings", 2048),
             tie_word_embeddings=raw.get("tie_word_embeddings", False),
             eos_token_ids=tuple(i for i in eos_ids if i is not None),
+            model_type=raw.get("model_type", "llama"),
         )

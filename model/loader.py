@@ -6,9 +6,10 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
+from torch import nn
 
 from model.config import ModelConfig
-from model.llama import LlamaModel
+from model.registry import architecture
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -42,42 +43,13 @@ def read_hf_weights(model_dir: Path) -> dict[str, torch.Tensor]:
     return weights
 
 
-def transposed(*weights: torch.Tensor) -> torch.Tensor:
-    """nn.Linear weights [out, in], fused along out, as our Linear's [in, out]."""
-    return torch.cat(weights).t().contiguous()
-
-
-def to_our_names(hf: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """Rename Hugging Face tensors to ours, fusing q/k/v and gate/up along the output axis."""
-    ours = {
-        "embed_tokens.weight": hf["model.embed_tokens.weight"],
-        "norm.weight": hf["model.norm.weight"],
-    }
-    # A tied head is the embedding (Hugging Face folders omit or duplicate lm_head.weight).
-    ours["lm_head.weight_t"] = transposed(ours["embed_tokens.weight"] if cfg.tie_word_embeddings
-                                          else hf["lm_head.weight"])
-    for i in range(cfg.num_layers):
-        src, dst = f"model.layers.{i}.", f"layers.{i}."
-        attn, mlp = src + "self_attn.", src + "mlp."
-        ours[dst + "self_attn.qkv_proj.weight_t"] = transposed(
-            hf[attn + "q_proj.weight"], hf[attn + "k_proj.weight"], hf[attn + "v_proj.weight"])
-        ours[dst + "self_attn.o_proj.weight_t"] = transposed(hf[attn + "o_proj.weight"])
-        ours[dst + "mlp.gate_up_proj.weight_t"] = transposed(
-            hf[mlp + "gate_proj.weight"], hf[mlp + "up_proj.weight"])
-        ours[dst + "mlp.down_proj.weight_t"] = transposed(hf[mlp + "down_proj.weight"])
-        ours[dst + "input_layernorm.weight"] = hf[src + "input_layernorm.weight"]
-        ours[dst + "post_attention_layernorm.weight"] = hf[src + "post_attention_layernorm.weight"]
-    return ours
-
-
 def load_model(model_dir: str | Path, device: torch.device | str = "cpu",
-               dtype: torch.dtype = torch.float32) -> LlamaModel:
+               dtype: torch.dtype = torch.float32) -> nn.Module:
     model_dir = Path(model_dir)
     cfg = ModelConfig.from_dir(model_dir)
+    arch = architecture(cfg.model_type)
     with torch.device("meta"):  # no time spent initialising weights we overwrite anyway
-        model = LlamaModel(cfg)
-    state = to_our_names(read_hf_weights(model_dir), cfg)
+        model = arch.model_class(cfg)
+    state = arch.convert_hf_weights(read_hf_weights(model_dir), cfg)
     model.load_state_dict(state, assign=True, strict=True)
-    model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
-    model.reset_rotary()
-    return model
+    return model.to(device=device, dtype=dtype).eval().requires_grad_(False)

@@ -1,0 +1,82 @@
+"""The building blocks of a decoder-only transformer, shared by every architecture here.
+
+`Linear` is the seam for faster matmul paths: a layer that computes `x @ W^T` some other
+way (packed weights, quantized codes) replaces it module for module.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+class AttentionFn(Protocol):
+    def __call__(self, layer_idx: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """q: [..., num_heads, head_dim]; k, v: [..., num_kv_heads, head_dim].
+
+        Returns the attention output shaped like q."""
+        ...
+
+
+def causal_attention(layer_idx: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """Attention of a batch of whole sequences over themselves: [batch, seq, heads, dim]."""
+    out = F.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=True
+    )
+    return out.transpose(1, 2)
+
+
+class Linear(nn.Module):
+    """y = x @ weight_t, with the weight kept as [in_features, out_features].
+
+    Same math as nn.Linear (whose weight is [out, in]); on a CPU, multiplying by a
+    contiguous [in, out] matrix ran 25-35% faster for 1-30 rows than F.linear did
+    (measured here: 30 layers of a 30-row decode step, 60 ms -> 45 ms)."""
+
+    def __init__(self, in_features: int, out_features: int) -> None:
+        super().__init__()
+        self.weight_t = nn.Parameter(torch.empty(in_features, out_features))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x @ self.weight_t
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotary position embedding, rotate-half form, with a precomputed cos/sin table.
+
+    The table is a non-persistent buffer: it follows the model through `.to()` (device and
+    dtype) and stays out of the state dict."""
+
+    def __init__(self, head_dim: int, theta: float, max_positions: int) -> None:
+        super().__init__()
+        # Computed on the CPU in fp32 (as Hugging Face does), even when the model is being
+        # built on the meta device; `.to()` moves it with the weights.
+        exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim
+        inv_freq = 1.0 / (theta**exponents)
+        angles = torch.outer(torch.arange(max_positions, device="cpu").float(), inv_freq)
+        angles = torch.cat([angles, angles], dim=-1)  # [max_positions, head_dim]
+        self.register_buffer("cos", angles.cos(), persistent=False)
+        self.register_buffer("sin", angles.sin(), persistent=False)
+
+    def table(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """cos and sin for these positions, shaped to broadcast over the heads axis."""
+        return self.cos[positions].unsqueeze(-2), self.sin[positions].unsqueeze(-2)
+
+    @staticmethod
+    def apply(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        half = x.shape[-1] // 2
+        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+        return x * cos + rotated * sin
