@@ -35,7 +35,6 @@ from torch import Tensor
 from torch.nn.utils.rnn import pad_sequence
 
 from engine.batch_engine import BatchEngine
-from engine.config import EngineConfig
 from engine.request import Request, Status
 from engine.sampler import sample
 from engine.scheduler import ScheduledStep
@@ -237,14 +236,13 @@ class BaselineEngine(BatchEngine):
             request.num_computed_tokens += 1
             self._append_token(request, token, now)
 
-
-def describe(engine: BaselineEngine, config: EngineConfig) -> str:
-    return (f"{engine.runner.device}, per-user KV cache padded and concatenated every step, "
-            f"up to {config.max_num_seqs} users at once")
+    def describe(self) -> str:
+        return (f"{self.runner.device}, per-user KV cache padded and concatenated every step, "
+                f"up to {self.config.max_num_seqs} users at once")
 
 
 def main() -> int:
-    return run_server(__doc__, "nano-vLLM BASELINE", BaselineEngine, describe)
+    return run_server(__doc__, "nano-vLLM BASELINE", BaselineEngine)
 
 
 if __name__ == "__main__":

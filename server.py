@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from collections.abc import Callable
 
 import uvicorn
 
@@ -25,7 +24,7 @@ def build_parser(description: str | None) -> argparse.ArgumentParser:
     return parser
 
 
-def serve(engine, args: argparse.Namespace, model_name: str) -> None:
+def serve(engine: BatchEngine, args: argparse.Namespace, model_name: str) -> None:
     app = create_app(engine, model_name)
     engine.start()
     try:
@@ -40,16 +39,8 @@ def served_name(args: argparse.Namespace) -> str:
     return args.model.rstrip("/").split("/")[-1] if args.model else MODEL_NAME
 
 
-def describe(engine, config: EngineConfig) -> str:
-    stats = engine.stats()
-    return (f"{engine.runner.device}, {stats['blocks_total']} KV blocks of 16 tokens, prefix "
-            f"cache {'on' if config.enable_prefix_cache else 'off'}, "
-            f"{engine.runner.attention_backend} attention")
-
-
 def run_server(description: str | None, title: str = "nano-vLLM",
-               engine_class: type[BatchEngine] = BatchEngine,
-               describe: Callable[[BatchEngine, EngineConfig], str] = describe) -> int:
+               engine_class: type[BatchEngine] = BatchEngine) -> int:
     """Parse the CLI, load the model into an engine, serve until stopped."""
     args = build_parser(description).parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -59,7 +50,7 @@ def run_server(description: str | None, title: str = "nano-vLLM",
     except (ModelPreparationError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    print(f"{title}: {served_name(args)} on {describe(engine, config)}; "
+    print(f"{title}: {served_name(args)} on {engine.describe()}; "
           f"serving on http://{args.host}:{args.port}/v1", flush=True)
     serve(engine, args, served_name(args))
     return 0

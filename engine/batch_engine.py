@@ -235,6 +235,12 @@ class BatchEngine:
             num_output_tokens=request.num_output_tokens,
             num_cached_tokens=request.num_cached_tokens, error=error))
 
+    def describe(self) -> str:
+        """One line for the startup message."""
+        return (f"{self.runner.device}, {self.stats()['blocks_total']} KV blocks of 16 tokens, "
+                f"prefix cache {'on' if self.config.enable_prefix_cache else 'off'}, "
+                f"{self.runner.attention_backend} attention")
+
 
 def load_engine(config: EngineConfig, engine_class: type[BatchEngine] = BatchEngine) -> BatchEngine:
     """Prepare or find the model, load it and its tokenizer, and build an engine
