@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+from model.paged_attention import PagedAttention, StepMetadata
 
 from engine.model_runner import ModelRunner, SequenceStep
 from engine.request import SamplingParams
@@ -30,7 +31,6 @@ from kvcache.kv_cache_manager import KVCacheManager, SequenceBlocks
 from kvcache.pool import KVCachePool
 from model.llama import LlamaModel, RotaryEmbedding
 from model.loader import load_model, pick_device, pick_dtype
-from model.paged_attention import PagedAttention, StepMetadata
 from model.prepare import resolve_model_dir
 
 PARTS = ["step setup", "embedding", "norms", "qkv", "rope", "kv write", "gather", "attention",

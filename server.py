@@ -9,7 +9,7 @@ import sys
 import uvicorn
 
 from api.app import create_app
-from engine.batch_engine import load_engine
+from engine.batch_engine import BatchEngine, load_engine
 from engine.config import EngineConfig
 from engine.core import EngineCore, PagedEngineCore
 from model.prepare import MODEL_NAME, ModelPreparationError
@@ -25,7 +25,7 @@ def build_parser(description: str | None) -> argparse.ArgumentParser:
     return parser
 
 
-def serve(engine, args: argparse.Namespace, model_name: str) -> None:
+def serve(engine: BatchEngine, args: argparse.Namespace, model_name: str) -> None:
     app = create_app(engine, model_name)
     engine.start()
     try:

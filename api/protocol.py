@@ -1,10 +1,32 @@
-"""OpenAI API request bodies, as far as we serve them: strict types, unknown fields ignored."""
+"""OpenAI API request bodies, as far as we serve them: strict types, unknown fields ignored.
+
+Each body translates itself into the engine's terms (`to_sampling_params`), and says what
+it asks for that this server does not do (`check_supported`, from one table per body).
+Both raise APIError, which becomes a 400 naming the field.
+"""
 
 from __future__ import annotations
 
-from typing import Literal
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from api.errors import APIError
+from engine.request import SamplingParams
+
+# Below this a temperature is greedy (as in vLLM): dividing logits by a tinier one overflows.
+GREEDY_TEMPERATURE = 1e-5
+
+
+@dataclass(frozen=True)
+class Unsupported:
+    """A field we refuse when `asked(body)` says the request asks for it."""
+
+    asked: Callable[[Any], bool]
+    message: str | None = None  # None: "<field> is not supported by this server."
 
 
 class APIModel(BaseModel):
@@ -16,9 +38,12 @@ class StreamOptions(APIModel):
 
 
 class SamplingFields(APIModel):
+    """What completions and chat share: the model, streaming and the sampling fields."""
+
     model: str | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
+    max_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
@@ -29,8 +54,7 @@ class SamplingFields(APIModel):
     min_tokens: int = 0
     n: int = 1
     user: str | None = None
-    # Accepted so that asking for them is an explicit 400 (see api/app.py), not silently
-    # ignored.
+    # Accepted only so that asking for them is an explicit 400 (UNSUPPORTED), not ignored.
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
@@ -38,12 +62,125 @@ class SamplingFields(APIModel):
     best_of: int | None = None
     response_format: dict | None = None
 
+    # Checked in this order; the first field asked for gives the 400.
+    UNSUPPORTED: ClassVar[dict[str, Unsupported]] = {
+        "n": Unsupported(lambda body: body.n != 1, "Only n=1 is supported."),
+        "presence_penalty": Unsupported(lambda body: body.presence_penalty not in (None, 0)),
+        "frequency_penalty": Unsupported(lambda body: body.frequency_penalty not in (None, 0)),
+        "repetition_penalty": Unsupported(lambda body: body.repetition_penalty not in (None, 1)),
+        "logit_bias": Unsupported(lambda body: bool(body.logit_bias)),
+        "best_of": Unsupported(lambda body: body.best_of not in (None, 1)),
+        "response_format": Unsupported(
+            lambda body: body.response_format not in (None, {"type": "text"})),
+    }
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    def requested_max_tokens(self) -> int | None:
+        """max_tokens as asked; None: as many as fit."""
+        return self.max_tokens
+
+    def check_supported(self) -> None:
+        for field, rule in self.UNSUPPORTED.items():
+            if rule.asked(self):
+                raise APIError(rule.message or f"{field} is not supported by this server.",
+                               field)
+
+    def to_sampling_params(self, num_prompt_tokens: int, max_model_len: int,
+                           vocab_size: int) -> SamplingParams:
+        """The engine's SamplingParams; APIError for a value out of range. `max_model_len`
+        bounds prompt + completion, `vocab_size` the token ids."""
+        max_tokens = self._max_tokens(num_prompt_tokens, max_model_len)
+        return SamplingParams(
+            max_tokens=max_tokens, temperature=self._temperature(), top_p=self._top_p(),
+            top_k=self._top_k(), min_tokens=self._min_tokens(max_tokens), seed=self._seed(),
+            stop=self._stop(), stop_token_ids=self._stop_token_ids(vocab_size),
+            ignore_eos=self.ignore_eos)
+
+    def _max_tokens(self, num_prompt_tokens: int, max_model_len: int) -> int:
+        room = max_model_len - num_prompt_tokens
+        if room < 1:
+            raise APIError(f"The prompt is {num_prompt_tokens} tokens; this server holds at most "
+                           f"{max_model_len} tokens per request (prompt + completion).",
+                           "prompt", code="context_length_exceeded")
+        max_tokens = self.requested_max_tokens()
+        if max_tokens is None:
+            return room
+        if max_tokens < 1:
+            raise APIError("max_tokens must be at least 1.", "max_tokens")
+        if max_tokens > room:
+            raise APIError(f"The prompt ({num_prompt_tokens} tokens) plus max_tokens "
+                           f"({max_tokens}) exceeds the {max_model_len} tokens this server "
+                           "holds per request. Shorten the prompt or lower max_tokens.",
+                           "max_tokens", code="context_length_exceeded")
+        return max_tokens
+
+    def _temperature(self) -> float:
+        temperature = 1.0 if self.temperature is None else self.temperature
+        if not (math.isfinite(temperature) and temperature >= 0):  # NaN would fail the step
+            raise APIError("temperature must be a finite number of at least 0.", "temperature")
+        return 0.0 if temperature < GREEDY_TEMPERATURE else temperature
+
+    def _top_p(self) -> float:
+        top_p = 1.0 if self.top_p is None else self.top_p
+        if not 0 < top_p <= 1:
+            raise APIError("top_p must be in (0, 1].", "top_p")
+        return top_p
+
+    def _top_k(self) -> int:
+        top_k = self.top_k or 0
+        if top_k < -1:
+            raise APIError("top_k must be -1 or 0 (off), or a positive number.", "top_k")
+        return max(top_k, 0)
+
+    def _min_tokens(self, max_tokens: int) -> int:
+        if not 0 <= self.min_tokens <= max_tokens:
+            raise APIError("min_tokens must be between 0 and max_tokens.", "min_tokens")
+        return self.min_tokens
+
+    def _seed(self) -> int | None:
+        if self.seed is not None and not -(2**63) <= self.seed < 2**64:
+            raise APIError("seed must be an integer in [-2**63, 2**64).", "seed")
+        return self.seed
+
+    def _stop(self) -> list[str]:
+        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        if any(not s for s in stop):
+            raise APIError("stop strings must not be empty.", "stop")
+        return stop
+
+    def _stop_token_ids(self, vocab_size: int) -> list[int]:
+        ids = list(self.stop_token_ids or [])
+        if any(not 0 <= t < vocab_size for t in ids):
+            raise APIError(f"stop_token_ids must be token ids in [0, {vocab_size}).",
+                           "stop_token_ids")
+        return ids
+
 
 class CompletionRequest(SamplingFields):
     prompt: str | list[int] | list[str]
     max_tokens: int | None = 16
     echo: bool = False
     logprobs: int | None = None
+
+    UNSUPPORTED: ClassVar[dict[str, Unsupported]] = {
+        "prompt": Unsupported(
+            lambda body: (isinstance(body.prompt, list) and len(body.prompt) > 1
+                          and isinstance(body.prompt[0], str)),
+            "Batched prompts are not supported; send one prompt per request."),
+        **SamplingFields.UNSUPPORTED,
+        "echo": Unsupported(lambda body: body.echo, "echo and logprobs are not supported."),
+        "logprobs": Unsupported(lambda body: bool(body.logprobs),
+                                "echo and logprobs are not supported."),
+    }
+
+    def single_prompt(self) -> str | list[int]:
+        """The prompt: text or token ids (a list of one string is that string)."""
+        if isinstance(self.prompt, list) and self.prompt and isinstance(self.prompt[0], str):
+            return self.prompt[0]
+        return self.prompt  # a list here holds token ids
 
 
 class TextPart(APIModel):
@@ -64,6 +201,21 @@ class ChatMessage(APIModel):
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = None
     max_completion_tokens: int | None = None
     logprobs: bool = False
+
+    UNSUPPORTED: ClassVar[dict[str, Unsupported]] = {
+        **SamplingFields.UNSUPPORTED,
+        "logprobs": Unsupported(lambda body: body.logprobs, "logprobs are not supported."),
+    }
+
+    def requested_max_tokens(self) -> int | None:
+        """max_completion_tokens, else max_tokens; None: as many as fit."""
+        if self.max_completion_tokens is not None:
+            return self.max_completion_tokens
+        return self.max_tokens
+
+    def template_messages(self) -> list[dict[str, str]]:
+        """The messages as the chat template takes them ('developer' is the new 'system')."""
+        return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+                for m in self.messages]

@@ -95,6 +95,7 @@ class BatchEngine:
         return stats
 
     def describe(self) -> str:
+        """One line for the startup message."""
         return self.core.describe()
 
     # --- the engine thread -----------------------------------------------------------------

@@ -1,0 +1,49 @@
+"""What the API needs from an engine: engine/batch_engine.py's BatchEngine and
+the engine wrapped around baseline_server.py's core both fit, and a test may pass a fake."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+from engine.request import Request
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+
+class MetricsRenderer(Protocol):
+    def render(self) -> bytes:
+        """The Prometheus text exposition of every metric."""
+        ...
+
+
+class EngineClient(Protocol):
+    """An engine running on its own thread, fed requests from the event loop's thread.
+
+    Outputs come back through each request's `on_output` callback, called on the engine's
+    thread."""
+
+    tokenizer: PreTrainedTokenizerBase
+    metrics: MetricsRenderer
+
+    @property
+    def max_tokens_per_request(self) -> int:
+        """Prompt + completion tokens one request may hold at most."""
+        ...
+
+    @property
+    def is_alive(self) -> bool:
+        """False once the engine thread has stopped."""
+        ...
+
+    def add_request(self, request: Request) -> None:
+        """Queue a request; raises engine.batch_engine.QueueFullError if the line is full."""
+        ...
+
+    def abort(self, request_id: str) -> None:
+        """Cancel a request; an unknown or finished id is ignored."""
+        ...
+
+    def describe(self) -> str:
+        """One line for the startup message: device, KV cache, attention."""
+        ...

@@ -1,0 +1,59 @@
+"""Errors as OpenAI sends them: one envelope, {"error": {message, type, param, code}}."""
+
+from __future__ import annotations
+
+from itertools import takewhile
+
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from api.responses import ErrorDetail, ErrorResponse
+
+RETRY_AFTER_SECONDS = 1
+
+
+class APIError(Exception):
+    """Raised anywhere in a handler; app.py turns it into the envelope with its status."""
+
+    def __init__(self, message: str, param: str | None = None, status: int = 400,
+                 code: str | None = None, err_type: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.message, self.param, self.status, self.code, self.type = (
+            message, param, status, code, err_type)
+
+    def body(self) -> ErrorResponse:
+        return error_body(self.message, self.type, self.param, self.code)
+
+
+def error_body(message: str, err_type: str = "invalid_request_error", param: str | None = None,
+               code: str | None = None) -> ErrorResponse:
+    return ErrorResponse(error=ErrorDetail(message=message, type=err_type, param=param,
+                                           code=code))
+
+
+def error_response(exc: APIError) -> JSONResponse:
+    headers = {"Retry-After": str(RETRY_AFTER_SECONDS)} if exc.status == 429 else None
+    return JSONResponse(exc.body().model_dump(), status_code=exc.status, headers=headers)
+
+
+def describe_validation_error(exc: RequestValidationError) -> tuple[str, str | None]:
+    """A readable message and the offending field for a body pydantic refused."""
+    errors = exc.errors()
+    first = errors[0]
+    if first.get("type") == "json_invalid":
+        return "The request body is not valid JSON.", None
+    if first.get("type") == "model_attributes_type" and isinstance(first.get("input"),
+                                                                     str | bytes):
+        # FastAPI leaves a body unparsed unless it comes as application/json (curl -d doesn't)
+        return ("The request body must be a JSON object, sent with "
+                "'Content-Type: application/json'.", None)
+    # A value that fits no member of a union (prompt: str | list[int] | ...) fails once per
+    # member, each loc ending in the member's name ('str'): name the field, list every reason.
+    locs = [[str(p) for p in e.get("loc", ()) if p != "body"] for e in errors]
+    group = [i for i, loc in enumerate(locs) if loc[:1] == locs[0][:1]]
+    columns = zip(*(locs[i] for i in group))  # the k-th part of each loc, side by side
+    path = [parts[0] for parts in takewhile(lambda parts: len(set(parts)) == 1, columns)]
+    reasons = list(dict.fromkeys(errors[i].get("msg", "invalid") for i in group))
+    param = ".".join(path) or None
+    where = f"'{param}'" if param else "the request body"
+    return f"Invalid value for {where}: {'; or '.join(reasons)}.", param
