@@ -5,7 +5,7 @@ completion. Reports throughput, time to first token (TTFT), inter-token latency 
 end-to-end latency, prints a table and saves JSON to {results_dir}/{label}.json.
 
 Example:
-    python3 bench.py --url http://127.0.0.1:8080 --label nano-vllm --users 1 10 30 40
+    python3 benchmarks/bench.py --url http://127.0.0.1:8080 --label nano-vllm --users 1 10 30 40
 """
 
 from __future__ import annotations
@@ -13,18 +13,21 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import platform
 import shlex
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # see benchmarks/__init__.py
+
 import httpx
 import numpy as np
+
+from benchmarks.results import BenchRun, LevelResult, Machine, result_path
 
 # Each user's own question: chosen by user index, so prompts differ after the shared prefix.
 QUESTIONS = [
@@ -195,24 +198,24 @@ def pct(values: list[float], q: float, scale: float = 1000.0) -> float | None:
     return round(float(np.percentile(values, q)) * scale, 2) if values else None
 
 
-def summarize(users: int, results: list[UserResult], wall: float) -> dict[str, Any]:
+def summarize(users: int, results: list[UserResult], wall: float) -> LevelResult:
     ok = [r for r in results if r.error is None]
     ttft = [r.token_times[0] - r.send for r in results if r.token_times]
     itl = [b - a for r in results for a, b in zip(r.token_times, r.token_times[1:])]
     total = sum(r.tokens for r in results)
     errors = [r.error for r in results if r.error is not None]
-    return {
-        "users": users,
-        "throughput_tok_s": round(total / wall, 2) if wall > 0 else None,
-        "ttft_p50_ms": pct(ttft, 50), "ttft_p99_ms": pct(ttft, 99),
-        "itl_p50_ms": pct(itl, 50), "itl_p99_ms": pct(itl, 99),
-        "e2e_p50_ms": pct([r.finish - r.send for r in ok], 50),
-        "total_tokens": total, "wall_s": round(wall, 3),
-        "errors": len(errors), "first_error": errors[0] if errors else None,
-    }
+    return LevelResult(
+        users=users,
+        throughput_tok_s=round(total / wall, 2) if wall > 0 else None,
+        ttft_p50_ms=pct(ttft, 50), ttft_p99_ms=pct(ttft, 99),
+        itl_p50_ms=pct(itl, 50), itl_p99_ms=pct(itl, 99),
+        e2e_p50_ms=pct([r.finish - r.send for r in ok], 50),
+        total_tokens=total, wall_s=round(wall, 3),
+        errors=len(errors), first_error=errors[0] if errors else None,
+    )
 
 
-async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
+async def run(args: argparse.Namespace) -> list[LevelResult]:
     url = args.url.rstrip("/") + "/v1/completions"
     prefix = system_prompt(args.system_repeats)
     limits = httpx.Limits(max_connections=max(args.users) + 8, max_keepalive_connections=None)
@@ -248,16 +251,18 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     return levels
 
 
-def print_table(levels: list[dict[str, Any]]) -> None:
-    cols = [("users", "users"), ("tok/s", "throughput_tok_s"), ("TTFT p50", "ttft_p50_ms"),
-            ("TTFT p99", "ttft_p99_ms"), ("ITL p50", "itl_p50_ms"), ("ITL p99", "itl_p99_ms"),
-            ("E2E p50", "e2e_p50_ms"), ("tokens", "total_tokens"), ("wall s", "wall_s"),
-            ("errors", "errors")]
+def print_table(levels: list[LevelResult]) -> None:
+    cols: list[tuple[str, Callable[[LevelResult], Any]]] = [
+        ("users", lambda lv: lv.users), ("tok/s", lambda lv: lv.throughput_tok_s),
+        ("TTFT p50", lambda lv: lv.ttft_p50_ms), ("TTFT p99", lambda lv: lv.ttft_p99_ms),
+        ("ITL p50", lambda lv: lv.itl_p50_ms), ("ITL p99", lambda lv: lv.itl_p99_ms),
+        ("E2E p50", lambda lv: lv.e2e_p50_ms), ("tokens", lambda lv: lv.total_tokens),
+        ("wall s", lambda lv: lv.wall_s), ("errors", lambda lv: lv.errors)]
 
     def fmt(v: Any) -> str:
         return "-" if v is None else f"{v:.1f}" if isinstance(v, float) else str(v)
 
-    rows = [[fmt(lv[key]) for _, key in cols] for lv in levels]
+    rows = [[fmt(get(lv)) for _, get in cols] for lv in levels]
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, (h, _) in enumerate(cols)]
     print("  ".join(h.rjust(w) for (h, _), w in zip(cols, widths)))
     print("  ".join("-" * w for w in widths))
@@ -290,26 +295,20 @@ def main() -> int:
     args = parse_args()
     started_at = datetime.now().astimezone().isoformat(timespec="seconds")
     levels = asyncio.run(run(args))
-    out = {
-        "label": args.label, "url": args.url, "max_tokens": args.max_tokens,
-        "system_repeats": args.system_repeats,
-        "machine": {"platform": platform.platform(), "python": platform.python_version(),
-                    "processor": platform.processor() or platform.machine(),
-                    "cpu_count": os.cpu_count()},
-        "started_at": started_at, "command": "python3 " + shlex.join(sys.argv),
-        "levels": levels,
-    }
-    path = Path(args.results_dir) / f"{args.label}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, indent=2) + "\n")
+    out = BenchRun(label=args.label, url=args.url, max_tokens=args.max_tokens,
+                   system_repeats=args.system_repeats, machine=Machine.this_one(),
+                   started_at=started_at, command="python3 " + shlex.join(sys.argv),
+                   levels=levels)
+    path = result_path(Path(args.results_dir), args.label)
+    out.save(path)
     print(f"\n{args.label} @ {args.url}  max_tokens={args.max_tokens}  "
           f"system_repeats={args.system_repeats}  rounds={args.rounds}")
     print_table(levels)
     print(f"saved {path}")
-    n_err = sum(lv["errors"] for lv in levels)
+    n_err = sum(lv.errors for lv in levels)
     if n_err:
         print(f"{n_err} request(s) failed; first: "
-              f"{next(lv['first_error'] for lv in levels if lv['errors'])}", file=sys.stderr)
+              f"{next(lv.first_error for lv in levels if lv.errors)}", file=sys.stderr)
     return 1 if n_err else 0
 
 

@@ -1,0 +1,6 @@
+"""Measurements: load tests, the decode-step profile, and the charts and tables made from them.
+
+Each script runs from the repository root either as a file (`python3 benchmarks/bench.py`)
+or as a module (`python3 -m benchmarks.bench`). Run as a file, Python puts `benchmarks/` on
+the import path instead of the root, so every script first inserts the root itself.
+"""

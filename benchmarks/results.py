@@ -1,0 +1,131 @@
+"""The JSON files the benchmarks write and read, as dataclasses.
+
+bench.py writes a `BenchRun` to {results_dir}/{label}.json, profile_decode.py a `ProfileRun`;
+plot.py and report.py read them. The field names are the JSON keys, so a file with a key
+missing or unknown fails to load instead of giving a table with holes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform as host
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Self
+
+
+def result_path(folder: Path, label: str) -> Path:
+    """Where a run's JSON lives: the label names the file."""
+    return folder / f"{label}.json"
+
+
+class JsonFile:
+    """Saving and loading for the dataclasses below; from_json rebuilds their nested fields."""
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2) + "\n"  # type: ignore[call-overload]
+
+    @classmethod
+    def from_json(cls, text: str) -> Self:
+        return cls.from_dict(json.loads(text))
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> Self:
+        raise NotImplementedError
+
+    @classmethod
+    def load(cls, path: Path) -> Self:
+        return cls.from_json(path.read_text())
+
+    def save(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(self.to_json())
+
+
+@dataclass
+class LevelResult:
+    """One concurrency level of bench.py: `users` started together. None: nothing measured."""
+
+    users: int
+    throughput_tok_s: float | None
+    ttft_p50_ms: float | None
+    ttft_p99_ms: float | None
+    itl_p50_ms: float | None
+    itl_p99_ms: float | None
+    e2e_p50_ms: float | None
+    total_tokens: int
+    wall_s: float
+    errors: int
+    first_error: str | None
+
+
+@dataclass
+class Machine:
+    platform: str
+    python: str
+    processor: str
+    cpu_count: int | None
+
+    @classmethod
+    def this_one(cls) -> Machine:
+        return cls(host.platform(), host.python_version(), host.processor() or host.machine(),
+                   os.cpu_count())
+
+
+@dataclass
+class BenchRun(JsonFile):
+    """One bench.py run against one server: its settings and one result per level."""
+
+    label: str
+    url: str
+    max_tokens: int
+    system_repeats: int
+    machine: Machine
+    started_at: str
+    command: str
+    levels: list[LevelResult]
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> BenchRun:
+        return cls(**{**raw, "machine": Machine(**raw["machine"]),
+                      "levels": [LevelResult(**level) for level in raw["levels"]]})
+
+    def by_users(self) -> dict[int, LevelResult]:
+        return {level.users: level for level in self.levels}
+
+
+@dataclass
+class OpTime:
+    """One PyTorch op's own time (the ops it calls not counted), per decode step."""
+
+    name: str
+    calls: float
+    self_ms: float
+
+
+@dataclass
+class ProfileCell:
+    """profile_decode.py at one (users, context); times in ms per decode step."""
+
+    users: int
+    context: int
+    attention: str  # the decode attention backend ModelRunner chose
+    parts_ms: dict[str, float]  # each part's own time: parts nested in it are not counted again
+    sum_of_parts_ms: float  # the profiled step
+    step_ms: float  # the same step unprofiled, where tokens_per_s comes from
+    tokens_per_s: float
+    top_ops: list[OpTime]  # the ops with the most self time, most first
+
+
+@dataclass
+class ProfileRun(JsonFile):
+    device: str
+    dtype: str
+    results: list[ProfileCell]
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> ProfileRun:
+        cells = [ProfileCell(**{**cell, "top_ops": [OpTime(**op) for op in cell["top_ops"]]})
+                 for cell in raw["results"]]
+        return cls(**{**raw, "results": cells})

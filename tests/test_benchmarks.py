@@ -1,0 +1,99 @@
+"""The benchmarks' result files and tables, and the profiler's part scopes (no real model)."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function
+
+from benchmarks.profile_decode import (
+    ATTENTION,
+    MODEL,
+    ROWS,
+    SAMPLING,
+    STEP,
+    own_times_us,
+    part_scopes,
+)
+from benchmarks.report import PROFILES, profile_table, side_by_side
+from benchmarks.results import BenchRun, ProfileRun, result_path
+from model.config import ModelConfig
+from model.llama import LlamaModel, causal_attention
+
+RESULTS = Path(__file__).resolve().parents[1] / "results"
+
+
+def test_result_files_load_and_save_unchanged() -> None:
+    files = sorted(RESULTS.glob("*.json"))
+    for path in files:
+        kind = ProfileRun if path.stem in PROFILES else BenchRun
+        assert kind.load(path).to_json() == path.read_text(), path
+    print(f"{len(files)} files in results/ load and save back byte for byte")
+    assert len(files) >= 2
+
+
+def test_side_by_side_ratios_come_from_the_files() -> None:
+    a = BenchRun.load(result_path(RESULTS, "nano-vllm"))
+    b = BenchRun.load(result_path(RESULTS, "baseline"))
+    table = side_by_side(a, b)
+    print("\n".join(table))
+    raw_a, raw_b = (json.loads(result_path(RESULTS, label).read_text())["levels"]
+                    for label in ("nano-vllm", "baseline"))
+    assert len(table) == 2 + len(raw_a)
+    for row, x, y in zip(table[2:], raw_a, raw_b):
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        expected = x["throughput_tok_s"] / y["throughput_tok_s"]
+        print(f"{x['users']} users: ratio {cells[3]}, from the JSON {expected:.4f}")
+        assert cells[0] == str(x["users"]) and cells[3] == f"{expected:.2f}x"
+
+
+def test_profile_table_has_every_part_and_the_step() -> None:
+    profile = ProfileRun.load(result_path(RESULTS, "profile_decode"))
+    table = profile_table(profile)
+    print("\n".join(table))
+    parts = list(profile.results[0].parts_ms)
+    assert [row.split("|")[1].strip() for row in table[2:2 + len(parts)]] == parts
+    step_row = next(row for row in table if row.startswith("| **decode step**"))
+    assert step_row.split("|")[2].strip() == f"{profile.results[0].step_ms:.1f}"
+
+
+def tiny_model() -> LlamaModel:
+    cfg = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2,
+                      num_heads=4, num_kv_heads=2, head_dim=8, rms_norm_eps=1e-5,
+                      rope_theta=10000.0, max_position_embeddings=64, tie_word_embeddings=True,
+                      eos_token_ids=(0,))
+    torch.manual_seed(0)
+    model = LlamaModel(cfg)
+    for param in model.parameters():
+        torch.nn.init.normal_(param, std=0.2)
+    return model.eval().requires_grad_(False)
+
+
+def test_part_scopes_cover_each_part_once_and_add_up() -> None:
+    model = tiny_model()
+    ids = torch.randint(0, 64, (2, 5))
+    positions = torch.arange(5).expand(2, 5)
+    plain = model(ids, positions, causal_attention)
+    with (part_scopes(model), profile(activities=[ProfilerActivity.CPU]) as prof,
+          record_function(STEP)):
+        scoped = model(ids, positions, causal_attention)
+        with record_function(SAMPLING):
+            scoped.argmax(-1)
+    events = prof.events()
+    counts = Counter(e.name for e in events if e.name in ROWS)
+    print(dict(counts))
+    # per layer: 2 norms, qkv, attention, o_proj, mlp; plus the final norm, embedding, lm head
+    assert counts == {STEP: 1, MODEL: 1, "embedding": 1, "norms": 5, "qkv": 2, ATTENTION: 2,
+                      "o_proj": 2, "mlp": 2, "lm head": 1, SAMPLING: 1}
+    own = own_times_us(events)
+    step_total = next(e.cpu_time_total for e in events if e.name == STEP)
+    print(f"sum of own times {sum(own.values()):.1f} us, step {step_total:.1f} us")
+    assert all(t >= 0 for t in own.values()), own
+    assert abs(sum(own.values()) - step_total) <= 1e-6 * step_total
+    assert torch.equal(plain, scoped), "the hooks changed the model's output"
+    left = [m for m in model.modules() if m._forward_pre_hooks or m._forward_hooks]
+    assert not left, "hooks left behind"
+
