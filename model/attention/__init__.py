@@ -23,17 +23,18 @@ __all__ = ["AttentionBackend", "CpuKernelAttention", "StepMetadata", "TorchPaged
 class AttentionBackend(StrEnum):
     AUTO = "auto"
     TORCH = "torch"  # gather the blocks, then PyTorch SDPA with a mask: any device, any dtype
-    CPU_KERNEL = "cpu-kernel"  # compiled kernel reading K/V in place: CPU, fp32
+    CPU_KERNEL = "cpu-kernel"  # compiled kernel reading K/V in place: CPU, fp32 or bf16
 
 
 def resolve_backend(requested: str, device: torch.device, dtype: torch.dtype) -> AttentionBackend:
     """'auto' is the compiled kernel where it applies, else gather + SDPA."""
     name = AttentionBackend(requested)
-    fits = device.type == "cpu" and dtype == torch.float32
+    fits = device.type == "cpu" and dtype in (torch.float32, torch.bfloat16)
     if name is AttentionBackend.AUTO:
         return AttentionBackend.CPU_KERNEL if fits else AttentionBackend.TORCH
     if name is AttentionBackend.CPU_KERNEL and not fits:
-        raise ValueError("--attention cpu-kernel needs --device cpu and --dtype float32")
+        raise ValueError("--attention cpu-kernel needs --device cpu and --dtype float32 or "
+                         "bfloat16")
     return name
 
 

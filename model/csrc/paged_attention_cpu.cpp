@@ -1,4 +1,5 @@
-// Decode attention over the paged KV cache, reading K and V in place (CPU, fp32).
+// Decode attention over the paged KV cache, reading K and V in place (CPU; fp32, or bf16
+// K/V/q with fp32 arithmetic inside).
 //
 // One query token per sequence. Nothing is gathered, padded or copied: each slot of
 // the pool ([kv_heads, dim] side by side) is read once, for every query head that
@@ -14,6 +15,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 namespace {
@@ -37,7 +39,27 @@ inline float dot(const float* a, const float* b, int64_t dim) {
   for (int64_t d = 0; d < dim; ++d) sum += a[d] * b[d];
   return sum;
 }
+
+// A slot's [kv_heads * dim] values as floats: fp32 slots are read in place, bf16 ones are
+// widened into `buffer` (exact: a bf16 is the top half of a float).
+inline const float* as_float(const float* slot, int64_t, float*) { return slot; }
+inline const float* as_float(const c10::BFloat16* slot, int64_t n, float* buffer) {
+  const uint16_t* bits = reinterpret_cast<const uint16_t*>(slot);
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t widened = static_cast<uint32_t>(bits[i]) << 16;
+    float value;
+    std::memcpy(&value, &widened, sizeof(value));
+    buffer[i] = value;
+  }
+  return buffer;
+}
 }  // namespace
+
+template <typename T>
+torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_cache,
+                               const torch::Tensor& v_cache, const torch::Tensor& block_tables,
+                               const torch::Tensor& context_lens, double scale);
 
 torch::Tensor paged_decode_attention(torch::Tensor q,             // [batch, heads, dim]
                                      torch::Tensor k_cache,       // [blocks, block_size, kv_heads, dim]
@@ -47,9 +69,18 @@ torch::Tensor paged_decode_attention(torch::Tensor q,             // [batch, hea
                                      double scale) {
   // Pure C++ from here on: let the server's other Python threads run meanwhile.
   pybind11::gil_scoped_release no_gil;
-  TORCH_CHECK(q.dtype() == torch::kFloat32 && k_cache.dtype() == torch::kFloat32 &&
-                  v_cache.dtype() == torch::kFloat32,
-              "paged_decode_attention: float32 only");
+  TORCH_CHECK(q.dtype() == k_cache.dtype() && q.dtype() == v_cache.dtype() &&
+                  (q.dtype() == torch::kFloat32 || q.dtype() == torch::kBFloat16),
+              "paged_decode_attention: q, K and V all float32 or all bfloat16");
+  if (q.dtype() == torch::kBFloat16)
+    return decode_attention<c10::BFloat16>(q, k_cache, v_cache, block_tables, context_lens, scale);
+  return decode_attention<float>(q, k_cache, v_cache, block_tables, context_lens, scale);
+}
+
+template <typename T>
+torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_cache,
+                               const torch::Tensor& v_cache, const torch::Tensor& block_tables,
+                               const torch::Tensor& context_lens, double scale) {
   TORCH_CHECK(block_tables.dtype() == torch::kInt64 && context_lens.dtype() == torch::kInt64,
               "paged_decode_attention: int64 block tables and lengths");
   TORCH_CHECK(q.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous() &&
@@ -61,9 +92,10 @@ torch::Tensor paged_decode_attention(torch::Tensor q,             // [batch, hea
   TORCH_CHECK(k_cache.size(3) == dim && heads % kv_heads == 0 && v_cache.sizes() == k_cache.sizes(),
               "paged_decode_attention: shapes");
 
-  const float* qp = q.data_ptr<float>();
-  const float* kp = k_cache.data_ptr<float>();
-  const float* vp = v_cache.data_ptr<float>();
+  const auto q_float = q.to(torch::kFloat32);  // small: one row per sequence
+  const float* qp = q_float.data_ptr<float>();
+  const T* kp = k_cache.data_ptr<T>();
+  const T* vp = v_cache.data_ptr<T>();
   const int64_t* tables = block_tables.data_ptr<int64_t>();
   const int64_t* lens = context_lens.data_ptr<int64_t>();
   const int64_t slot_stride = kv_heads * dim;
@@ -97,10 +129,13 @@ torch::Tensor paged_decode_attention(torch::Tensor q,             // [batch, hea
     // Nothing may throw in here (an exception cannot leave an OpenMP region): every check
     // is done above.
     std::vector<float> scores(heads * kPart);  // [heads][n]
+    std::vector<float> widened(slot_stride);  // a bf16 slot as floats
 
     for (int64_t i = 0; i < n; ++i) {
       const int64_t t = start + i;
-      const float* slot = kp + (table[t / block_size] * block_size + t % block_size) * slot_stride;
+      const float* slot = as_float(
+          kp + (table[t / block_size] * block_size + t % block_size) * slot_stride, slot_stride,
+          widened.data());
       for (int64_t h = 0; h < heads; ++h) {
         scores[h * kPart + i] = dot(qb + h * dim, slot + (h / group) * dim, dim) * fscale;
       }
@@ -122,7 +157,9 @@ torch::Tensor paged_decode_attention(torch::Tensor q,             // [batch, hea
     }
     for (int64_t i = 0; i < n; ++i) {
       const int64_t t = start + i;
-      const float* slot = vp + (table[t / block_size] * block_size + t % block_size) * slot_stride;
+      const float* slot = as_float(
+          vp + (table[t / block_size] * block_size + t % block_size) * slot_stride, slot_stride,
+          widened.data());
       for (int64_t h = 0; h < heads; ++h) {
         const float* value = slot + (h / group) * dim;
         const float p = scores[h * kPart + i];
@@ -133,7 +170,7 @@ torch::Tensor paged_decode_attention(torch::Tensor q,             // [batch, hea
     }
   }
 
-  auto out = torch::empty_like(q);
+  auto out = torch::empty_like(q_float);
   float* op = out.data_ptr<float>();
 #pragma omp parallel for
   for (int64_t b = 0; b < batch; ++b) {
@@ -156,5 +193,5 @@ torch::Tensor paged_decode_attention(torch::Tensor q,             // [batch, hea
       for (int64_t d = 0; d < dim; ++d) o[d] *= inv;
     }
   }
-  return out;
+  return out.to(q.scalar_type());
 }
