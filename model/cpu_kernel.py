@@ -55,3 +55,16 @@ def load_paged_decode_attention() -> Callable | None:
     except Exception as exc:  # no compiler, no ninja, ...: fall back, loudly
         log.warning("CPU paged-attention kernel unavailable (%s); using the PyTorch path", exc)
         return None
+
+
+@cache
+def load_fused_ops() -> ModuleType | None:
+    """The fused small ops (RMSNorm with its residual add, RoPE, SwiGLU's activation), or
+    None if they could not be built here."""
+    try:
+        log.info("loading the CPU fused-ops kernels (compiled on first use, ~1 min) ...")
+        return compile_cpu_extension("nano_vllm_fused_ops", "fused_ops_cpu.cpp",
+                                     ["add_rms_norm", "rope_inplace", "silu_mul"])
+    except Exception as exc:  # no compiler, no ninja, ...: fall back, loudly
+        log.warning("CPU fused ops unavailable (%s); using PyTorch ops", exc)
+        return None

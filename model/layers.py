@@ -2,15 +2,23 @@
 
 `Linear` is the seam for faster matmul paths: a layer that computes `x @ W^T` some other
 way (packed weights, quantized codes) replaces it module for module.
+
+On a CPU, the small ops between the matmuls (RMSNorm with its residual add, RoPE, SwiGLU's
+activation) can run as one compiled kernel each (model/csrc/fused_ops_cpu.cpp) instead of
+5-8 PyTorch ops: `use_fused_ops(model)` switches a loaded model over. The PyTorch code stays
+the reference, and what runs on other devices.
 """
 
 from __future__ import annotations
 
+from types import ModuleType
 from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+FusedOps = ModuleType  # the compiled module: add_rms_norm, rope_inplace, silu_mul
 
 
 class AttentionFn(Protocol):
@@ -45,13 +53,34 @@ class Linear(nn.Module):
 
 
 class RMSNorm(nn.Module):
+    """RMSNorm; given the residual stream too, it first adds x into it (vLLM's fusion: the
+    residual add of one block and the norm of the next are one pass over the data)."""
+
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
+        self.fused: FusedOps | None = None  # set by use_fused_ops()
 
-    def forward(self, x: Tensor) -> Tensor:
-        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+    def forward(self, x: Tensor, residual: Tensor | None = None,
+                ) -> Tensor | tuple[Tensor, Tensor]:
+        """norm(x); or, with a residual: residual + x, and the norm of that."""
+        if self.fused is not None:
+            return self._forward_fused(x, residual)
+        if residual is None:
+            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+        residual = residual + x
+        return F.rms_norm(residual, (x.shape[-1],), self.weight, self.eps), residual
+
+    def _forward_fused(self, x: Tensor, residual: Tensor | None,
+                       ) -> Tensor | tuple[Tensor, Tensor]:
+        assert self.fused is not None
+        rows = x.reshape(-1, x.shape[-1])
+        if residual is None:  # no add: normalize x itself
+            return self.fused.add_rms_norm(rows, rows[:0], self.weight, self.eps).view_as(x)
+        stream = residual.reshape(-1, x.shape[-1])  # a view: updated in place
+        normed = self.fused.add_rms_norm(stream, rows.contiguous(), self.weight, self.eps)
+        return normed.view_as(x), residual
 
 
 class RotaryEmbedding(nn.Module):
@@ -80,3 +109,10 @@ class RotaryEmbedding(nn.Module):
         half = x.shape[-1] // 2
         rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
         return x * cos + rotated * sin
+
+
+def use_fused_ops(model: nn.Module, fused: FusedOps | None) -> None:
+    """Give every module that has a fused path the compiled ops (None: back to PyTorch)."""
+    for module in model.modules():
+        if hasattr(module, "fused"):
+            module.fused = fused

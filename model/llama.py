@@ -26,7 +26,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from model.config import ModelConfig
-from model.layers import AttentionFn, Linear, RMSNorm, RotaryEmbedding, causal_attention
+from model.layers import (
+    AttentionFn,
+    FusedOps,
+    Linear,
+    RMSNorm,
+    RotaryEmbedding,
+    causal_attention,
+)
 
 __all__ = ["AttentionFn", "LlamaModel", "RotaryEmbedding", "causal_attention",
            "convert_hf_weights"]
@@ -41,12 +48,19 @@ class Attention(nn.Module):
         qkv_size = (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim
         self.qkv_proj = Linear(cfg.hidden_size, qkv_size)
         self.o_proj = Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size)
+        self.fused: FusedOps | None = None  # see model/layers.py use_fused_ops
 
     def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], attention: AttentionFn) -> Tensor:
         kv_size = self.num_kv_heads * self.head_dim
         qk, v = self.qkv_proj(x).split([self.num_heads * self.head_dim + kv_size, kv_size], dim=-1)
         # RoPE rotates queries and keys alike, so rotate them in one go.
-        qk = RotaryEmbedding.apply(qk.unflatten(-1, (-1, self.head_dim)), *rope)
+        if self.fused is not None:  # in place, in the QKV output
+            cos, sin = (t.reshape(-1, self.head_dim) for t in rope)
+            self.fused.rope_inplace(qk.reshape(-1, qk.shape[-1]), qk.shape[-1] // self.head_dim,
+                                    cos, sin)
+            qk = qk.unflatten(-1, (-1, self.head_dim))
+        else:
+            qk = RotaryEmbedding.apply(qk.unflatten(-1, (-1, self.head_dim)), *rope)
         q, k = qk.split([self.num_heads, self.num_kv_heads], dim=-2)
         v = v.unflatten(-1, (self.num_kv_heads, self.head_dim))
         out = attention(self.layer_idx, q, k, v)
@@ -60,9 +74,14 @@ class MLP(nn.Module):
         super().__init__()
         self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size)
         self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size)
+        self.fused: FusedOps | None = None  # see model/layers.py use_fused_ops
 
     def forward(self, x: Tensor) -> Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        gate_up = self.gate_up_proj(x)
+        if self.fused is not None:
+            rows = gate_up.reshape(-1, gate_up.shape[-1])
+            return self.down_proj(self.fused.silu_mul(rows).view(*x.shape[:-1], -1))
+        gate, up = gate_up.chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
 
@@ -74,9 +93,19 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], attention: AttentionFn) -> Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), rope, attention)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x: Tensor, residual: Tensor | None, rope: tuple[Tensor, Tensor],
+                attention: AttentionFn) -> tuple[Tensor, Tensor]:
+        """x is the previous block's output, not yet added to the residual stream: each
+        norm does that add first (RMSNorm's residual form). The first layer has no residual
+        yet: x is the embedding, and the stream starts as a copy of it (the fused norms add
+        into the stream in place)."""
+        if residual is None:
+            x, residual = self.input_layernorm(x), x.clone()
+        else:
+            x, residual = self.input_layernorm(x, residual)
+        x = self.self_attn(x, rope, attention)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
 
 
 class LlamaModel(nn.Module):
@@ -100,13 +129,14 @@ class LlamaModel(nn.Module):
         only on those rows: a prefill needs the logits of its last token alone, and the LM
         head is the largest matmul in the model.
         """
-        x = self.embed_tokens(input_ids)
+        x, residual = self.embed_tokens(input_ids), None
         rope = self.rotary.table(positions)
         for layer in self.layers:
-            x = layer(x, rope, attention)
+            x, residual = layer(x, residual, rope, attention)
         if logits_indices is not None:
-            x = x[logits_indices]
-        return self.lm_head(self.norm(x))
+            x, residual = x[logits_indices], residual[logits_indices]
+        x, _ = self.norm(x, residual)
+        return self.lm_head(x)
 
 
 def transposed(*weights: Tensor) -> Tensor:

@@ -9,8 +9,11 @@ from safetensors import safe_open
 from torch import nn
 
 from model.config import ModelConfig
+from model.cpu_kernel import load_fused_ops
+from model.layers import use_fused_ops
 from model.registry import architecture
 
+FUSED_DTYPES = (torch.float32, torch.bfloat16)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -44,7 +47,9 @@ def read_hf_weights(model_dir: Path) -> dict[str, torch.Tensor]:
 
 
 def load_model(model_dir: str | Path, device: torch.device | str = "cpu",
-               dtype: torch.dtype = torch.float32) -> nn.Module:
+               dtype: torch.dtype = torch.float32, fused_ops: bool = True) -> nn.Module:
+    """The model in `dtype` on `device`; on a CPU with fused_ops, the small ops between the
+    matmuls run as compiled kernels where they can be built (model/layers.py)."""
     model_dir = Path(model_dir)
     cfg = ModelConfig.from_dir(model_dir)
     arch = architecture(cfg.model_type)
@@ -52,4 +57,7 @@ def load_model(model_dir: str | Path, device: torch.device | str = "cpu",
         model = arch.model_class(cfg)
     state = arch.convert_hf_weights(read_hf_weights(model_dir), cfg)
     model.load_state_dict(state, assign=True, strict=True)
-    return model.to(device=device, dtype=dtype).eval().requires_grad_(False)
+    model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
+    if fused_ops and torch.device(device).type == "cpu" and dtype in FUSED_DTYPES:
+        use_fused_ops(model, load_fused_ops())
+    return model

@@ -2,14 +2,29 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
+from model.cpu_kernel import load_fused_ops
+from model.layers import use_fused_ops
 from model.llama import RotaryEmbedding, causal_attention
 from model.loader import load_model
 from tests.conftest import LOGITS_ATOL, PROMPTS
 
 torch.set_grad_enabled(False)
+
+
+@pytest.fixture(params=["fused-ops", "pytorch-ops"], autouse=True)
+def ops(request, model):
+    """Every test here runs twice: with the compiled fused ops (what the engine runs on a CPU)
+    and with the plain PyTorch ops (the reference, and what other devices run)."""
+    fused = load_fused_ops()
+    if request.param == "fused-ops" and fused is None:
+        pytest.skip("the fused ops could not be built here")
+    use_fused_ops(model, fused if request.param == "fused-ops" else None)
+    yield
+    use_fused_ops(model, fused)  # the session model's default
 
 
 # Pieces are compared relative to the reference's largest value: an MLP on random input
@@ -82,7 +97,8 @@ def test_one_decoder_layer(model, hf_model):
         position_embeddings=hf_model.model.rotary_emb(x, positions),
     )
     hf_out = hf_out[0] if isinstance(hf_out, tuple) else hf_out
-    ours = model.layers[11](x, model.rotary.table(positions), causal_attention)
+    out, residual = model.layers[11](x, None, model.rotary.table(positions), causal_attention)
+    ours = residual + out  # the block's output added to the residual stream, as HF returns it
     diff = rel_diff(ours, hf_out)
     print(f"decoder layer relative max |diff| = {diff:.2e}")
     assert diff < PIECE_RTOL
