@@ -16,13 +16,14 @@ from engine.request import Request
 class Sampler:
     def __call__(self, logits: Tensor, requests: list[Request]) -> list[int]:
         """One token per row of logits [n, vocab]; row i belongs to requests[i]."""
-        tokens = logits.argmax(dim=-1)  # greedy for everyone; sampled rows overwrite
+        tokens = argmax_rows(logits)  # greedy for everyone; sampled rows overwrite
         rows = [i for i, r in enumerate(requests) if not r.params.greedy]
         if rows:
             sampled = [requests[i] for i in rows]
             probs = self.probabilities(logits[rows], sampled)
-            tokens[rows] = self.draw(probs, sampled)
-        return tokens.tolist()
+            for i, token in zip(rows, self.draw(probs, sampled).tolist()):
+                tokens[i] = token
+        return tokens
 
     @staticmethod
     def probabilities(logits: Tensor, requests: list[Request]) -> Tensor:
@@ -44,6 +45,14 @@ class Sampler:
         noise = torch.stack([torch.empty(probs.shape[-1]).exponential_(generator=r.generator)
                              for r in requests]).to(probs.device)
         return (probs / noise).argmax(dim=-1)
+
+
+def argmax_rows(logits: Tensor) -> list[int]:
+    """Each row's argmax. On a CPU through NumPy: torch's argmax over 30 x 49,152 logits took
+    0.4 ms in fp32 and 2.5 ms in bf16 here, NumPy's 0.07 and 0.5 (widening bf16 included)."""
+    if logits.device.type == "cpu":
+        return logits.float().numpy().argmax(axis=-1).tolist()
+    return logits.argmax(dim=-1).tolist()
 
 
 def top_k_top_p(logits: Tensor, top_k: Tensor, top_p: Tensor) -> Tensor:
