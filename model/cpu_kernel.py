@@ -34,37 +34,35 @@ def cpu_identity() -> str:
     return "\n".join(wanted[:2])
 
 
-def compile_cpu_extension(name: str, source_file: str, functions: list[str]) -> ModuleType:
-    """Build (or load the cached build of) model/csrc/<source_file>; raises if it cannot."""
-    from torch.utils.cpp_extension import load_inline
-
-    source = (CSRC / source_file).read_text()
-    key = hashlib.sha256("\0".join([source, cpu_identity(), *CFLAGS]).encode()).hexdigest()
-    return load_inline(name=f"{name}_{key[:12]}", cpp_sources=[source], functions=functions,
-                       extra_cflags=CFLAGS, extra_ldflags=["-fopenmp"])
-
-
 @cache
+def load_cpu_kernels() -> ModuleType | None:
+    """The extension module with every kernel in model/csrc/ (bindings.cpp lists them), or
+    None if it cannot be built here. One module, so a first start compiles once (the sources
+    in parallel, as separate objects)."""
+    try:
+        from torch.utils.cpp_extension import load
+
+        sources = sorted(CSRC.glob("*.cpp"))
+        digest = hashlib.sha256()
+        for part in [*(f.read_bytes() for f in sources), cpu_identity().encode(),
+                     *(flag.encode() for flag in CFLAGS)]:
+            digest.update(part + b"\0")
+        log.info("loading the CPU kernels (compiled on first use, about a minute) ...")
+        return load(name=f"nano_vllm_cpu_kernels_{digest.hexdigest()[:12]}",
+                    sources=[str(f) for f in sources], extra_cflags=CFLAGS,
+                    extra_ldflags=["-fopenmp"])
+    except Exception as exc:  # no compiler, no ninja, ...: fall back, loudly
+        log.warning("CPU kernels unavailable (%s); using the PyTorch paths", exc)
+        return None
+
+
 def load_paged_decode_attention() -> Callable | None:
-    """The decode-attention kernel's entry point, or None if it could not be built here."""
-    try:
-        log.info("loading the CPU paged-attention kernel (compiled on first use, ~1 min) ...")
-        module = compile_cpu_extension("nano_vllm_paged_attention", "paged_attention_cpu.cpp",
-                                       ["paged_decode_attention"])
-        return module.paged_decode_attention
-    except Exception as exc:  # no compiler, no ninja, ...: fall back, loudly
-        log.warning("CPU paged-attention kernel unavailable (%s); using the PyTorch path", exc)
-        return None
+    """The decode-attention kernel, or None if the kernels could not be built here."""
+    kernels = load_cpu_kernels()
+    return None if kernels is None else kernels.paged_decode_attention
 
 
-@cache
 def load_fused_ops() -> ModuleType | None:
-    """The fused small ops (RMSNorm with its residual add, RoPE, SwiGLU's activation), or
-    None if they could not be built here."""
-    try:
-        log.info("loading the CPU fused-ops kernels (compiled on first use, ~1 min) ...")
-        return compile_cpu_extension("nano_vllm_fused_ops", "fused_ops_cpu.cpp",
-                                     ["add_rms_norm", "rope_inplace", "silu_mul"])
-    except Exception as exc:  # no compiler, no ninja, ...: fall back, loudly
-        log.warning("CPU fused ops unavailable (%s); using PyTorch ops", exc)
-        return None
+    """The fused small ops (RMSNorm with its residual add, RoPE, SwiGLU's activation): the
+    kernels module itself, or None."""
+    return load_cpu_kernels()

@@ -1,0 +1,18 @@
+// The Python entry points of every kernel in this folder: one extension module, built once.
+#include <torch/extension.h>
+
+torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache,
+                                     torch::Tensor v_cache, torch::Tensor block_tables,
+                                     torch::Tensor context_lens, double scale);
+torch::Tensor add_rms_norm(torch::Tensor residual, torch::Tensor delta, torch::Tensor weight,
+                           double eps);
+void rope_inplace(torch::Tensor qk, int64_t heads, torch::Tensor cos, torch::Tensor sin);
+torch::Tensor silu_mul(torch::Tensor gate_up);
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("paged_decode_attention", &paged_decode_attention,
+        "decode attention over the paged KV cache (model/csrc/paged_attention_cpu.cpp)");
+  m.def("add_rms_norm", &add_rms_norm, "residual += delta; RMSNorm (fused_ops_cpu.cpp)");
+  m.def("rope_inplace", &rope_inplace, "rotate-half RoPE in place (fused_ops_cpu.cpp)");
+  m.def("silu_mul", &silu_mul, "silu(gate) * up (fused_ops_cpu.cpp)");
+}
