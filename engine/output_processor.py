@@ -77,9 +77,7 @@ class OutputProcessor:
         text = tracked.detok.take(final=True) if error is None else ""
         output = RequestOutput(
             request.request_id, text, new_token_ids or [], finished=True, finish_reason=reason,
-            num_prompt_tokens=request.num_prompt_tokens,
-            num_cached_tokens=request.num_cached_tokens, error=error,
-            cumulative_logprob=(request.cumulative_logprob
+            error=error, cumulative_logprob=(request.cumulative_logprob
                                 if request.params.logprobs is not None else None),
             timing=timing_of(request))
         if request.params.logprobs is not None and logprobs is None:
@@ -92,7 +90,9 @@ class OutputProcessor:
         """Fill in what every output carries (and the prompt's logprobs, with the first)."""
         tracked = self._tracked[request.request_id]
         output.sample_index = request.sample_index
+        output.num_prompt_tokens = request.num_prompt_tokens
         output.num_output_tokens = request.num_output_tokens
+        output.num_cached_tokens = request.num_cached_tokens
         output.logprobs = logprobs
         if request.prompt_logprobs is not None and not tracked.prompt_logprobs_sent:
             output.prompt_logprobs = list(request.prompt_logprobs)
