@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from engine.logprobs import TokenLogprobs
 from engine.model_runner import RunnerOutput
 from engine.request import FinishReason, Request, SamplingParams, Status
 from engine.scheduler import Scheduler
@@ -179,3 +180,23 @@ def test_samples_fork_on_the_prompt_blocks_and_copy_only_the_partial_one():
         s.finish(r, FinishReason.ABORT)
     assert s.kv.allocator.num_used == 0 and not s.has_work()
     s.kv.allocator.check_invariants()
+
+
+def test_a_request_owing_prompt_logprobs_takes_from_the_cache_only_what_it_scored():
+    s = make(num_blocks=20)
+    s.add(req("warm", 40, max_tokens=1))
+    run_step(s)  # 40 prompt tokens computed: two full blocks cached, then it ends
+    scored = Request("scored", list(range(100, 140)),
+                     SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=0),
+                     on_output=lambda out: None)
+    s.add(scored)
+    first = s.schedule()
+    print("seated:", [(r.request_id, n) for r, n in first.scheduled])
+    assert [(r.request_id, n) for r, n in first.scheduled] == [("scored", 40)]  # no hit
+    # As if preempted after scoring its first 20 prompt tokens: one cached block is enough.
+    s.preempt(scored)
+    scored.prompt_logprobs = [None, *[TokenLogprobs(t, -1.0, []) for t in range(101, 120)]]
+    again = s.schedule()
+    print("after preemption, 20 scored:", [(r.request_id, n) for r, n in again.scheduled])
+    assert [(r.request_id, n) for r, n in again.scheduled] == [("scored", 40 - BLOCK_SIZE)]
+    assert scored.num_computed_tokens == BLOCK_SIZE
