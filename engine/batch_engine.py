@@ -81,6 +81,9 @@ class BatchEngine:
             self._thread.join(timeout=10)
 
     def add_request(self, request: Request) -> None:
+        if request.params.n > self.config.max_num_seqs:  # its samples could never all sit
+            raise ValueError(f"n={request.params.n} samples need more than the "
+                             f"{self.config.max_num_seqs} seats")
         with self._lock:
             waiting = len(self._inbox) + self.core.stats()["waiting"]
             if waiting >= self.config.max_waiting:
