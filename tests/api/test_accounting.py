@@ -103,3 +103,21 @@ def test_stop_strings_count_only_after_min_tokens(server):
     assert stopped["usage"]["completion_tokens"] < 6
     assert held["usage"]["completion_tokens"] > 6
     assert held["choices"][0]["text"].startswith(greedy[:greedy.find(stop) + len(stop)])
+
+
+def test_openai_client_accounting_fields(client):
+    raw = client.completions.with_raw_response.create(
+        model="default", prompt=PROMPT, max_tokens=3, temperature=1.0, seed=2, best_of=2,
+        extra_headers={"X-Request-Id": "client-7"},
+        extra_body={"logprobs_mode": "processed", "ignore_eos": True})
+    resp = raw.parse()
+    print("id", resp.id, "usage", resp.usage, "timing", resp.model_extra.get("timing"),
+          "Server-Timing", raw.headers.get("server-timing"))
+    assert resp.id == "cmpl-client-7" and raw.headers["x-request-id"] == "client-7"
+    assert len(resp.choices) == 1 and resp.usage.completion_tokens == 6  # both samples
+    assert resp.usage.prompt_tokens_details.cached_tokens == 0
+    assert resp.model_extra["timing"][0]["prompt_index"] == 0
+    chunks = list(client.completions.create(
+        model="default", prompt=PROMPT, max_tokens=2, temperature=0, stream=True,
+        stream_options={"include_usage": True, "continuous_usage_stats": True}))
+    assert [c.usage.completion_tokens for c in chunks] == [1, 2, 2]
