@@ -38,6 +38,7 @@ from torch.nn.utils.rnn import pad_sequence
 
 from engine.config import EngineConfig
 from engine.core import EngineStats, StepResult
+from engine.logprobs import TokenLogprobs, gather_logprobs, raw_logprobs
 from engine.request import FinishReason, Request, RequestUpdate, Status
 from engine.sampler import Sampler
 from model.llama import LlamaModel, causal_attention
@@ -121,13 +122,16 @@ class BaselineRunner:
         self.device = model.embed_tokens.weight.device
 
     @torch.inference_mode()
-    def prefill(self, token_ids: list[int]) -> tuple[Tensor, UserKV]:
-        """The last prompt token's logits [1, vocab], and the user's new cache."""
+    def prefill(self, token_ids: list[int], all_rows: bool = False) -> tuple[Tensor, UserKV]:
+        """The last prompt token's logits [1, vocab] (every token's with all_rows), and the
+        user's new cache."""
         attention = PrefillAttention()
         n = len(token_ids)
+        rows = torch.arange(n, device=self.device) if all_rows else torch.tensor(
+            [n - 1], device=self.device)
         logits = self.model(
             torch.tensor(token_ids, device=self.device), torch.arange(n, device=self.device),
-            attention, logits_indices=torch.tensor([n - 1], device=self.device))
+            attention, logits_indices=rows)
         return logits, attention.cache
 
     @torch.inference_mode()
@@ -160,7 +164,9 @@ class BaselineEngineCore:
         self.max_tokens_per_request = model.cfg.max_position_embeddings
 
     def add(self, request: Request) -> None:
-        self.waiting.append(request)
+        # Samples of one prompt (n) are independent users here, each prefilling the prompt.
+        self.waiting.extend([request, *request.pending_forks])
+        request.pending_forks = []
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -189,38 +195,50 @@ class BaselineEngineCore:
     def _prefill(self, request: Request, result: StepResult) -> None:
         result.num_scheduled_tokens += request.num_prompt_tokens
         result.num_prompt_tokens += request.num_prompt_tokens
+        scored = request.prompt_logprobs is not None
         try:
-            logits, cache = self.runner.prefill(request.token_ids)
-            token = self.sampler(logits, [request])[0]
+            logits, cache = self.runner.prefill(request.token_ids, all_rows=scored)
+            if scored:
+                k = request.params.prompt_logprobs or 0
+                request.prompt_logprobs.extend(gather_logprobs(  # type: ignore[union-attr]
+                    raw_logprobs(logits[:-1]), request.prompt_token_ids[1:],
+                    [k] * (len(logits) - 1)))
+            sampled = self.sampler.sample(logits[-1:], [request])
         except Exception as exc:  # a failed prefill fails only this request
             log.exception("prefill failed; failing request %s", request.request_id)
             result.failed.append(request)
             result.error = f"internal error in the baseline: {exc}"
             return
         self.caches[request.request_id] = cache
-        request.num_computed_tokens = request.num_tokens
-        self._append(request, token, result)
+        request.num_computed_tokens = request.num_computed_prompt_tokens = request.num_tokens
+        if request.params.max_tokens == 0:  # only the prompt's logprobs were asked for
+            self.finish(request, FinishReason.LENGTH)
+            result.updates.append(RequestUpdate(request, [], FinishReason.LENGTH))
+            return
+        self._append(request, sampled.token_ids[0], sampled.logprobs[0], result)
 
     def _decode(self, requests: list[Request], result: StepResult) -> None:
         result.num_scheduled_tokens += len(requests)
         try:
             logits = self.runner.decode([self.caches[r.request_id] for r in requests],
                                         [r.token_ids[-1] for r in requests])
-            tokens = self.sampler(logits, requests)
+            sampled = self.sampler.sample(logits, requests)
         except Exception as exc:  # a failed step fails only the requests in it
             log.exception("decode step failed; failing the %d requests in it", len(requests))
             result.failed.extend(requests)
             result.error = f"internal error in the baseline: {exc}"
             return
-        for request, token in zip(requests, tokens):
+        for request, token, logprobs in zip(requests, sampled.token_ids, sampled.logprobs):
             request.num_computed_tokens += 1
-            self._append(request, token, result)
+            self._append(request, token, logprobs, result)
 
-    def _append(self, request: Request, token: int, result: StepResult) -> None:
-        reason = request.append_token(token, self.eos_token_ids)
+    def _append(self, request: Request, token: int, logprobs: TokenLogprobs | None,
+                result: StepResult) -> None:
+        reason = request.append_token(token, self.eos_token_ids, logprobs)
         if reason is not None:
             self.finish(request, reason)
-        result.updates.append(RequestUpdate(request, [token], reason))
+        result.updates.append(RequestUpdate(request, [token], reason,
+                                            [logprobs] if logprobs is not None else []))
 
     def finish(self, request: Request, reason: FinishReason) -> None:
         """Unseat (or unqueue) a request for good, dropping its cache."""

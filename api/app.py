@@ -18,14 +18,20 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from api.engine_client import EngineClient
 from api.errors import APIError, describe_validation_error, error_body, error_response
 from api.protocol import ChatCompletionRequest, CompletionRequest
-from api.responses import ModelCard, ModelList
-from api.serving import ChatServing, CompletionServing
+from api.responses import DetokenizeResponse, ModelCard, ModelList, TokenizeResponse
+from api.serving import REQUEST_ID_HEADER
+from api.serving_chat import ChatServing
+from api.serving_completion import CompletionServing
+from api.tokenization import DetokenizeRequest, TokenizationServing, TokenizeRequest
 
 log = logging.getLogger("nano_vllm.api")
 
 
-async def on_api_error(_: Request, exc: APIError) -> JSONResponse:
-    return error_response(exc)
+async def on_api_error(request: Request, exc: APIError) -> JSONResponse:
+    response = error_response(exc)
+    if REQUEST_ID_HEADER in request.headers:  # echoed back, as on a success
+        response.headers[REQUEST_ID_HEADER] = request.headers[REQUEST_ID_HEADER]
+    return response
 
 
 async def on_validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -53,6 +59,7 @@ def create_app(engine: EngineClient, model_name: str) -> FastAPI:
     app.add_exception_handler(Exception, on_unexpected_error)
     completion_serving = CompletionServing(engine, model_name)
     chat_serving = ChatServing(engine, model_name)
+    tokenization = TokenizationServing(engine, completion_serving.accepted_model_names)
     created = int(time.time())
 
     @app.get("/health")
@@ -78,5 +85,13 @@ def create_app(engine: EngineClient, model_name: str) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat_completions(http_request: Request, body: ChatCompletionRequest) -> Response:
         return await chat_serving.create(body, http_request)
+
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest) -> TokenizeResponse:
+        return tokenization.tokenize(body)
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest) -> DetokenizeResponse:
+        return tokenization.detokenize(body)
 
     return app

@@ -32,6 +32,11 @@ class EngineClient(Protocol):
         ...
 
     @property
+    def max_num_seqs(self) -> int:
+        """Seats: also the most samples (n, best_of) one prompt may ask for."""
+        ...
+
+    @property
     def is_alive(self) -> bool:
         """False once the engine thread has stopped."""
         ...

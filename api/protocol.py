@@ -15,6 +15,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from api.errors import APIError
+from engine.logprobs import DEFAULT_LOGPROBS_MODE, MAX_TOP_LOGPROBS, LogprobsMode
 from engine.request import SamplingParams
 
 # Below this a temperature is greedy (as in vLLM): dividing logits by a tinier one overflows.
@@ -35,6 +36,7 @@ class APIModel(BaseModel):
 
 class StreamOptions(APIModel):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's: usage so far in every chunk
 
 
 class SamplingFields(APIModel):
@@ -53,23 +55,22 @@ class SamplingFields(APIModel):
     ignore_eos: bool = False
     min_tokens: int = 0
     n: int = 1
+    best_of: int | None = None  # run this many samples, return the n of highest logprob
+    logprobs_mode: LogprobsMode | None = None  # ours: "raw" (default) or "processed"
     user: str | None = None
     # Accepted only so that asking for them is an explicit 400 (UNSUPPORTED), not ignored.
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
-    best_of: int | None = None
     response_format: dict | None = None
 
     # Checked in this order; the first field asked for gives the 400.
     UNSUPPORTED: ClassVar[dict[str, Unsupported]] = {
-        "n": Unsupported(lambda body: body.n != 1, "Only n=1 is supported."),
         "presence_penalty": Unsupported(lambda body: body.presence_penalty not in (None, 0)),
         "frequency_penalty": Unsupported(lambda body: body.frequency_penalty not in (None, 0)),
         "repetition_penalty": Unsupported(lambda body: body.repetition_penalty not in (None, 1)),
         "logit_bias": Unsupported(lambda body: bool(body.logit_bias)),
-        "best_of": Unsupported(lambda body: body.best_of not in (None, 1)),
         "response_format": Unsupported(
             lambda body: body.response_format not in (None, {"type": "text"})),
     }
@@ -78,9 +79,46 @@ class SamplingFields(APIModel):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
+    @property
+    def continuous_usage(self) -> bool:
+        return bool(self.stream and self.stream_options
+                    and self.stream_options.continuous_usage_stats)
+
     def requested_max_tokens(self) -> int | None:
         """max_tokens as asked; None: as many as fit."""
         return self.max_tokens
+
+    def min_max_tokens(self) -> int:
+        """The least max_tokens allowed (completions allow 0 with echo)."""
+        return 1
+
+    def sampled_logprobs(self) -> int | None:
+        """Top logprobs asked for per sampled token (None: no logprobs)."""
+        return None
+
+    def prompt_logprobs(self) -> int | None:
+        """Top logprobs asked for per prompt token (None: no prompt logprobs)."""
+        return None
+
+    def num_samples(self) -> int:
+        """Samples run per prompt: best_of, else n."""
+        return self.best_of or self.n
+
+    def check_samples(self, max_samples: int) -> None:
+        """n and best_of: in range, and at most max_samples (the engine's seats)."""
+        if self.n < 1:
+            raise APIError("n must be at least 1.", "n")
+        if self.best_of is not None and self.best_of < self.n:
+            raise APIError("best_of must be at least n.", "best_of")
+        field = "best_of" if self.best_of is not None else "n"
+        if self.num_samples() > max_samples:
+            raise APIError(f"{field} must be at most {max_samples} (this server's seats, "
+                           "--max-num-seqs).", field)
+        if self.stream and self.num_samples() > self.n:
+            raise APIError("best_of above n cannot be streamed: the best are known only at "
+                           "the end.", "best_of")
+        if self.requested_max_tokens() == 0 and self.num_samples() > 1:
+            raise APIError("n and best_of above 1 need max_tokens of at least 1.", field)
 
     def check_supported(self) -> None:
         for field, rule in self.UNSUPPORTED.items():
@@ -93,23 +131,29 @@ class SamplingFields(APIModel):
         """The engine's SamplingParams; APIError for a value out of range. `max_model_len`
         bounds prompt + completion, `vocab_size` the token ids."""
         max_tokens = self._max_tokens(num_prompt_tokens, max_model_len)
+        logprobs = self.sampled_logprobs()
+        if logprobs is None and self.num_samples() > self.n:
+            logprobs = 0  # best_of ranks samples by their cumulative logprob
         return SamplingParams(
             max_tokens=max_tokens, temperature=self._temperature(), top_p=self._top_p(),
             top_k=self._top_k(), min_tokens=self._min_tokens(max_tokens), seed=self._seed(),
             stop=self._stop(), stop_token_ids=self._stop_token_ids(vocab_size),
-            ignore_eos=self.ignore_eos)
+            ignore_eos=self.ignore_eos, logprobs=logprobs,
+            prompt_logprobs=self.prompt_logprobs(), n=self.num_samples(),
+            logprobs_mode=self.logprobs_mode or DEFAULT_LOGPROBS_MODE)
 
     def _max_tokens(self, num_prompt_tokens: int, max_model_len: int) -> int:
+        max_tokens = self.requested_max_tokens()
         room = max_model_len - num_prompt_tokens
-        if room < 1:
+        if room < (1 if max_tokens != 0 else 0):
             raise APIError(f"The prompt is {num_prompt_tokens} tokens; this server holds at most "
                            f"{max_model_len} tokens per request (prompt + completion).",
                            "prompt", code="context_length_exceeded")
-        max_tokens = self.requested_max_tokens()
         if max_tokens is None:
             return room
-        if max_tokens < 1:
-            raise APIError("max_tokens must be at least 1.", "max_tokens")
+        if max_tokens < self.min_max_tokens():
+            raise APIError(f"max_tokens must be at least {self.min_max_tokens()} (0 is "
+                           "allowed only with echo, on /v1/completions).", "max_tokens")
         if max_tokens > room:
             raise APIError(f"The prompt ({num_prompt_tokens} tokens) plus max_tokens "
                            f"({max_tokens}) exceeds the {max_model_len} tokens this server "
@@ -159,28 +203,35 @@ class SamplingFields(APIModel):
         return ids
 
 
+def check_top_logprobs(value: int | None, field: str) -> None:
+    if value is not None and not 0 <= value <= MAX_TOP_LOGPROBS:
+        raise APIError(f"{field} must be between 0 and {MAX_TOP_LOGPROBS}.", field)
+
+
 class CompletionRequest(SamplingFields):
-    prompt: str | list[int] | list[str]
+    # Text, token ids, or a list of either: each prompt gets n choices of its own.
+    prompt: str | list[int] | list[str] | list[list[int]]
     max_tokens: int | None = 16
-    echo: bool = False
+    echo: bool = False  # the choice's text (and logprobs) begin with the prompt's
     logprobs: int | None = None
 
-    UNSUPPORTED: ClassVar[dict[str, Unsupported]] = {
-        "prompt": Unsupported(
-            lambda body: (isinstance(body.prompt, list) and len(body.prompt) > 1
-                          and isinstance(body.prompt[0], str)),
-            "Batched prompts are not supported; send one prompt per request."),
-        **SamplingFields.UNSUPPORTED,
-        "echo": Unsupported(lambda body: body.echo, "echo and logprobs are not supported."),
-        "logprobs": Unsupported(lambda body: bool(body.logprobs),
-                                "echo and logprobs are not supported."),
-    }
+    def prompts(self) -> list[str | list[int]]:
+        """Each prompt: text or token ids."""
+        if isinstance(self.prompt, str):
+            return [self.prompt]
+        if self.prompt and isinstance(self.prompt[0], str | list):
+            return list(self.prompt)  # type: ignore[arg-type]
+        return [self.prompt]  # type: ignore[list-item]
 
-    def single_prompt(self) -> str | list[int]:
-        """The prompt: text or token ids (a list of one string is that string)."""
-        if isinstance(self.prompt, list) and self.prompt and isinstance(self.prompt[0], str):
-            return self.prompt[0]
-        return self.prompt  # a list here holds token ids
+    def min_max_tokens(self) -> int:
+        return 0 if self.echo else 1
+
+    def sampled_logprobs(self) -> int | None:
+        check_top_logprobs(self.logprobs, "logprobs")
+        return self.logprobs
+
+    def prompt_logprobs(self) -> int | None:
+        return self.logprobs if self.echo else None
 
 
 class TextPart(APIModel):
@@ -203,11 +254,13 @@ class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None
     logprobs: bool = False
+    top_logprobs: int | None = None
 
-    UNSUPPORTED: ClassVar[dict[str, Unsupported]] = {
-        **SamplingFields.UNSUPPORTED,
-        "logprobs": Unsupported(lambda body: body.logprobs, "logprobs are not supported."),
-    }
+    def sampled_logprobs(self) -> int | None:
+        check_top_logprobs(self.top_logprobs, "top_logprobs")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise APIError("top_logprobs needs logprobs: true.", "top_logprobs")
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     def requested_max_tokens(self) -> int | None:
         """max_completion_tokens, else max_tokens; None: as many as fit."""
@@ -216,6 +269,10 @@ class ChatCompletionRequest(SamplingFields):
         return self.max_tokens
 
     def template_messages(self) -> list[dict[str, str]]:
-        """The messages as the chat template takes them ('developer' is the new 'system')."""
-        return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-                for m in self.messages]
+        return template_messages(self.messages)
+
+
+def template_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
+    """The messages as the chat template takes them ('developer' is the new 'system')."""
+    return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+            for m in messages]

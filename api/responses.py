@@ -1,9 +1,9 @@
 """OpenAI API response bodies, as we send them (checked against OpenAI's published schema in
 tests/api/test_openapi_schema.py).
 
-Every choice has `logprobs` (always None for now): adding logprobs later means filling it,
-not reshaping the responses. Fields that OpenAI leaves out rather than sending as null
-(a stream chunk's usage, a delta's role) are dropped when None.
+Every choice has `logprobs` (None unless asked for). Fields that OpenAI leaves out rather
+than sending as null (a stream chunk's usage, a delta's role) are dropped when None, and so
+is our one extension, `timing`.
 """
 
 from __future__ import annotations
@@ -11,8 +11,6 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
-
-from engine.request import RequestOutput
 
 FinishReason = Literal["stop", "length"]  # "abort" and "error" never reach a response
 
@@ -22,25 +20,51 @@ def omitted_if_none() -> Any:
     return Field(default=None, exclude_if=lambda value: value is None)
 
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int  # prompt tokens taken from the prefix cache
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
 
     @classmethod
-    def of(cls, last: RequestOutput) -> Usage:
-        return cls(prompt_tokens=last.num_prompt_tokens,
-                   completion_tokens=last.num_output_tokens,
-                   total_tokens=last.num_prompt_tokens + last.num_output_tokens)
+    def of(cls, prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> Usage:
+        return cls(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                   total_tokens=prompt_tokens + completion_tokens,
+                   prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens))
+
+
+class Timing(BaseModel):
+    """Our extension: where one prompt's time went (non-streamed responses only)."""
+
+    prompt_index: int
+    queue_time_ms: float | None  # arrival to first seated in the batch
+    time_to_first_token_ms: float | None  # arrival to the first output token
+    decode_time_ms: float | None  # first output token to the last (longest sample)
+    prompt_tokens_computed: int  # all samples, recomputation after preemption included
+    prompt_tokens_cached: int  # found in the prefix cache
+    num_preemptions: int  # all samples
 
 
 # --- /v1/completions (a stream's chunks have the same shape) -------------------------------
 
 
+class CompletionLogprobs(BaseModel):
+    """One entry per token of the choice's text (the prompt's first, with echo)."""
+
+    tokens: list[str]
+    token_logprobs: list[float | None]  # None: the prompt's first token (echo)
+    top_logprobs: list[dict[str, float] | None]  # the top `logprobs`, plus the chosen token
+    text_offset: list[int]  # where each token's text starts in the choice's text
+
+
 class CompletionChoice(BaseModel):
     index: int = 0
     text: str
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
     finish_reason: FinishReason | None
 
 
@@ -51,6 +75,7 @@ class CompletionResponse(BaseModel):
     model: str
     choices: list[CompletionChoice]
     usage: Usage
+    timing: list[Timing] | None = omitted_if_none()
 
 
 class CompletionStreamResponse(BaseModel):
@@ -59,10 +84,25 @@ class CompletionStreamResponse(BaseModel):
     created: int
     model: str
     choices: list[CompletionChoice]
-    usage: Usage | None = omitted_if_none()  # only in the last chunk, if asked for
+    usage: Usage | None = omitted_if_none()  # the last chunk, if asked for (or every one)
 
 
 # --- /v1/chat/completions ------------------------------------------------------------------
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float  # -9999.0 for a token the sampler could not pick (processed mode)
+    bytes: list[int] | None  # the token's UTF-8 bytes (a character may span tokens)
+
+
+class ChatTokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]  # the `top_logprobs` most likely, most likely first
+
+
+class ChatChoiceLogprobs(BaseModel):
+    content: list[ChatTokenLogprob] | None
+    refusal: None = None
 
 
 class ChatCompletionMessage(BaseModel):
@@ -74,7 +114,7 @@ class ChatCompletionMessage(BaseModel):
 class ChatCompletionChoice(BaseModel):
     index: int = 0
     message: ChatCompletionMessage
-    logprobs: None = None
+    logprobs: ChatChoiceLogprobs | None = None
     finish_reason: FinishReason
 
 
@@ -85,6 +125,7 @@ class ChatCompletionResponse(BaseModel):
     model: str
     choices: list[ChatCompletionChoice]
     usage: Usage
+    timing: list[Timing] | None = omitted_if_none()
 
 
 class DeltaMessage(BaseModel):
@@ -95,7 +136,7 @@ class DeltaMessage(BaseModel):
 class ChatCompletionStreamChoice(BaseModel):
     index: int = 0
     delta: DeltaMessage
-    logprobs: None = None
+    logprobs: ChatChoiceLogprobs | None = None
     finish_reason: FinishReason | None
 
 
@@ -105,7 +146,21 @@ class ChatCompletionStreamResponse(BaseModel):
     created: int
     model: str
     choices: list[ChatCompletionStreamChoice]
-    usage: Usage | None = omitted_if_none()  # only in the last chunk, if asked for
+    usage: Usage | None = omitted_if_none()  # the last chunk, if asked for (or every one)
+
+
+# --- /tokenize, /detokenize (vLLM's) ------------------------------------------------------
+
+
+class TokenizeResponse(BaseModel):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: list[str] | None = None
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str
 
 
 # --- /v1/models and errors -----------------------------------------------------------------

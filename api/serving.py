@@ -1,9 +1,11 @@
 """Completions and chat: from a validated request body to the engine and back.
 
-OpenAIServing does what both endpoints share: check the body, submit the request, then
-either collect the engine's outputs into one JSON body or turn each into one SSE event, and
-abort the request when its client leaves. CompletionServing and ChatServing say how the
-prompt is built and what a response and a stream chunk look like.
+OpenAIServing does what both endpoints share: check the body, submit one engine request per
+prompt (each with its samples), then either collect every output into one JSON body or turn
+each into one SSE event (chunks of different choices interleave, each with its index), and
+abort every request when the client leaves. CompletionServing and ChatServing
+(serving_completion.py, serving_chat.py) say how the prompts are built and what a response
+and a stream chunk look like.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import time
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from contextlib import aclosing
 from typing import ClassVar, Generic, TypeVar
 
 from fastapi import Request
@@ -23,20 +25,9 @@ from sse_starlette.sse import EventSourceResponse
 
 from api.engine_client import EngineClient
 from api.errors import RETRY_AFTER_SECONDS, APIError, error_body
-from api.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
-from api.responses import (
-    ChatCompletionChoice,
-    ChatCompletionMessage,
-    ChatCompletionResponse,
-    ChatCompletionStreamChoice,
-    ChatCompletionStreamResponse,
-    CompletionChoice,
-    CompletionResponse,
-    CompletionStreamResponse,
-    DeltaMessage,
-    FinishReason,
-    Usage,
-)
+from api.job import Job, Prompt, SampleResult
+from api.logprobs import LogprobFormatter
+from api.protocol import SamplingFields
 from engine.batch_engine import QueueFullError
 from engine.request import Request as EngineRequest
 from engine.request import RequestOutput, SamplingParams
@@ -44,18 +35,9 @@ from engine.request import RequestOutput, SamplingParams
 # A client that left is noticed within this long, also while outputs keep coming.
 DISCONNECT_CHECK_SECONDS = 1.0
 SSE_PING_SECONDS = 15
+REQUEST_ID_HEADER = "X-Request-Id"
 
 Body = TypeVar("Body", bound=SamplingFields)
-
-
-@dataclass
-class Submitted:
-    """A request handed to the engine: its outputs arrive in `queue`."""
-
-    request_id: str
-    model: str
-    queue: asyncio.Queue[RequestOutput]
-    created: int = field(default_factory=lambda: int(time.time()))
 
 
 def sse(message: BaseModel) -> dict[str, str]:
@@ -63,13 +45,14 @@ def sse(message: BaseModel) -> dict[str, str]:
 
 
 class OpenAIServing(ABC, Generic[Body]):
-    """One generating endpoint; subclasses fill in the prompt and the response shapes."""
+    """One generating endpoint; subclasses fill in the prompts and the response shapes."""
 
     request_id_prefix: ClassVar[str]
 
     def __init__(self, engine: EngineClient, model_name: str) -> None:
         self.engine = engine
         self.tokenizer = engine.tokenizer
+        self.formatter = LogprobFormatter(engine.tokenizer)
         self.model_name = model_name
         self.accepted_model_names = {model_name, "default"}
 
@@ -77,178 +60,126 @@ class OpenAIServing(ABC, Generic[Body]):
         """Validate, submit, and answer with one JSON body or an SSE stream."""
         self.check_model(body)
         body.check_supported()
-        prompt_ids = self.prompt_ids(body)
-        params = body.to_sampling_params(len(prompt_ids), self.engine.max_tokens_per_request,
-                                         len(self.tokenizer))
-        job = self.submit(prompt_ids, params)
+        body.check_samples(self.engine.max_num_seqs)
+        prompts = self.prompts(body)
+        params = [body.to_sampling_params(len(p.token_ids), self.engine.max_tokens_per_request,
+                                          len(self.tokenizer)) for p in prompts]
+        client_id = http_request.headers.get(REQUEST_ID_HEADER) or uuid.uuid4().hex
+        job = Job(f"{self.request_id_prefix}-{client_id}", self.model_name, prompts, body.n,
+                  body.num_samples())
+        self.submit(job, params)
+        headers = {REQUEST_ID_HEADER: client_id}
         if body.stream:
-            return EventSourceResponse(self.events(job, body.include_usage, http_request),
-                                       ping=SSE_PING_SECONDS)
-        return await self.collect(job, http_request)
+            return EventSourceResponse(self.events(job, body, http_request),
+                                       ping=SSE_PING_SECONDS, headers=headers)
+        return await self.collect(job, body, http_request, headers)
 
     def check_model(self, body: Body) -> None:
         if body.model is not None and body.model not in self.accepted_model_names:
             raise APIError(f"The model '{body.model}' does not exist; this server serves "
                            f"'{self.model_name}'.", "model", code="model_not_found")
 
-    def submit(self, prompt_ids: list[int], params: SamplingParams) -> Submitted:
+    def submit(self, job: Job, params: list[SamplingParams]) -> None:
+        """One engine request per prompt (unique ids, whatever the client's id); outputs go
+        to job.queue tagged with their prompt's index. All or none are submitted."""
         loop = asyncio.get_running_loop()
-        job = Submitted(f"{self.request_id_prefix}-{uuid.uuid4().hex}", self.model_name,
-                        asyncio.Queue())
+        engine_id = f"{self.request_id_prefix}-{uuid.uuid4().hex}"
+        for i, (prompt, prompt_params) in enumerate(zip(job.prompts, params, strict=True)):
+            def deliver(output: RequestOutput, i: int = i) -> None:  # on the engine thread
+                loop.call_soon_threadsafe(job.queue.put_nowait, (i, output))
 
-        def deliver(output: RequestOutput) -> None:  # called on the engine thread
-            loop.call_soon_threadsafe(job.queue.put_nowait, output)
+            request_id = f"{engine_id}-{i}"
+            try:
+                self.engine.add_request(EngineRequest(request_id, prompt.token_ids,
+                                                      prompt_params, deliver))
+            except QueueFullError as exc:
+                for submitted in job.request_ids:
+                    self.engine.abort(submitted)
+                raise APIError(f"{exc}; retry after {RETRY_AFTER_SECONDS} s.", status=429,
+                               code="rate_limit_exceeded", err_type="rate_limit_error") from exc
+            job.request_ids.append(request_id)
 
-        try:
-            self.engine.add_request(EngineRequest(job.request_id, prompt_ids, params, deliver))
-        except QueueFullError as exc:
-            raise APIError(f"{exc}; retry after {RETRY_AFTER_SECONDS} s.", status=429,
-                           code="rate_limit_exceeded", err_type="rate_limit_error") from exc
-        return job
-
-    async def outputs(self, job: Submitted,
-                      http_request: Request) -> AsyncIterator[RequestOutput]:
-        """The engine's outputs until the last; aborts the request if the client leaves.
+    async def outputs(self, job: Job,
+                      http_request: Request) -> AsyncIterator[tuple[int, RequestOutput]]:
+        """(prompt index, output) until every sample has finished or one failed; aborts
+        every request if the client leaves (or the caller stops early).
 
         The client is checked at least every DISCONNECT_CHECK_SECONDS, also while outputs
         keep coming (a non-streaming handler would otherwise notice only at the end)."""
-        finished = False
+        remaining = len(job.prompts) * job.num_samples
         checked = time.monotonic()
         try:
-            while not finished:
+            while remaining:
                 try:
-                    output = await asyncio.wait_for(job.queue.get(), DISCONNECT_CHECK_SECONDS)
+                    item = await asyncio.wait_for(job.queue.get(), DISCONNECT_CHECK_SECONDS)
                 except TimeoutError:
-                    output = None
-                if output is None or time.monotonic() - checked >= DISCONNECT_CHECK_SECONDS:
+                    item = None
+                if item is None or time.monotonic() - checked >= DISCONNECT_CHECK_SECONDS:
                     checked = time.monotonic()
                     if await http_request.is_disconnected():
                         return
-                if output is not None:
-                    finished = output.finished
-                    yield output
+                if item is not None:
+                    remaining -= item[1].finished
+                    yield item
         finally:
-            if not finished:
-                self.engine.abort(job.request_id)
+            if remaining:
+                for request_id in job.request_ids:
+                    self.engine.abort(request_id)
 
-    async def collect(self, job: Submitted, http_request: Request) -> Response:
+    async def collect(self, job: Job, body: Body, http_request: Request,
+                      headers: dict[str, str]) -> Response:
         """The whole answer as one JSON body, once the last output is in."""
-        texts, last = [], None
-        async for output in self.outputs(job, http_request):
-            texts.append(output.text)
-            last = output
-        if last is None or not last.finished:
+        async with aclosing(self.outputs(job, http_request)) as outputs:
+            async for prompt_index, output in outputs:
+                if output.error:
+                    raise APIError(output.error, status=500, err_type="server_error")
+                job.record(prompt_index, output)
+        if not job.done:
             return Response(status_code=499)  # the client is gone; nobody reads this
-        if last.error:
-            raise APIError(last.error, status=500, err_type="server_error")
-        return JSONResponse(self.response(job, "".join(texts), last).model_dump())
+        response = self.response(job, body)
+        response.timing = job.timing()  # type: ignore[attr-defined]
+        headers = {**headers, "Server-Timing": job.server_timing()}
+        return JSONResponse(response.model_dump(), headers=headers)
 
-    async def events(self, job: Submitted, include_usage: bool,
+    async def events(self, job: Job, body: Body,
                      http_request: Request) -> AsyncIterator[dict[str, str]]:
-        """One SSE event per output (so per token), usage if asked, then [DONE]."""
+        """One SSE event per output (so per token and choice), usage if asked, then
+        [DONE]."""
         for chunk in self.opening_chunks(job):
             yield sse(chunk)
-        async for output in self.outputs(job, http_request):
-            if output.error:
-                yield sse(error_body(output.error, "server_error"))
-                break
-            yield sse(self.chunk(job, output.text, output.finish_reason))
-            if output.finished and include_usage:
-                yield sse(self.usage_chunk(job, Usage.of(output)))
+        async with aclosing(self.outputs(job, http_request)) as outputs:
+            async for prompt_index, output in outputs:
+                if output.error:
+                    yield sse(error_body(output.error, "server_error"))
+                    break
+                sample = job.record(prompt_index, output)
+                chunk = self.chunk(job, body, prompt_index, output, sample)
+                if body.continuous_usage:
+                    chunk.usage = job.usage()  # type: ignore[attr-defined]
+                yield sse(chunk)
+        if job.done and body.include_usage:
+            yield sse(self.usage_chunk(job))
         yield {"data": "[DONE]"}
 
     # --- what each endpoint fills in ---------------------------------------------------------
 
     @abstractmethod
-    def prompt_ids(self, body: Body) -> list[int]:
-        """The prompt's token ids; APIError if there are none or some are out of range."""
+    def prompts(self, body: Body) -> list[Prompt]:
+        """The prompts' token ids; APIError if one is empty or has ids out of range."""
 
     @abstractmethod
-    def response(self, job: Submitted, text: str, last: RequestOutput) -> BaseModel:
-        """The non-streamed body: the whole text, and `last` for finish reason and usage."""
+    def response(self, job: Job, body: Body) -> BaseModel:
+        """The non-streamed body, from a job that is done."""
 
-    def opening_chunks(self, job: Submitted) -> list[BaseModel]:
+    def opening_chunks(self, job: Job) -> list[BaseModel]:
         """Chunks sent before the first output."""
         return []
 
     @abstractmethod
-    def chunk(self, job: Submitted, text: str, finish_reason: FinishReason | None) -> BaseModel:
-        """The stream chunk of one output."""
+    def chunk(self, job: Job, body: Body, prompt_index: int, output: RequestOutput,
+              sample: SampleResult) -> BaseModel:
+        """The stream chunk of one output (already recorded in `sample`)."""
 
     @abstractmethod
-    def usage_chunk(self, job: Submitted, usage: Usage) -> BaseModel:
+    def usage_chunk(self, job: Job) -> BaseModel:
         """The stream's last chunk when usage is asked for: no choices, only usage."""
-
-
-class CompletionServing(OpenAIServing[CompletionRequest]):
-    """POST /v1/completions: a prompt as text or token ids."""
-
-    request_id_prefix = "cmpl"
-
-    def prompt_ids(self, body: CompletionRequest) -> list[int]:
-        prompt = body.single_prompt()
-        vocab_size = len(self.tokenizer)
-        if isinstance(prompt, str):
-            ids = self.tokenizer(prompt).input_ids if prompt else []
-        else:
-            ids = list(prompt)
-            if any(not 0 <= t < vocab_size for t in ids):
-                raise APIError(f"Token ids in 'prompt' must be in [0, {vocab_size}).",
-                               "prompt")
-        if not ids:
-            raise APIError("The prompt is empty.", "prompt")
-        return ids
-
-    def response(self, job: Submitted, text: str, last: RequestOutput) -> CompletionResponse:
-        return CompletionResponse(
-            id=job.request_id, created=job.created, model=job.model,
-            choices=[CompletionChoice(text=text, finish_reason=last.finish_reason)],
-            usage=Usage.of(last))
-
-    def chunk(self, job: Submitted, text: str,
-              finish_reason: FinishReason | None) -> CompletionStreamResponse:
-        return CompletionStreamResponse(
-            id=job.request_id, created=job.created, model=job.model,
-            choices=[CompletionChoice(text=text, finish_reason=finish_reason)])
-
-    def usage_chunk(self, job: Submitted, usage: Usage) -> CompletionStreamResponse:
-        return CompletionStreamResponse(id=job.request_id, created=job.created,
-                                        model=job.model, choices=[], usage=usage)
-
-
-class ChatServing(OpenAIServing[ChatCompletionRequest]):
-    """POST /v1/chat/completions: messages rendered with the model's chat template."""
-
-    request_id_prefix = "chatcmpl"
-
-    def prompt_ids(self, body: ChatCompletionRequest) -> list[int]:
-        text = self.tokenizer.apply_chat_template(body.template_messages(), tokenize=False,
-                                                  add_generation_prompt=True)
-        return self.tokenizer(text, add_special_tokens=False).input_ids
-
-    def response(self, job: Submitted, text: str, last: RequestOutput) -> ChatCompletionResponse:
-        message = ChatCompletionMessage(content=text)
-        return ChatCompletionResponse(
-            id=job.request_id, created=job.created, model=job.model,
-            choices=[ChatCompletionChoice(message=message, finish_reason=last.finish_reason)],
-            usage=Usage.of(last))
-
-    def opening_chunks(self, job: Submitted) -> list[BaseModel]:
-        """The role comes first, in a chunk of its own (as OpenAI sends it)."""
-        return [self._chunk(job, DeltaMessage(role="assistant", content=""), None)]
-
-    def chunk(self, job: Submitted, text: str,
-              finish_reason: FinishReason | None) -> ChatCompletionStreamResponse:
-        # The last chunk carries only finish_reason when no text came with it.
-        content = text if text or finish_reason is None else None
-        return self._chunk(job, DeltaMessage(content=content), finish_reason)
-
-    def usage_chunk(self, job: Submitted, usage: Usage) -> ChatCompletionStreamResponse:
-        return ChatCompletionStreamResponse(id=job.request_id, created=job.created,
-                                            model=job.model, choices=[], usage=usage)
-
-    def _chunk(self, job: Submitted, delta: DeltaMessage,
-               finish_reason: FinishReason | None) -> ChatCompletionStreamResponse:
-        choice = ChatCompletionStreamChoice(delta=delta, finish_reason=finish_reason)
-        return ChatCompletionStreamResponse(id=job.request_id, created=job.created,
-                                            model=job.model, choices=[choice])

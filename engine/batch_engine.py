@@ -51,6 +51,7 @@ class BatchEngine:
         self._inbox: deque[Request] = deque()
         self._aborts: set[str] = set()
         self._requests: dict[str, Request] = {}  # engine thread only
+        self._groups: dict[str, list[Request]] = {}  # id -> its samples; engine thread only
         self._wakeup = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="batch-engine", daemon=True)
@@ -60,6 +61,11 @@ class BatchEngine:
     @property
     def max_tokens_per_request(self) -> int:
         return self.core.max_tokens_per_request
+
+    @property
+    def max_num_seqs(self) -> int:
+        """Seats: also the most samples (n, best_of) one prompt can have."""
+        return self.config.max_num_seqs
 
     @property
     def is_alive(self) -> bool:
@@ -75,6 +81,9 @@ class BatchEngine:
             self._thread.join(timeout=10)
 
     def add_request(self, request: Request) -> None:
+        if request.params.n > self.config.max_num_seqs:  # its samples could never all sit
+            raise ValueError(f"n={request.params.n} samples need more than the "
+                             f"{self.config.max_num_seqs} seats")
         with self._lock:
             waiting = len(self._inbox) + self.core.stats()["waiting"]
             if waiting >= self.config.max_waiting:
@@ -84,7 +93,8 @@ class BatchEngine:
         self._wakeup.set()
 
     def abort(self, request_id: str) -> None:
-        """Cancel a request (e.g. its client went away); its blocks are freed next step."""
+        """Cancel a request and all its samples (e.g. its client went away); their blocks are
+        freed next step."""
         with self._lock:
             self._aborts.add(request_id)
         self._wakeup.set()
@@ -129,12 +139,17 @@ class BatchEngine:
             arrivals, self._inbox = self._inbox, deque()
             aborts, self._aborts = self._aborts, set()
         for request in arrivals:
-            self._requests[request.request_id] = request
-            self.outputs.add(request)
+            # Samples 1.. wait on the first until its prompt is computed (see scheduler.py).
+            request.pending_forks = [request.fork(i) for i in range(1, request.params.n)]
+            self._groups[request.request_id] = [request, *request.pending_forks]
+            for sample in self._groups[request.request_id]:
+                self._requests[sample.request_id] = sample
+                self.outputs.add(sample)
             self.core.add(request)
         for request_id in aborts:
-            if request_id in self._requests:
-                self._finish(self._requests[request_id], FinishReason.ABORT)
+            for sample in self._groups.get(request_id, []):
+                if sample.request_id in self._requests:
+                    self._finish(sample, FinishReason.ABORT)
         timeout = self.config.request_timeout
         if timeout is not None:
             now = time.monotonic()
@@ -152,13 +167,22 @@ class BatchEngine:
             if stopped is not None:  # a stop string: the core has not unseated it yet
                 self.core.finish(update.request, stopped)
             if update.request.finish_reason is not None:
-                self._requests.pop(update.request.request_id, None)
+                self._forget(update.request)
 
     def _finish(self, request: Request, reason: FinishReason, error: str | None = None) -> None:
         """End a request from outside the core's own stop checks (abort, error, timeout)."""
         self.core.finish(request, reason)
-        self._requests.pop(request.request_id, None)
+        self._forget(request)
         self.outputs.finish(request, reason, error)
+        for sample in request.pending_forks:  # never forked: they end with it
+            self._finish(sample, reason, error)
+
+    def _forget(self, request: Request) -> None:
+        """Drop a finished request, and its group once every sample has finished."""
+        self._requests.pop(request.request_id, None)
+        group = self._groups.get(request.group_id, [])
+        if all(sample.request_id not in self._requests for sample in group):
+            self._groups.pop(request.group_id, None)
 
 
 def load_engine(config: EngineConfig,

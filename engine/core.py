@@ -113,7 +113,7 @@ class PagedEngineCore:
             result.failed = [r for r, _ in scheduled.scheduled]
             result.error = f"internal error in the engine: {exc}"
             return result
-        result.updates = self.scheduler.update_from_output(scheduled, output.sampled_token_ids)
+        result.updates = self.scheduler.update_from_output(scheduled, output)
         return result
 
     def stats(self) -> EngineStats:

@@ -3,7 +3,8 @@
 Byte-level BPE can split one character over several tokens, so text is only
 released once the newest tokens decode to whole characters (no trailing U+FFFD).
 Stop strings can straddle tokens, so the last len(longest stop) - 1 characters are
-held back until the request ends.
+held back until the request ends. As in vLLM, stop strings count only once more than
+min_tokens tokens are out, and then only in text that arrived from then on.
 """
 
 from __future__ import annotations
@@ -16,9 +17,12 @@ CONTEXT_TOKENS = 5
 
 
 class IncrementalDetokenizer:
-    def __init__(self, tokenizer, prompt_token_ids: Sequence[int], stop: Sequence[str]) -> None:
+    def __init__(self, tokenizer, prompt_token_ids: Sequence[int], stop: Sequence[str],
+                 min_tokens: int = 0) -> None:
         self.tokenizer = tokenizer
         self.stop = [s for s in stop if s]
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.min_tokens = min_tokens
         self.hold_back = max((len(s) for s in self.stop), default=1) - 1
         self.prefix_offset = max(len(prompt_token_ids) - CONTEXT_TOKENS, 0)
         self.read_offset = len(prompt_token_ids)
@@ -37,7 +41,8 @@ class IncrementalDetokenizer:
             start = max(len(self.text) - self.hold_back - 1, 0)
             self.text += after[len(before):]
             self.prefix_offset, self.read_offset = self.read_offset, len(token_ids)
-            self._find_stop(start)
+            if len(token_ids) - self.num_prompt_tokens > self.min_tokens:
+                self._find_stop(start)
 
     def _find_stop(self, search_from: int) -> None:
         hits = [i for i in (self.text.find(s, search_from) for s in self.stop) if i >= 0]

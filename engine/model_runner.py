@@ -1,14 +1,19 @@
 """Runs one scheduled step: builds the input tensors, runs the model over the paged cache,
 samples. The runner owns the attention backend and the sampler; it reads each request's
-position and block table but changes nothing in it (the scheduler does that)."""
+position and block table but changes nothing in it (the scheduler does that).
+
+The LM head runs only on the rows whose logits are used: each sequence's last row when it
+samples, and every prompt row of a request that asked for prompt logprobs."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
+from engine.logprobs import TokenLogprobs, gather_logprobs, raw_logprobs
+from engine.request import Request
 from engine.sampler import Sampler
 from engine.scheduler import SchedulerOutput
 from kvcache.pool import KVCachePool
@@ -35,9 +40,32 @@ class SequenceStep:
 class RunnerOutput:
     """sampled_token_ids[i]: the new tokens of the i-th scheduled request (empty for a prompt
     chunk that stops short of the prompt's end). A list, so that a step may one day give a
-    request several tokens (speculative decoding); logprobs will sit beside it."""
+    request several tokens (speculative decoding). Beside it, logprobs[i] (one per new token,
+    if asked for) and prompt_logprobs[i] (the prompt tokens this step scored, if asked for)."""
 
     sampled_token_ids: list[list[int]]
+    logprobs: list[list[TokenLogprobs]] = field(default_factory=list)
+    prompt_logprobs: list[list[TokenLogprobs]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.logprobs = self.logprobs or [[] for _ in self.sampled_token_ids]
+        self.prompt_logprobs = self.prompt_logprobs or [[] for _ in self.sampled_token_ids]
+
+
+class LogitsRows:
+    """The rows a step needs logits for, as (step index, offset in that step's tokens),
+    each computed once; `add` says which row of the logits it will be."""
+
+    def __init__(self) -> None:
+        self.positions: list[tuple[int, int]] = []
+        self._index: dict[tuple[int, int], int] = {}
+
+    def add(self, step: int, offset: int) -> int:
+        key = (step, offset)
+        if key not in self._index:
+            self._index[key] = len(self.positions)
+            self.positions.append(key)
+        return self._index[key]
 
 
 class ModelRunner:
@@ -51,34 +79,85 @@ class ModelRunner:
         self.sampler = Sampler()
 
     def execute(self, scheduled: SchedulerOutput) -> RunnerOutput:
-        """Compute every scheduled token and sample for each request that reaches its end."""
-        steps, sampling = [], []
-        for request, n in scheduled.scheduled:
+        """Compute every scheduled token, sample for each request that reaches its end (a
+        sample forked this step, with no tokens of its own, uses its parent's last row), and
+        score the prompt rows of requests that asked for prompt logprobs."""
+        self.pool.copy_blocks(scheduled.block_copies)
+        steps: list[SequenceStep] = []
+        step_of: dict[int, int] = {}  # scheduled index -> index in steps
+        for i, (request, n) in enumerate(scheduled.scheduled):
+            if n > 0:
+                start = request.num_computed_tokens
+                step_of[i] = len(steps)
+                steps.append(SequenceStep(request.token_ids[start:start + n], start,
+                                          request.blocks.block_table, need_logits=False))
+        rows = LogitsRows()
+        sampling: list[tuple[int, int]] = []  # (scheduled index, logits row)
+        for i, (request, n) in enumerate(scheduled.scheduled):
+            samples = request.params.max_tokens > 0  # 0: only the prompt's logprobs
+            if samples and request.num_computed_tokens + n == request.num_tokens:
+                source = step_of[scheduled.forks.get(i, i)]
+                sampling.append((i, rows.add(source, len(steps[source].token_ids) - 1)))
+        scoring = self._prompt_rows(scheduled, step_of, rows)
+        logits = self.compute_logits(steps, rows.positions) if steps else None
+        output = RunnerOutput([[] for _ in scheduled.scheduled])
+        if sampling:
+            assert logits is not None
+            requests = [scheduled.scheduled[i][0] for i, _ in sampling]
+            sampled = self.sampler.sample(logits[[row for _, row in sampling]], requests)
+            for (i, _), token, logprobs in zip(sampling, sampled.token_ids, sampled.logprobs,
+                                               strict=True):
+                output.sampled_token_ids[i] = [token]
+                output.logprobs[i] = [logprobs] if logprobs is not None else []
+        if scoring:
+            assert logits is not None
+            self._score_prompts(logits, scoring, output)
+        return output
+
+    @staticmethod
+    def _prompt_rows(scheduled: SchedulerOutput, step_of: dict[int, int],
+                     rows: LogitsRows) -> list[tuple[int, int, Request, int]]:
+        """(scheduled index, logits row, request, prompt position scored) for each prompt
+        token whose logprob this step can give: row j scores token j + 1."""
+        scoring = []
+        for i, (request, n) in enumerate(scheduled.scheduled):
+            if request.prompt_logprobs is None or n == 0:
+                continue
             start = request.num_computed_tokens
-            reaches_end = start + n == request.num_tokens
-            steps.append(SequenceStep(request.token_ids[start:start + n], start,
-                                      request.blocks.block_table, reaches_end))
-            if reaches_end:
-                sampling.append(request)
-        logits = self.compute_logits(steps)
-        tokens = iter(self.sampler(logits, sampling) if sampling else [])
-        return RunnerOutput([[next(tokens)] if s.need_logits else [] for s in steps])
+            first = max(start, len(request.prompt_logprobs) - 1)  # rows not scored before
+            for j in range(first, min(start + n, request.num_prompt_tokens - 1)):
+                scoring.append((i, rows.add(step_of[i], j - start), request, j + 1))
+        return scoring
+
+    @staticmethod
+    def _score_prompts(logits: Tensor, scoring: list[tuple[int, int, Request, int]],
+                       output: RunnerOutput) -> None:
+        """Raw logprobs of the scored prompt tokens, into output.prompt_logprobs."""
+        found = gather_logprobs(
+            raw_logprobs(logits[[row for _, row, _, _ in scoring]]),
+            [request.prompt_token_ids[j] for _, _, request, j in scoring],
+            [request.params.prompt_logprobs or 0 for _, _, request, _ in scoring])
+        for (i, _, _, _), logprobs in zip(scoring, found, strict=True):
+            output.prompt_logprobs[i].append(logprobs)
 
     @torch.inference_mode()
-    def compute_logits(self, steps: list[SequenceStep]) -> Tensor:
-        """Logits [number of steps that need them, vocab], in the order of `steps`."""
+    def compute_logits(self, steps: list[SequenceStep],
+                       rows: list[tuple[int, int]] | None = None) -> Tensor:
+        """Logits [len(rows), vocab] for rows given as (step index, offset in its tokens);
+        without rows, the last row of each step that needs logits, in the order of steps."""
+        if rows is None:
+            rows = [(i, len(s.token_ids) - 1) for i, s in enumerate(steps) if s.need_logits]
         # One-token sequences go first: they attend together in one batched call.
         single = [i for i, s in enumerate(steps) if len(s.token_ids) == 1]
         chunks = [i for i, s in enumerate(steps) if len(s.token_ids) > 1]
         input_ids: list[int] = []
         positions: list[int] = []
-        last_row = [0] * len(steps)  # step index -> its last row in the flat batch
+        first_row = [0] * len(steps)  # step index -> its first row in the flat batch
         for i in single + chunks:
             s = steps[i]
+            first_row[i] = len(input_ids)
             input_ids.extend(s.token_ids)
             positions.extend(range(s.start_pos, s.context_len))
-            last_row[i] = len(input_ids) - 1
-        rows = [last_row[i] for i, s in enumerate(steps) if s.need_logits]
         self.attention.step = self.attention.build_metadata(
             [(steps[i].block_table, steps[i].context_len) for i in single],
             [(steps[i].block_table, steps[i].context_len, len(steps[i].token_ids))
@@ -88,7 +167,8 @@ class ModelRunner:
                 torch.tensor(input_ids, device=self.device),
                 torch.tensor(positions, device=self.device),
                 self.attention,
-                logits_indices=torch.tensor(rows, dtype=torch.long, device=self.device),
+                logits_indices=torch.tensor([first_row[i] + k for i, k in rows],
+                                            dtype=torch.long, device=self.device),
             )
         finally:
             self.attention.step = None

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum, StrEnum
 
 import torch
 
+from engine.logprobs import DEFAULT_LOGPROBS_MODE, LogprobsMode, TokenLogprobs
 from kvcache.kv_cache_manager import SequenceBlocks
 
 
@@ -21,7 +22,7 @@ class FinishReason(StrEnum):
 
 @dataclass
 class SamplingParams:
-    max_tokens: int = 16
+    max_tokens: int = 16  # 0: only the prompt is computed (for its prompt logprobs)
     temperature: float = 1.0  # 0 = greedy
     top_p: float = 1.0
     top_k: int = 0  # 0 = off
@@ -30,6 +31,11 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     min_tokens: int = 0
+    # None: no logprobs; k >= 0: the chosen token's logprob and the k most likely tokens.
+    logprobs: int | None = None  # of each sampled token (also keeps cumulative_logprob)
+    prompt_logprobs: int | None = None  # of each prompt token but the first (always raw)
+    logprobs_mode: LogprobsMode = DEFAULT_LOGPROBS_MODE
+    n: int = 1  # samples of the prompt: it is prefilled once, and its blocks shared
 
     @property
     def greedy(self) -> bool:
@@ -43,8 +49,24 @@ class Status(Enum):
 
 
 @dataclass
+class RequestTiming:
+    """Where one request's time went (seconds), for the final output."""
+
+    queue_time: float | None  # arrival to first seated
+    time_to_first_token: float | None  # arrival to first output token
+    decode_time: float | None  # first output token to last
+    prompt_tokens_computed: int  # recomputations after a preemption included
+    prompt_tokens_cached: int  # taken from the prefix cache when first seated
+    num_preemptions: int
+
+
+@dataclass
 class RequestOutput:
-    """What the engine hands back after a step: new text, and the end when it comes."""
+    """What the engine hands back after a step: new text, and the end when it comes.
+
+    `logprobs` (when asked) has one entry per token of the text: a stop token that is not
+    part of the text has none. `prompt_logprobs` comes once, with a request's first output,
+    one entry per prompt token (None for the first)."""
 
     request_id: str
     text: str
@@ -55,6 +77,11 @@ class RequestOutput:
     num_output_tokens: int = 0
     num_cached_tokens: int = 0
     error: str | None = None
+    sample_index: int = 0
+    logprobs: list[TokenLogprobs] | None = None
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
+    cumulative_logprob: float | None = None  # final output, when logprobs were kept
+    timing: RequestTiming | None = None  # final output
 
 
 @dataclass(eq=False)
@@ -76,9 +103,20 @@ class Request:
     first_token_time: float | None = None
     last_token_time: float | None = None
     num_preemptions: int = 0
+    num_computed_prompt_tokens: int = 0  # prompt tokens whose K/V this request computed
+    # Samples (params.n > 1): the others wait here until this one's prompt is computed, then
+    # share its blocks; each has its own id, sample_index and parent_id (this request's id).
+    sample_index: int = 0
+    parent_id: str | None = None
+    pending_forks: list[Request] = field(default_factory=list)
+    cumulative_logprob: float = 0.0  # of the sampled tokens, when params.logprobs is set
+    # One entry per prompt token scored so far (None for the first), when asked for.
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.prompt_token_ids)
+        if self.params.prompt_logprobs is not None:
+            self.prompt_logprobs = [None]
         if not self.params.greedy:
             self.generator = torch.Generator()
             if self.params.seed is not None:
@@ -98,12 +136,38 @@ class Request:
     def num_output_tokens(self) -> int:
         return len(self.token_ids) - self.num_prompt_tokens
 
-    def append_token(self, token: int, eos_token_ids: Collection[int]) -> FinishReason | None:
+    @property
+    def group_id(self) -> str:
+        """The id shared by all samples of one prompt (the first sample's)."""
+        return self.parent_id or self.request_id
+
+    def fork(self, index: int) -> Request:
+        """Sample `index` of this request's prompt: the same prompt and parameters (a seed
+        becomes seed + index, as in vLLM), its own id and random generator."""
+        seed = self.params.seed
+        params = replace(self.params, seed=None if seed is None else (seed + index) % 2**64)
+        sample = Request(f"{self.request_id}#{index}", self.prompt_token_ids, params,
+                         self.on_output, self.arrival_time)
+        sample.sample_index, sample.parent_id = index, self.request_id
+        sample.prompt_logprobs = None  # the prompt's are the first sample's
+        return sample
+
+    def prefix_cache_limit(self) -> int:
+        """How many leading tokens may come from the prefix cache: all, except while prompt
+        logprobs are still owed, whose rows must be computed (cached blocks have no logits)."""
+        if self.prompt_logprobs is None or len(self.prompt_logprobs) >= self.num_prompt_tokens:
+            return self.num_tokens
+        return len(self.prompt_logprobs) - 1
+
+    def append_token(self, token: int, eos_token_ids: Collection[int],
+                     logprobs: TokenLogprobs | None = None) -> FinishReason | None:
         """Add one generated token; say whether it ends the request by a stop token or length.
 
         A stop token (EOS or stop_token_ids) ends the request only once min_tokens tokens came
         before it; it is kept in token_ids but is not part of the text."""
         self.token_ids.append(token)
+        if logprobs is not None:
+            self.cumulative_logprob += logprobs.logprob
         p = self.params
         if self.num_output_tokens > p.min_tokens and (
                 token in p.stop_token_ids or (not p.ignore_eos and token in eos_token_ids)):
@@ -120,6 +184,7 @@ class RequestUpdate:
     request: Request
     new_token_ids: list[int]
     finish_reason: FinishReason | None = None  # set by a stop token or by length
+    logprobs: list[TokenLogprobs] = field(default_factory=list)  # beside new_token_ids, if asked
 
     @property
     def ended_by_stop_token(self) -> bool:

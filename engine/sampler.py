@@ -1,4 +1,5 @@
-"""Choosing the next token from a batch of logits: greedy, or temperature / top-k / top-p.
+"""Choosing the next token from a batch of logits: greedy, or temperature / top-k / top-p;
+and the chosen tokens' logprobs for the rows that ask for them.
 
 Everything is done on the whole batch at once; the only per-row work is drawing each
 sampled row's random numbers from its own generator (seeded requests must not depend on
@@ -7,36 +8,88 @@ who else is in the batch).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
+from engine.logprobs import TokenLogprobs, gather_logprobs, raw_logprobs
 from engine.request import Request
+
+
+@dataclass
+class SamplerOutput:
+    token_ids: list[int]  # one per row
+    logprobs: list[TokenLogprobs | None]  # one per row; None where the request asked for none
+
+
+def wants_processed(request: Request) -> bool:
+    return request.params.logprobs is not None and request.params.logprobs_mode == "processed"
 
 
 class Sampler:
     def __call__(self, logits: Tensor, requests: list[Request]) -> list[int]:
         """One token per row of logits [n, vocab]; row i belongs to requests[i]."""
+        return self.sample(logits, requests).token_ids
+
+    def sample(self, logits: Tensor, requests: list[Request]) -> SamplerOutput:
+        """One token per row, and its logprobs where the row's request asks for them."""
         tokens = argmax_rows(logits)  # greedy for everyone; sampled rows overwrite
-        rows = [i for i, r in enumerate(requests) if not r.params.greedy]
+        # Rows whose processed distribution is needed: to draw from, or for its logprobs.
+        rows = [i for i, r in enumerate(requests) if not r.params.greedy or wants_processed(r)]
+        processed = None
         if rows:
-            sampled = [requests[i] for i in rows]
-            probs = self.probabilities(logits[rows], sampled)
-            for i, token in zip(rows, self.draw(probs, sampled).tolist()):
-                tokens[i] = token
-        return tokens
+            processed = self.processed_logits(logits[rows], [requests[i] for i in rows])
+            drawn = [j for j, i in enumerate(rows) if not requests[i].params.greedy]
+            if drawn:
+                probs = torch.softmax(processed[drawn], dim=-1)
+                drawn_tokens = self.draw(probs, [requests[rows[j]] for j in drawn]).tolist()
+                for j, token in zip(drawn, drawn_tokens, strict=True):
+                    tokens[rows[j]] = token
+        token_ids = tokens
+        return SamplerOutput(token_ids, self.logprobs(logits, processed, rows, requests,
+                                                      token_ids))
 
     @staticmethod
-    def probabilities(logits: Tensor, requests: list[Request]) -> Tensor:
-        """Each row's distribution after temperature, top-k, then top-p."""
+    def logprobs(logits: Tensor, processed: Tensor | None, processed_rows: list[int],
+                 requests: list[Request], token_ids: list[int]) -> list[TokenLogprobs | None]:
+        """The chosen tokens' logprobs: raw rows from `logits`, processed ones from
+        `processed` (whose row j is row processed_rows[j])."""
+        raw = [i for i, r in enumerate(requests)
+               if r.params.logprobs is not None and not wants_processed(r)]
+        cooked = [j for j, i in enumerate(processed_rows) if wants_processed(requests[i])]
+        order = raw + [processed_rows[j] for j in cooked]
+        if not order:
+            return [None] * len(requests)
+        parts = [raw_logprobs(logits[raw])] if raw else []
+        if cooked:
+            assert processed is not None
+            parts.append(torch.log_softmax(processed[cooked], dim=-1))
+        found = gather_logprobs(torch.cat(parts), [token_ids[i] for i in order],
+                                [requests[i].params.logprobs or 0 for i in order])
+        result: list[TokenLogprobs | None] = [None] * len(requests)
+        for i, logprobs in zip(order, found, strict=True):
+            result[i] = logprobs
+        return result
+
+    @staticmethod
+    def processed_logits(logits: Tensor, requests: list[Request]) -> Tensor:
+        """Each row's logits after temperature (none for greedy rows), then top-k and top-p
+        (-inf outside): the distribution a sampled row is drawn from."""
         logits = logits.float()
-        temperature = logits.new_tensor([r.params.temperature for r in requests])
+        temperature = logits.new_tensor([r.params.temperature or 1.0 for r in requests])
         logits = logits / temperature[:, None]
         top_k = [r.params.top_k for r in requests]
         top_p = [r.params.top_p for r in requests]
         if not any(top_k) and all(p >= 1.0 for p in top_p):
-            return torch.softmax(logits, dim=-1)
-        return top_k_top_p(logits, logits.new_tensor(top_k, dtype=torch.long),
-                           logits.new_tensor(top_p))
+            return logits
+        return top_k_top_p_logits(logits, logits.new_tensor(top_k, dtype=torch.long),
+                                  logits.new_tensor(top_p))
+
+    @classmethod
+    def probabilities(cls, logits: Tensor, requests: list[Request]) -> Tensor:
+        """Each row's distribution after temperature, top-k, then top-p."""
+        return torch.softmax(cls.processed_logits(logits, requests), dim=-1)
 
     @staticmethod
     def draw(probs: Tensor, requests: list[Request]) -> Tensor:
@@ -45,6 +98,20 @@ class Sampler:
         noise = torch.stack([torch.empty(probs.shape[-1]).exponential_(generator=r.generator)
                              for r in requests]).to(probs.device)
         return (probs / noise).argmax(dim=-1)
+
+
+def top_k_top_p_logits(logits: Tensor, top_k: Tensor, top_p: Tensor) -> Tensor:
+    """Logits keeping, per row, the top_k most likely tokens (0 = all), then the smallest set
+    of those whose mass reaches top_p (always at least the top token); -inf elsewhere."""
+    vocab = logits.shape[-1]
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    k = torch.where(top_k > 0, top_k.clamp(max=vocab), vocab)
+    rank = torch.arange(vocab, device=logits.device)
+    sorted_logits = sorted_logits.masked_fill(rank[None, :] >= k[:, None], float("-inf"))
+    sorted_probs = torch.softmax(sorted_logits, dim=-1)
+    outside = sorted_probs.cumsum(dim=-1) - sorted_probs >= top_p[:, None]
+    sorted_logits = sorted_logits.masked_fill(outside, float("-inf"))
+    return torch.full_like(logits, float("-inf")).scatter_(-1, order, sorted_logits)
 
 
 def argmax_rows(logits: Tensor) -> list[int]:
@@ -56,15 +123,5 @@ def argmax_rows(logits: Tensor) -> list[int]:
 
 
 def top_k_top_p(logits: Tensor, top_k: Tensor, top_p: Tensor) -> Tensor:
-    """Probabilities keeping, per row, the top_k most likely tokens (0 = all), then the
-    smallest set of those whose mass reaches top_p (always at least the top token)."""
-    vocab = logits.shape[-1]
-    sorted_logits, order = logits.sort(dim=-1, descending=True)
-    k = torch.where(top_k > 0, top_k.clamp(max=vocab), vocab)
-    rank = torch.arange(vocab, device=logits.device)
-    sorted_logits = sorted_logits.masked_fill(rank[None, :] >= k[:, None], float("-inf"))
-    sorted_probs = torch.softmax(sorted_logits, dim=-1)
-    outside = sorted_probs.cumsum(dim=-1) - sorted_probs >= top_p[:, None]
-    sorted_probs = sorted_probs.masked_fill(outside, 0.0)
-    sorted_probs = sorted_probs / sorted_probs.sum(dim=-1, keepdim=True)
-    return torch.zeros_like(sorted_probs).scatter_(-1, order, sorted_probs)
+    """The probabilities of top_k_top_p_logits."""
+    return torch.softmax(top_k_top_p_logits(logits, top_k, top_p), dim=-1)

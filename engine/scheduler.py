@@ -14,6 +14,11 @@ Blocks are taken as a sequence grows, not reserved up front. When a running sequ
 needs a block and none is free, the most recently seated request is preempted: its
 blocks are released (full ones stay findable in the prefix cache), and it returns to
 the front of the line to be recomputed later.
+
+Several samples of one prompt (params.n) are one request until the step that computes
+its prompt's end: then the others fork from it, taking its blocks by reference and its
+last logits row for their first token, and run as requests of their own (a request
+holds a seat for each sample it will fork).
 """
 
 from __future__ import annotations
@@ -22,10 +27,15 @@ import time
 from collections import deque
 from collections.abc import Collection
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
+from engine.logprobs import TokenLogprobs
 from engine.request import FinishReason, Request, RequestUpdate, Status
 from kvcache.kv_cache_manager import KVCacheManager
 from kvcache.pool import BLOCK_SIZE
+
+if TYPE_CHECKING:
+    from engine.model_runner import RunnerOutput
 
 
 @dataclass
@@ -34,6 +44,10 @@ class SchedulerOutput:
 
     scheduled: list[tuple[Request, int]] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
+    # A sample forked this step (index in `scheduled`, 0 tokens) -> the index of the request
+    # whose prompt it shares and whose last logits row it samples from.
+    forks: dict[int, int] = field(default_factory=dict)
+    block_copies: list[tuple[int, int]] = field(default_factory=list)  # before the run
     prefix_queried_tokens: int = 0  # prompt tokens looked up in the prefix cache this step
     prefix_hit_tokens: int = 0  # ... and found there
 
@@ -61,7 +75,14 @@ class Scheduler:
         self.running: list[Request] = []
 
     def add(self, request: Request) -> None:
+        if 1 + len(request.pending_forks) > self.max_num_seqs:
+            raise ValueError(f"{1 + len(request.pending_forks)} samples of one prompt need "
+                             f"more than the {self.max_num_seqs} seats")
         self.waiting.append(request)
+
+    def seats_taken(self) -> int:
+        """Seated requests, plus the samples they will fork."""
+        return sum(1 + len(r.pending_forks) for r in self.running)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -76,22 +97,25 @@ class Scheduler:
                 continue  # preempted earlier in this loop
             n = min(request.num_tokens - request.num_computed_tokens, budget)
             if self._make_room(request, request.num_computed_tokens + n, out):
-                out.scheduled.append((request, n))
+                self._schedule(request, n, out)
                 budget -= n
         # Seat newcomers, but not in a step that had to preempt: the pool is full.
         seated = 0
-        while (self.waiting and not out.preempted and budget > 0
-               and len(self.running) < self.max_num_seqs and seated < self.max_prefills_per_step):
+        while (self.waiting and not out.preempted and budget > 0 and seated <
+               self.max_prefills_per_step and self.seats_taken() + 1
+               + len(self.waiting[0].pending_forks) <= self.max_num_seqs):
             n = self._seat(self.waiting[0], budget, out)
             if n == 0:
                 break
             budget -= n
             seated += 1
+        out.block_copies = self.kv.take_block_copies()
         return out
 
     def _seat(self, request: Request, budget: int, out: SchedulerOutput) -> int:
         """Seat the front of the line after its cached prefix; tokens scheduled (0: no room)."""
-        hit = self.kv.find_cached_prefix(request.token_ids)
+        looked_up = request.token_ids[:request.prefix_cache_limit() + 1]
+        hit = self.kv.find_cached_prefix(looked_up)
         cached = len(hit.block_table) * BLOCK_SIZE
         n = min(request.num_tokens - cached, budget)
         if not self.kv.allocate_slots(hit, cached + n, new_prefix_hit=True):
@@ -99,20 +123,42 @@ class Scheduler:
         self.waiting.popleft()
         request.blocks = hit
         request.num_computed_tokens = cached
-        out.prefix_queried_tokens += request.num_tokens
+        out.prefix_queried_tokens += len(looked_up)
         out.prefix_hit_tokens += cached
         if request.scheduled_time is None:
             request.scheduled_time = time.monotonic()
             request.num_cached_tokens = cached
         request.status = Status.RUNNING
         self.running.append(request)
-        out.scheduled.append((request, n))
+        self._schedule(request, n, out)
         return n
+
+    def _schedule(self, request: Request, n: int, out: SchedulerOutput) -> None:
+        """Put `request` in this step, and fork its waiting samples if it ends its prompt."""
+        out.scheduled.append((request, n))
+        if request.pending_forks and request.num_computed_tokens + n == request.num_tokens:
+            self._fork(request, len(out.scheduled) - 1, out)
+
+    def _fork(self, request: Request, index: int, out: SchedulerOutput) -> None:
+        """Seat request's samples right after it: its blocks by reference, its prompt
+        computed (by it, in this very step), its last logits row to sample from."""
+        seat = self.running.index(request) + 1
+        for sample in request.pending_forks:
+            sample.blocks = self.kv.fork(request.blocks)
+            sample.num_computed_tokens = sample.num_tokens
+            sample.scheduled_time = request.scheduled_time
+            sample.status = Status.RUNNING
+            self.running.insert(seat, sample)
+            seat += 1
+            out.forks[len(out.scheduled)] = index
+            out.scheduled.append((sample, 0))
+        request.pending_forks = []
 
     def _make_room(self, request: Request, num_tokens: int, out: SchedulerOutput) -> bool:
         """Give `request` slots for num_tokens, preempting from the most recently seated
         while the pool is short. False if `request` itself had to go."""
-        while not self.kv.allocate_slots(request.blocks, num_tokens):
+        while not self.kv.allocate_slots(request.blocks, num_tokens,
+                                         write_from=request.num_computed_tokens):
             victim = self.running[-1]
             self.preempt(victim)
             out.preempted.append(victim)
@@ -121,29 +167,49 @@ class Scheduler:
         return True
 
     def update_from_output(self, scheduled: SchedulerOutput,
-                           sampled_token_ids: list[list[int]]) -> list[RequestUpdate]:
+                           output: RunnerOutput) -> list[RequestUpdate]:
         """Record a step that ran: advance computed counts, make newly full blocks findable,
-        append each request's new tokens, and unseat those a stop token or length ended.
+        keep prompt logprobs, append each request's new tokens, and unseat those a stop
+        token or length ended (or, with max_tokens 0, the end of the prompt).
 
-        sampled_token_ids[i] belongs to scheduled.scheduled[i] (empty for a prompt chunk that
-        stops short of the prompt's end)."""
+        output's lists are indexed like scheduled.scheduled (sampled tokens are empty for a
+        prompt chunk that stops short of the prompt's end)."""
         updates = []
-        for (request, n), new_tokens in zip(scheduled.scheduled, sampled_token_ids, strict=True):
+        for i, (request, n) in enumerate(scheduled.scheduled):
+            computed = request.num_computed_tokens
             request.num_computed_tokens += n
+            request.num_computed_prompt_tokens += max(
+                min(request.num_computed_tokens, request.num_prompt_tokens) - computed, 0)
             # Only computed tokens are final; sampled ones have no K/V yet.
             self.kv.cache_full_blocks(request.blocks, request.token_ids,
                                       request.num_computed_tokens)
-            if not new_tokens:
-                continue
-            update = RequestUpdate(request, [])
-            for token in new_tokens:
-                update.new_token_ids.append(token)
-                update.finish_reason = request.append_token(token, self.eos_token_ids)
-                if update.finish_reason is not None:
-                    self.finish(request, update.finish_reason)
-                    break
-            updates.append(update)
+            if output.prompt_logprobs[i]:
+                assert request.prompt_logprobs is not None
+                request.prompt_logprobs.extend(output.prompt_logprobs[i])
+            if (request.params.max_tokens == 0
+                    and request.num_computed_tokens >= request.num_prompt_tokens):
+                self.finish(request, FinishReason.LENGTH)
+                updates.append(RequestUpdate(request, [], FinishReason.LENGTH))
+            elif output.sampled_token_ids[i]:
+                updates.append(self._append(request, output.sampled_token_ids[i],
+                                            output.logprobs[i]))
         return updates
+
+    def _append(self, request: Request, new_tokens: list[int],
+                logprobs: list[TokenLogprobs]) -> RequestUpdate:
+        """Append new tokens up to the first that ends the request."""
+        update = RequestUpdate(request, [])
+        for k, token in enumerate(new_tokens):
+            token_logprobs = logprobs[k] if logprobs else None
+            update.new_token_ids.append(token)
+            if token_logprobs is not None:
+                update.logprobs.append(token_logprobs)
+            update.finish_reason = request.append_token(token, self.eos_token_ids,
+                                                        token_logprobs)
+            if update.finish_reason is not None:
+                self.finish(request, update.finish_reason)
+                break
+        return update
 
     def preempt(self, request: Request) -> None:
         self.running.remove(request)
@@ -158,7 +224,7 @@ class Scheduler:
         if request.status is Status.RUNNING:
             self.running.remove(request)
             self.kv.release(request.blocks)
-        elif request.status is Status.WAITING:
+        elif request in self.waiting:  # not a sample still waiting to be forked
             self.waiting.remove(request)
         request.status = Status.FINISHED
         request.finish_reason = reason

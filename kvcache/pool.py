@@ -37,6 +37,18 @@ class KVCachePool:
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
 
+    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        """Copy whole blocks (K and V, every layer): (source, destination) pairs. All
+        sources are read before any destination is written."""
+        if not copies:
+            return
+        device = self.k[0].device
+        source = torch.tensor([s for s, _ in copies], device=device)
+        destination = torch.tensor([d for _, d in copies], device=device)
+        for k, v in zip(self.k, self.v, strict=True):
+            k[destination] = k[source]
+            v[destination] = v[source]
+
     @staticmethod
     def bytes_per_block(num_layers: int, num_kv_heads: int, head_dim: int,
                         dtype: torch.dtype) -> int:

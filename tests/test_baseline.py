@@ -158,3 +158,34 @@ def test_padded_attention_equals_each_user_alone():
         diff = (batched[i] - alone[0]).abs().max().item()
         print(f"user {i} ({n} past tokens, padded to {max(lengths) + 1}): max diff {diff:.2e}")
         assert diff <= 1e-5
+
+
+def test_logprobs_samples_and_prompt_scores_match_the_engine(model, tokenizer):
+    """The baseline serves the same API: n (independent samples here), logprobs, prompt
+    logprobs and max_tokens 0 give what the paged engine gives."""
+    from tests.engine.test_logprobs import drive
+
+    ids = tokenizer(PROMPTS[0]).input_ids
+    results = []
+    for core in (BaselineEngineCore, None):
+        config = EngineConfig(num_blocks=64)
+        engine = (BatchEngine(config, model, tokenizer, core) if core
+                  else BatchEngine(config, model, tokenizer))
+        sampled = drive(engine, [Request("a", ids, SamplingParams(
+            max_tokens=3, temperature=0, logprobs=2, prompt_logprobs=1, n=2), print)])
+        scored = drive(engine, [Request("b", ids, SamplingParams(
+            max_tokens=0, temperature=0, prompt_logprobs=1), print)])
+        results.append((
+            [[e for o in sampled[i] for e in o.logprobs] for i in (0, 1)],
+            next(o.prompt_logprobs for o in sampled[0] if o.prompt_logprobs)[1:],
+            scored[0][-1].prompt_logprobs[1:], scored[0][-1].token_ids))
+    (base_samples, base_prompt, base_scored, base_ids), (samples, prompt, scored, ids_) = results
+    diff = max(abs(a.logprob - b.logprob) for a, b in zip(
+        [*base_samples[0], *base_samples[1], *base_prompt, *base_scored],
+        [*samples[0], *samples[1], *prompt, *scored], strict=True))
+    print(f"baseline vs engine: tokens {[e.token_id for e in base_samples[0]]} vs "
+          f"{[e.token_id for e in samples[0]]}; max logprob difference {diff:.2e}")
+    assert [[e.token_id for e in s] for s in base_samples] == [
+        [e.token_id for e in s] for s in samples]
+    assert base_samples[0] and base_ids == ids_ == []
+    assert diff <= LOGITS_ATOL

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import httpx
+import openai
 import pytest
 import uvicorn
 
@@ -76,3 +77,9 @@ def small_server(model, tokenizer) -> Iterator[RunningServer]:
     """One seat, at most two waiting: the rest must be turned away with 429."""
     config = EngineConfig(num_blocks=64, max_num_seqs=1, max_waiting=2)
     yield from serve(BatchEngine(config, model, tokenizer))
+
+
+@pytest.fixture(scope="session")
+def client(server) -> openai.OpenAI:
+    """The official client, on `server`."""
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0, timeout=60)

@@ -132,7 +132,7 @@ def test_models(server: RunningServer, schemas: OpenAISchemas):
     ("/v1/completions", {"prompt": "Hi", "max_tokens": 0}, 400),
     ("/v1/completions", b'{"prompt": ', 400),
     ("/v1/chat/completions", {"messages": CHAT_HI, "model": "gpt-4"}, 400),
-    ("/v1/chat/completions", {"messages": CHAT_HI, "n": 2}, 400),
+    ("/v1/chat/completions", {"messages": CHAT_HI, "presence_penalty": 1.0}, 400),
     ("/v1/nothing", {}, 404),
 ], ids=["out of range", "malformed JSON", "unknown model", "unsupported", "unknown route"])
 def test_errors(server: RunningServer, schemas: OpenAISchemas, path: str, body: Any,
@@ -160,3 +160,37 @@ def test_the_schemas_can_fail(server: RunningServer, schemas: OpenAISchemas):
     errors = schemas.errors("CreateChatCompletionStreamResponse", chunk)
     print("finish_reason 'abort':", errors)
     assert errors
+
+
+def test_new_fields(server: RunningServer, schemas: OpenAISchemas):
+    """logprobs, n, prompt lists, usage details and our `timing` extension."""
+    schemas.check("CreateCompletionResponse", complete(
+        server, prompt=[PROMPT, "Hi"], max_tokens=3, n=2, logprobs=2))
+    schemas.check("CreateChatCompletionResponse", chat(
+        server, messages=CHAT_HI, max_tokens=4, n=2, logprobs=True, top_logprobs=2))
+    events = stream(server, "/v1/chat/completions", {
+        "messages": CHAT_HI, "max_tokens": 4, "temperature": 0, "n": 2, "logprobs": True,
+        "top_logprobs": 1, "stream_options": {"include_usage": True,
+                                              "continuous_usage_stats": True}})
+    for event in events:
+        schemas.check("CreateChatCompletionStreamResponse", event)
+    *_, last, usage = stream(server, "/v1/completions", {
+        "prompt": PROMPT, "max_tokens": 3, "temperature": 0, "ignore_eos": True,
+        "logprobs": 1, "stream_options": {"include_usage": True}})
+    schemas.check("CreateCompletionResponse", last)
+    schemas.check("CreateCompletionResponse", usage)
+
+
+def test_echoed_prompt_logprobs_differ_only_by_the_first_tokens_null(
+        server: RunningServer, schemas: OpenAISchemas):
+    """The document allows no null in token_logprobs and top_logprobs, but OpenAI's own echo
+    (and every client that scores prompts, lm-evaluation-harness first) has null for the
+    first prompt token, which has no logprob. With that entry filled in, the body is valid."""
+    body = complete(server, prompt=PROMPT, max_tokens=1, echo=True, logprobs=1)
+    logprobs = body["choices"][0]["logprobs"]
+    assert logprobs["token_logprobs"][0] is None and logprobs["top_logprobs"][0] is None
+    print("as sent:", schemas.errors("CreateCompletionResponse", body))
+    filled = copy.deepcopy(body)
+    filled["choices"][0]["logprobs"]["token_logprobs"][0] = 0.0
+    filled["choices"][0]["logprobs"]["top_logprobs"][0] = {}
+    schemas.check("CreateCompletionResponse", filled)

@@ -327,11 +327,6 @@ def test_seed_reproducibility(server):
 # --- the official client ---------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def client(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0, timeout=60)
-
-
 def test_openai_client_completions(server, client):
     raw = complete(server, prompt=PROMPT, max_tokens=8)["choices"][0]["text"]
     resp = client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=8,
@@ -416,7 +411,24 @@ BAD_REQUESTS = [
     ("empty stop string", COMPLETIONS, {**GOOD, "stop": [""]}, "stop"),
     ("min_tokens above max_tokens", COMPLETIONS, {**GOOD, "min_tokens": 3}, "min_tokens"),
     ("seed beyond 64 bits", COMPLETIONS, {**GOOD, "temperature": 1.0, "seed": 2**70}, "seed"),
-    ("n=2", COMPLETIONS, {**GOOD, "n": 2}, "n"),
+    ("n=0", COMPLETIONS, {**GOOD, "n": 0}, "n"),
+    ("n above the seats", COMPLETIONS, {**GOOD, "n": 31}, "n"),
+    ("best_of below n", COMPLETIONS, {**GOOD, "n": 2, "best_of": 1}, "best_of"),
+    ("best_of above n, streamed", COMPLETIONS, {**GOOD, "n": 1, "best_of": 2, "stream": True},
+     "best_of"),
+    ("n with max_tokens 0", COMPLETIONS, {**GOOD, "max_tokens": 0, "echo": True, "n": 2}, "n"),
+    ("logprobs 21", COMPLETIONS, {**GOOD, "logprobs": 21}, "logprobs"),
+    ("logprobs -1", COMPLETIONS, {**GOOD, "logprobs": -1}, "logprobs"),
+    ("logprobs true (completions)", COMPLETIONS, {**GOOD, "logprobs": True}, "logprobs"),
+    ("top_logprobs without logprobs", CHAT, {**GOOD_CHAT, "top_logprobs": 2}, "top_logprobs"),
+    ("top_logprobs 21", CHAT, {**GOOD_CHAT, "logprobs": True, "top_logprobs": 21},
+     "top_logprobs"),
+    ("unknown logprobs_mode", COMPLETIONS, {**GOOD, "logprobs_mode": "cooked"},
+     "logprobs_mode"),
+    ("a mixed prompt list", COMPLETIONS, {**GOOD, "prompt": ["Hi", 1]}, "prompt"),
+    ("an empty prompt in a list", COMPLETIONS, {**GOOD, "prompt": ["Hi", ""]}, "prompt"),
+    ("echo with max_tokens -1", COMPLETIONS, {**GOOD, "max_tokens": -1, "echo": True},
+     "max_tokens"),
     ("presence_penalty", COMPLETIONS, {**GOOD, "presence_penalty": 0.5}, "presence_penalty"),
     ("logit_bias", COMPLETIONS, {**GOOD, "logit_bias": {"42": 5.0}}, "logit_bias"),
 ]

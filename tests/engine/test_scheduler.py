@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from engine.logprobs import TokenLogprobs
+from engine.model_runner import RunnerOutput
 from engine.request import FinishReason, Request, SamplingParams, Status
 from engine.scheduler import Scheduler
 from kvcache.block_allocator import BlockAllocator
@@ -28,7 +30,7 @@ def run_step(s: Scheduler, token: int = 7) -> list[tuple[str, int]]:
     step = s.schedule()
     sampled = [[token] if r.num_computed_tokens + n == r.num_tokens else []
                for r, n in step.scheduled]
-    s.update_from_output(step, sampled)
+    s.update_from_output(step, RunnerOutput(sampled))
     s.kv.allocator.check_invariants()
     return [(r.request_id, n) for r, n in step.scheduled]
 
@@ -142,7 +144,59 @@ def test_several_tokens_per_step_stop_at_the_first_that_ends_the_request():
     r = req("r", 5, max_tokens=10)
     s.add(r)
     step = s.schedule()
-    updates = s.update_from_output(step, [[11, 12, EOS, 13]])
+    updates = s.update_from_output(step, RunnerOutput([[11, 12, EOS, 13]]))
     print("update:", updates[0].new_token_ids, updates[0].finish_reason)
     assert updates[0].new_token_ids == [11, 12, EOS]
     assert updates[0].finish_reason is FinishReason.STOP and r.status is Status.FINISHED
+
+
+def test_samples_fork_on_the_prompt_blocks_and_copy_only_the_partial_one():
+    s = make(num_blocks=10)
+    head = req("r", BLOCK_SIZE + 4, max_tokens=4)  # one full block, one with 4 tokens
+    head.pending_forks = [head.fork(i) for i in (1, 2)]
+    s.add(head)
+    step = s.schedule()
+    print("first step:", [(r.request_id, n) for r, n in step.scheduled], "forks", step.forks)
+    assert [(r.request_id, n) for r, n in step.scheduled] == [("r", 20), ("r#1", 0), ("r#2", 0)]
+    assert step.forks == {1: 0, 2: 0} and step.block_copies == []
+    s.update_from_output(step, RunnerOutput([[7], [8], [9]]))
+    samples = [head, *s.running[1:]]
+    tables = [r.blocks.block_table for r in samples]
+    refs = [s.kv.allocator.blocks[b].ref_count for b in tables[0]]
+    print("tables after the fork:", tables, "ref counts", refs)
+    assert tables[0] == tables[1] == tables[2] and refs == [3, 3]
+    assert [r.token_ids[-1] for r in samples] == [7, 8, 9]
+    assert s.kv.allocator.num_used == 2  # the prompt is held once
+
+    step = s.schedule()  # each writes position 20, in the shared partial block
+    full, partial = tables[0][0], step.block_copies[0][0]
+    tables = [r.blocks.block_table for r in samples]
+    print("copies:", step.block_copies, "tables:", tables)
+    assert [src for src, _ in step.block_copies] == [partial, partial]  # the last one keeps it
+    assert {t[1] for t in tables} == {partial, *(dst for _, dst in step.block_copies)}
+    assert all(t[0] == full for t in tables) and s.kv.allocator.blocks[full].ref_count == 3
+    s.kv.allocator.check_invariants()
+    for r in samples:
+        s.finish(r, FinishReason.ABORT)
+    assert s.kv.allocator.num_used == 0 and not s.has_work()
+    s.kv.allocator.check_invariants()
+
+
+def test_a_request_owing_prompt_logprobs_takes_from_the_cache_only_what_it_scored():
+    s = make(num_blocks=20)
+    s.add(req("warm", 40, max_tokens=1))
+    run_step(s)  # 40 prompt tokens computed: two full blocks cached, then it ends
+    scored = Request("scored", list(range(100, 140)),
+                     SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=0),
+                     on_output=lambda out: None)
+    s.add(scored)
+    first = s.schedule()
+    print("seated:", [(r.request_id, n) for r, n in first.scheduled])
+    assert [(r.request_id, n) for r, n in first.scheduled] == [("scored", 40)]  # no hit
+    # As if preempted after scoring its first 20 prompt tokens: one cached block is enough.
+    s.preempt(scored)
+    scored.prompt_logprobs = [None, *[TokenLogprobs(t, -1.0, []) for t in range(101, 120)]]
+    again = s.schedule()
+    print("after preemption, 20 scored:", [(r.request_id, n) for r, n in again.scheduled])
+    assert [(r.request_id, n) for r, n in again.scheduled] == [("scored", 40 - BLOCK_SIZE)]
+    assert scored.num_computed_tokens == BLOCK_SIZE

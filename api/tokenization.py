@@ -1,0 +1,62 @@
+"""POST /tokenize and /detokenize, in vLLM's request and response shapes.
+
+/tokenize takes a `prompt` (completions' text) or `messages` (rendered with the chat
+template, as chat completions would); /detokenize turns token ids back into text.
+"""
+
+from __future__ import annotations
+
+from api.engine_client import EngineClient
+from api.errors import APIError
+from api.protocol import APIModel, ChatMessage, template_messages
+from api.responses import DetokenizeResponse, TokenizeResponse
+
+
+class TokenizeRequest(APIModel):
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool | None = None  # default: True for a prompt, False for messages
+    add_generation_prompt: bool = True  # messages only
+    return_token_strs: bool = False
+
+
+class DetokenizeRequest(APIModel):
+    model: str | None = None
+    tokens: list[int]
+
+
+class TokenizationServing:
+    def __init__(self, engine: EngineClient, accepted_model_names: set[str]) -> None:
+        self.engine = engine
+        self.tokenizer = engine.tokenizer
+        self.accepted_model_names = accepted_model_names
+
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model not in self.accepted_model_names:
+            raise APIError(f"The model '{model}' does not exist.", "model",
+                           code="model_not_found")
+
+    def tokenize(self, body: TokenizeRequest) -> TokenizeResponse:
+        self.check_model(body.model)
+        if (body.prompt is None) == (body.messages is None):
+            raise APIError("Send either 'prompt' or 'messages'.", "prompt")
+        if body.messages is not None:
+            text = self.tokenizer.apply_chat_template(
+                template_messages(body.messages), tokenize=False,
+                add_generation_prompt=body.add_generation_prompt)
+            add_special = bool(body.add_special_tokens)
+        else:
+            text, add_special = body.prompt, body.add_special_tokens is not False
+        ids = self.tokenizer(text, add_special_tokens=add_special).input_ids
+        return TokenizeResponse(
+            count=len(ids), max_model_len=self.engine.max_tokens_per_request, tokens=ids,
+            token_strs=self.tokenizer.convert_ids_to_tokens(ids) if body.return_token_strs
+            else None)
+
+    def detokenize(self, body: DetokenizeRequest) -> DetokenizeResponse:
+        self.check_model(body.model)
+        vocab_size = len(self.tokenizer)
+        if any(not 0 <= t < vocab_size for t in body.tokens):
+            raise APIError(f"Token ids in 'tokens' must be in [0, {vocab_size}).", "tokens")
+        return DetokenizeResponse(prompt=self.tokenizer.decode(body.tokens))
