@@ -45,7 +45,7 @@ def make_weights(dtype: torch.dtype) -> list[torch.Tensor]:
 
 def build(path: str, weights: list[torch.Tensor], **kw) -> list[Callable]:
     if path == "ours":
-        return [PackedLinear(w, max_rows=10**9, **kw) for w in weights]
+        return [PackedLinear(w, **kw) for w in weights]
     if path == "matmul":
         return [w.__rmatmul__ for w in weights]
     if path == "onednn":
@@ -79,12 +79,15 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--panel", type=int, default=None, help="ours: panel width (16..64)")
     parser.add_argument("--prefetch", type=int, default=None, help="ours: prefetch bytes")
+    parser.add_argument("--chunk", type=int, default=None, help="ours: k steps per chunk")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.set_grad_enabled(False)
     load_dense_linear()
     if args.prefetch is not None:
         load_dense_linear().set_prefetch_bytes(args.prefetch)
+    if args.chunk is not None:
+        load_dense_linear().set_chunk_steps(args.chunk)
     kw = {} if args.panel is None else {"panel": args.panel}
 
     ks = [k for k, _ in all_shapes()]

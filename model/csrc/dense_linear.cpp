@@ -20,6 +20,7 @@
 // in a different order from MKL). bf16: vdpbf16ps adds two exact bf16 x bf16 products to
 // an fp32 accumulator per step; the sum is rounded to bf16 once, at the end
 // (round-to-nearest-even, as torch's bf16 matmul does).
+#include <ATen/Parallel.h>
 #include <torch/extension.h>
 
 #include <immintrin.h>
@@ -28,185 +29,182 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
+#include <utility>
+#include <vector>
+#include <array>
 
 namespace {
 
 // Bytes ahead of the current weight row that the first row block prefetches (0 = none).
-int64_t g_prefetch_bytes = 1024;
+int64_t g_prefetch_bytes = 16384;
+// Steps per chunk when the rows need several row blocks (see run()).
+int64_t g_chunk_steps = 64;
 
 inline __mmask16 tail_mask(int64_t valid) {
   return valid >= 16 ? static_cast<__mmask16>(0xFFFF)
                      : static_cast<__mmask16>((1u << std::max<int64_t>(valid, 0)) - 1u);
 }
 
-inline void prefetch_row(const char* row, int64_t bytes, int64_t distance) {
-  for (int64_t off = 0; off < bytes; off += 64)
-    _mm_prefetch(row + distance + off, _MM_HINT_T0);
+bool g_spread = true;
+int g_hint = 0;
+inline void prefetch_line(const char* p) {
+  if (g_hint == 0) _mm_prefetch(p, _MM_HINT_T0);
+  else if (g_hint == 1) _mm_prefetch(p, _MM_HINT_T1);
+  else _mm_prefetch(p, _MM_HINT_T2);
 }
 
-// ---- fp32 ----------------------------------------------------------------------------
-// rows x NR vectors of y for one panel: y[r, c] = sum_k x[r, k] * panel[k, c].
-template <int MR, int NR>
-void tile_f32(const float* x, int64_t ldx, const float* panel, int64_t K, float* y,
-              int64_t ldy, int64_t valid_cols, int64_t prefetch) {
-  constexpr int64_t NB = 16 * NR;
-  __m512 acc[MR][NR];
-#pragma GCC unroll 16
-  for (int i = 0; i < MR; ++i)
-#pragma GCC unroll 16
-    for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
-
-  const float* w = panel;
-  if (prefetch > 0) {
-    for (int64_t k = 0; k < K; ++k, w += NB) {
-      prefetch_row(reinterpret_cast<const char*>(w), NB * 4, prefetch);
-      __m512 b[NR];
-#pragma GCC unroll 16
-      for (int j = 0; j < NR; ++j) b[j] = _mm512_load_ps(w + 16 * j);
-#pragma GCC unroll 16
-      for (int i = 0; i < MR; ++i) {
-        const __m512 a = _mm512_set1_ps(x[i * ldx + k]);
-#pragma GCC unroll 16
-        for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(a, b[j], acc[i][j]);
-      }
-    }
-  } else {
-#pragma GCC unroll 2
-    for (int64_t k = 0; k < K; ++k, w += NB) {
-      __m512 b[NR];
-#pragma GCC unroll 16
-      for (int j = 0; j < NR; ++j) b[j] = _mm512_load_ps(w + 16 * j);
-#pragma GCC unroll 16
-      for (int i = 0; i < MR; ++i) {
-        const __m512 a = _mm512_set1_ps(x[i * ldx + k]);
-#pragma GCC unroll 16
-        for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(a, b[j], acc[i][j]);
-      }
-    }
-  }
-
-#pragma GCC unroll 16
-  for (int i = 0; i < MR; ++i)
-#pragma GCC unroll 16
-    for (int j = 0; j < NR; ++j) {
-      const int64_t valid = valid_cols - 16 * j;
-      if (valid >= 16)
-        _mm512_storeu_ps(y + i * ldy + 16 * j, acc[i][j]);
-      else if (valid > 0)
-        _mm512_mask_storeu_ps(y + i * ldy + 16 * j, tail_mask(valid), acc[i][j]);
-    }
-}
-
-// ---- bf16 ----------------------------------------------------------------------------
+// ---- micro-kernel ----------------------------------------------------------------
+// A "step" is one k (fp32) or one k pair (bf16): 4 * NB bytes of the panel either way.
 inline __m512i broadcast_pair(const c10::BFloat16* p) {
   int32_t bits;
   std::memcpy(&bits, p, sizeof(bits));
   return _mm512_set1_epi32(bits);
 }
 
-template <int MR, int NR>
-void tile_bf16(const c10::BFloat16* x, int64_t ldx, const c10::BFloat16* panel, int64_t K2,
-               c10::BFloat16* y, int64_t ldy, int64_t valid_cols, int64_t prefetch) {
-  constexpr int64_t NB = 16 * NR;  // columns; a k pair of a panel is 2 * NB bf16
+template <typename T, int MR, int NR>
+inline void step(__m512 (&acc)[MR][NR], const T* x, int64_t ldx, int64_t s, const T* w) {
+  if constexpr (std::is_same_v<T, float>) {
+    __m512 b[NR];
+#pragma GCC unroll 16
+    for (int j = 0; j < NR; ++j) b[j] = _mm512_load_ps(w + 16 * j);
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+      const __m512 a = _mm512_set1_ps(x[i * ldx + s]);
+#pragma GCC unroll 16
+      for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(a, b[j], acc[i][j]);
+    }
+  } else {
+    __m512i b[NR];
+#pragma GCC unroll 16
+    for (int j = 0; j < NR; ++j) b[j] = _mm512_load_si512(w + 32 * j);
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+      const __m512i a = broadcast_pair(x + i * ldx + 2 * s);
+#pragma GCC unroll 16
+      for (int j = 0; j < NR; ++j)
+        acc[i][j] = _mm512_dpbf16_ps(acc[i][j], (__m512bh)a, (__m512bh)b[j]);
+    }
+  }
+}
+
+// MR rows x NB = 16 * NR columns, over `steps` steps of one panel starting at w (x already
+// offset to the same k). The accumulators start at zero, or from `partial` ([MR][NB]
+// floats) when `resume`; they end in y (rounded to T) when y is given, else in `partial`.
+template <typename T, int MR, int NR>
+void tile(const T* x, int64_t ldx, const T* w, int64_t steps, float* partial, bool resume,
+          T* y, int64_t ldy, int64_t valid_cols, const char* pf, int64_t pf_lines) {
+  constexpr int64_t NB = 16 * NR;
+  constexpr int64_t kStep = 4 * NB / sizeof(T);  // elements of w per step
   __m512 acc[MR][NR];
 #pragma GCC unroll 16
   for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 16
-    for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
+    for (int j = 0; j < NR; ++j)
+      acc[i][j] = resume ? _mm512_loadu_ps(partial + i * NB + 16 * j) : _mm512_setzero_ps();
 
-  const c10::BFloat16* w = panel;
-  const int64_t pairs = K2 / 2;
-  if (prefetch > 0) {
-    for (int64_t kp = 0; kp < pairs; ++kp, w += 2 * NB) {
-      prefetch_row(reinterpret_cast<const char*>(w), NB * 4, prefetch);
-      __m512i b[NR];
-#pragma GCC unroll 16
-      for (int j = 0; j < NR; ++j) b[j] = _mm512_load_si512(w + 32 * j);
-#pragma GCC unroll 16
-      for (int i = 0; i < MR; ++i) {
-        const __m512i a = broadcast_pair(x + i * ldx + 2 * kp);
-#pragma GCC unroll 16
-        for (int j = 0; j < NR; ++j)
-          acc[i][j] = _mm512_dpbf16_ps(acc[i][j], (__m512bh)a, (__m512bh)b[j]);
-      }
+  if (pf_lines > 0) {
+    // pf_lines cache lines from pf on, spread evenly over the steps (Bresenham).
+    int64_t due = 0;
+    for (int64_t s = 0; s < steps; ++s, w += kStep) {
+      for (due += pf_lines; due >= steps; due -= steps, pf += 64) prefetch_line(pf);
+      step<T, MR, NR>(acc, x, ldx, s, w);
     }
   } else {
 #pragma GCC unroll 2
-    for (int64_t kp = 0; kp < pairs; ++kp, w += 2 * NB) {
-      __m512i b[NR];
-#pragma GCC unroll 16
-      for (int j = 0; j < NR; ++j) b[j] = _mm512_load_si512(w + 32 * j);
-#pragma GCC unroll 16
-      for (int i = 0; i < MR; ++i) {
-        const __m512i a = broadcast_pair(x + i * ldx + 2 * kp);
-#pragma GCC unroll 16
-        for (int j = 0; j < NR; ++j)
-          acc[i][j] = _mm512_dpbf16_ps(acc[i][j], (__m512bh)a, (__m512bh)b[j]);
-      }
-    }
+    for (int64_t s = 0; s < steps; ++s, w += kStep) step<T, MR, NR>(acc, x, ldx, s, w);
   }
 
+  if (y == nullptr) {
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 16
+      for (int j = 0; j < NR; ++j) _mm512_storeu_ps(partial + i * NB + 16 * j, acc[i][j]);
+    return;
+  }
 #pragma GCC unroll 16
   for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 16
     for (int j = 0; j < NR; ++j) {
       const int64_t valid = valid_cols - 16 * j;
-      const __m256i packed = (__m256i)_mm512_cvtneps_pbh(acc[i][j]);  // round to nearest even
-      if (valid >= 16)
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + i * ldy + 16 * j), packed);
-      else if (valid > 0)
-        _mm256_mask_storeu_epi16(y + i * ldy + 16 * j, tail_mask(valid), packed);
+      T* out = y + i * ldy + 16 * j;
+      if constexpr (std::is_same_v<T, float>) {
+        if (valid >= 16)
+          _mm512_storeu_ps(out, acc[i][j]);
+        else if (valid > 0)
+          _mm512_mask_storeu_ps(out, tail_mask(valid), acc[i][j]);
+      } else {
+        const __m256i packed = (__m256i)_mm512_cvtneps_pbh(acc[i][j]);  // nearest even
+        if (valid >= 16)
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), packed);
+        else if (valid > 0)
+          _mm256_mask_storeu_epi16(out, tail_mask(valid), packed);
+      }
     }
 }
 
 // ---- dispatch ------------------------------------------------------------------------
 template <typename T>
-using TileFn = void (*)(const T*, int64_t, const T*, int64_t, T*, int64_t, int64_t, int64_t);
-
-template <typename T, int MR, int NR>
-constexpr TileFn<T> tile_for() {
-  if constexpr (std::is_same_v<T, float>)
-    return &tile_f32<MR, NR>;
-  else
-    return &tile_bf16<MR, NR>;
-}
+using TileFn = void (*)(const T*, int64_t, const T*, int64_t, float*, bool, T*, int64_t,
+                        int64_t, const char*, int64_t);
 
 // Largest row block per panel width: MR * NR accumulators plus NR weight vectors must fit
 // the 32 vector registers.
 template <int NR>
 constexpr int max_rows() {
-  return NR == 1 ? 12 : NR == 2 ? 12 : NR == 3 ? 8 : 6;
+  return NR <= 2 ? 12 : NR == 3 ? 8 : 6;
 }
 
 template <typename T, int NR, int... Rows>
 constexpr auto make_table(std::integer_sequence<int, Rows...>) {
-  return std::array<TileFn<T>, sizeof...(Rows)>{tile_for<T, Rows + 1, NR>()...};
+  return std::array<TileFn<T>, sizeof...(Rows)>{&tile<T, Rows + 1, NR>...};
 }
 
+// x: [M, ldx] (ldx = K, or K + 1 for an odd K in bf16); steps = K or ldx / 2.
 template <typename T, int NR>
-void run(const T* x, int64_t M, int64_t K, const T* packed, int64_t panels, int64_t panel_stride,
+void run(const T* x, int64_t M, int64_t ldx, int64_t steps, const T* packed, int64_t panels,
          int64_t N, T* y, int nthreads) {
   constexpr int64_t NB = 16 * NR;
+  constexpr int64_t kStep = 4 * NB / sizeof(T);   // panel elements per step
+  constexpr int64_t xStep = sizeof(float) / sizeof(T);  // x elements per step
   constexpr int MRmax = max_rows<NR>();
   static constexpr auto table = make_table<T, NR>(std::make_integer_sequence<int, MRmax>{});
   // Row blocks of near-equal size (8 rows -> 4 + 4, not 6 + 2).
   const int64_t blocks = (M + MRmax - 1) / MRmax;
   const int64_t base = M / blocks, extra = M % blocks;
   const int64_t prefetch = g_prefetch_bytes;
+  // With several row blocks, every block walks the panel a chunk of steps at a time, so
+  // the chunk is read from memory once and from L1 by the other blocks, and the demand on
+  // memory is spread evenly over the compute (accumulators parked in `partial`).
+  const int64_t chunk = blocks == 1 ? steps : std::max<int64_t>(1, g_chunk_steps);
+  std::vector<float> partial(static_cast<size_t>(nthreads) * M * NB);
 
 #pragma omp parallel num_threads(nthreads)
   {
     const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
     const int64_t p0 = panels * t / nt, p1 = panels * (t + 1) / nt;
+    float* mine = partial.data() + t * M * NB;
     for (int64_t p = p0; p < p1; ++p) {
-      const T* panel = packed + p * panel_stride;
+      const T* panel = packed + p * steps * kStep;
       const int64_t valid = std::min<int64_t>(NB, N - p * NB);
-      int64_t row = 0;
-      for (int64_t b = 0; b < blocks; ++b) {
-        const int64_t rows = base + (b < extra ? 1 : 0);
-        table[rows - 1](x + row * K, K, panel, K, y + row * N + p * NB, N, valid,
-                        b == 0 ? prefetch : 0);
-        row += rows;
+      for (int64_t s0 = 0; s0 < steps; s0 += chunk) {
+        const int64_t n = std::min(chunk, steps - s0);
+        const bool last = s0 + n == steps;
+        // The chunk's weights, `prefetch` bytes further on in this thread's stream (its
+        // panels are contiguous), are prefetched while it is computed: line l of them by
+        // row block l * blocks / lines, so the requests are spread over the whole chunk.
+        const char* ahead = reinterpret_cast<const char*>(panel + s0 * kStep) + prefetch;
+        const int64_t lines = prefetch > 0 ? n * NR : 0;
+        int64_t row = 0;
+        for (int64_t b = 0; b < blocks; ++b) {
+          const int64_t rows = base + (b < extra ? 1 : 0);
+          const int64_t l0 = g_spread ? lines * b / blocks : 0;
+          const int64_t l1 = g_spread ? lines * (b + 1) / blocks : (b == 0 ? lines : 0);
+          table[rows - 1](x + row * ldx + s0 * xStep, ldx, panel + s0 * kStep, n,
+                          mine + row * NB, s0 > 0, last ? y + row * N + p * NB : nullptr, N,
+                          valid, ahead + 64 * l0, l1 - l0);
+          row += rows;
+        }
       }
     }
   }
@@ -214,36 +212,47 @@ void run(const T* x, int64_t M, int64_t K, const T* packed, int64_t panels, int6
 
 }  // namespace
 
-// x: [M, K] contiguous; packed: the layout above; n: true output count. Returns y [M, n].
+// x: [..., K] (any float32 or bfloat16 tensor, made contiguous here); packed: the layout
+// above, same dtype; n: the true output count; threads: OpenMP threads, 0 = torch's own
+// setting (torch.get_num_threads()). Returns y [..., n] in x's dtype.
 torch::Tensor dense_linear(torch::Tensor x, torch::Tensor packed, int64_t n, int64_t threads) {
-  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && packed.is_contiguous(),
-              "dense_linear: x [M, K] and the packed weight must be contiguous");
+  TORCH_CHECK(x.device().is_cpu() && packed.device().is_cpu(), "dense_linear: CPU tensors only");
   TORCH_CHECK(x.dtype() == packed.dtype() &&
                   (x.dtype() == torch::kFloat32 || x.dtype() == torch::kBFloat16),
-              "dense_linear: x and the packed weight both float32 or both bfloat16");
+              "dense_linear: x and the packed weight must both be float32 or both bfloat16, got ",
+              x.dtype(), " and ", packed.dtype());
+  TORCH_CHECK(packed.is_contiguous() &&
+                  reinterpret_cast<uintptr_t>(packed.data_ptr()) % 64 == 0,
+              "dense_linear: the packed weight must be contiguous and 64-byte aligned");
   const bool bf16 = x.dtype() == torch::kBFloat16;
-  TORCH_CHECK(packed.dim() == (bf16 ? 4 : 3), "dense_linear: packed weight of the wrong rank");
-  const int64_t M = x.size(0), K = x.size(1), panels = packed.size(0);
-  const int64_t NB = packed.size(2);
+  TORCH_CHECK(__builtin_cpu_supports("avx512f") && (!bf16 || __builtin_cpu_supports("avx512bf16")),
+              "dense_linear: this CPU lacks AVX-512", bf16 ? " with AVX512_BF16" : "");
+  TORCH_CHECK(x.dim() >= 1 && packed.dim() == (bf16 ? 4 : 3),
+              "dense_linear: x [..., K]; packed weight [panels, K, NB] (float32) or "
+              "[panels, ceil(K/2), NB, 2] (bfloat16)");
+  const int64_t K = x.size(-1), panels = packed.size(0), NB = packed.size(2);
   TORCH_CHECK(NB == 16 || NB == 32 || NB == 48 || NB == 64,
-              "dense_linear: panel width must be 16, 32, 48 or 64");
-  TORCH_CHECK(n > 0 && n <= panels * NB && n > (panels - 1) * NB,
-              "dense_linear: n does not match the packed panels");
+              "dense_linear: panel width must be 16, 32, 48 or 64, got ", NB);
+  TORCH_CHECK(n > (panels - 1) * NB && n <= panels * NB,
+              "dense_linear: n = ", n, " does not match ", panels, " panels of ", NB);
   if (bf16) {
     TORCH_CHECK(packed.size(3) == 2 && packed.size(1) * 2 == K + (K & 1),
-                "dense_linear: bf16 packed weight is [panels, ceil(K/2), NB, 2]");
+                "dense_linear: bfloat16 packed weight must be [panels, ceil(K/2), NB, 2] for K = ",
+                K);
   } else {
-    TORCH_CHECK(packed.size(1) == K, "dense_linear: packed weight is [panels, K, NB]");
+    TORCH_CHECK(packed.size(1) == K, "dense_linear: packed weight must be [panels, K, NB] for K = ",
+                K);
   }
-  TORCH_CHECK(M >= 1, "dense_linear: at least one row");
-  TORCH_CHECK(reinterpret_cast<uintptr_t>(packed.data_ptr()) % 64 == 0,
-              "dense_linear: packed weight must be 64-byte aligned");
-
+  std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end() - 1);
+  out_shape.push_back(n);
+  auto y = torch::empty(out_shape, x.options());
+  torch::Tensor x2 = x.reshape({-1, K}).contiguous();
+  const int64_t M = x2.size(0);
+  if (M == 0) return y;
   // An odd K in bf16: pad x with a zero column so k pairs never read past a row.
-  torch::Tensor xin = (bf16 && (K & 1)) ? torch::constant_pad_nd(x, {0, 1}) : x;
-  const int64_t K2 = xin.size(1);
-  auto y = torch::empty({M, n}, x.options());
-  const int nthreads = static_cast<int>(std::max<int64_t>(1, threads));
+  torch::Tensor xin = (bf16 && (K & 1)) ? torch::constant_pad_nd(x2, {0, 1}) : x2;
+  const int64_t ldx = xin.size(1);
+  const int nthreads = threads > 0 ? static_cast<int>(threads) : at::get_num_threads();
 
   // Pure C++ from here on (every check done above: nothing may throw inside OpenMP).
   pybind11::gil_scoped_release no_gil;
@@ -252,23 +261,22 @@ torch::Tensor dense_linear(torch::Tensor x, torch::Tensor packed, int64_t n, int
     const B* xp = xin.data_ptr<B>();
     const B* wp = packed.data_ptr<B>();
     B* yp = y.data_ptr<B>();
-    const int64_t stride = K2 * NB;
+    const int64_t steps = ldx / 2;
     switch (NB) {
-      case 16: run<B, 1>(xp, M, K2, wp, panels, stride, n, yp, nthreads); break;
-      case 32: run<B, 2>(xp, M, K2, wp, panels, stride, n, yp, nthreads); break;
-      case 48: run<B, 3>(xp, M, K2, wp, panels, stride, n, yp, nthreads); break;
-      default: run<B, 4>(xp, M, K2, wp, panels, stride, n, yp, nthreads); break;
+      case 16: run<B, 1>(xp, M, ldx, steps, wp, panels, n, yp, nthreads); break;
+      case 32: run<B, 2>(xp, M, ldx, steps, wp, panels, n, yp, nthreads); break;
+      case 48: run<B, 3>(xp, M, ldx, steps, wp, panels, n, yp, nthreads); break;
+      default: run<B, 4>(xp, M, ldx, steps, wp, panels, n, yp, nthreads); break;
     }
   } else {
     const float* xp = xin.data_ptr<float>();
     const float* wp = packed.data_ptr<float>();
     float* yp = y.data_ptr<float>();
-    const int64_t stride = K * NB;
     switch (NB) {
-      case 16: run<float, 1>(xp, M, K, wp, panels, stride, n, yp, nthreads); break;
-      case 32: run<float, 2>(xp, M, K, wp, panels, stride, n, yp, nthreads); break;
-      case 48: run<float, 3>(xp, M, K, wp, panels, stride, n, yp, nthreads); break;
-      default: run<float, 4>(xp, M, K, wp, panels, stride, n, yp, nthreads); break;
+      case 16: run<float, 1>(xp, M, K, K, wp, panels, n, yp, nthreads); break;
+      case 32: run<float, 2>(xp, M, K, K, wp, panels, n, yp, nthreads); break;
+      case 48: run<float, 3>(xp, M, K, K, wp, panels, n, yp, nthreads); break;
+      default: run<float, 4>(xp, M, K, K, wp, panels, n, yp, nthreads); break;
     }
   }
   return y;
@@ -276,3 +284,9 @@ torch::Tensor dense_linear(torch::Tensor x, torch::Tensor packed, int64_t n, int
 
 // Bytes the first row block prefetches ahead in the weight stream (0 turns it off).
 void set_prefetch_bytes(int64_t bytes) { g_prefetch_bytes = std::max<int64_t>(0, bytes); }
+
+// Prefetches spread over every row block (1) or all issued by the first (0).
+void set_prefetch_level(int64_t level) { g_spread = level % 10 > 0; g_hint = level / 10; }
+
+// Steps (k, or k pairs in bf16) per chunk when several row blocks share a panel.
+void set_chunk_steps(int64_t steps) { g_chunk_steps = std::max<int64_t>(1, steps); }
