@@ -71,8 +71,7 @@ def load_dense_linear() -> object | None:
         log.info("loading the dense-linear kernel (compiled on first use, ~1 min) ...")
         return load_inline(
             name="nano_vllm_dense_linear", cpp_sources=[SOURCE.read_text()],
-            functions=["dense_linear", "set_prefetch_bytes", "set_prefetch_level",
-                       "set_chunk_steps"],
+            functions=["dense_linear", "set_prefetch_bytes", "set_chunk_steps"],
             # The AVX-512 flags on top of -march=native let the bf16 intrinsics compile on
             # an AVX-512 CPU without AVX512_BF16; kernel_support() keeps it from running.
             extra_cflags=["-O3", "-march=native", "-mavx512f", "-mavx512bw", "-mavx512vl",
