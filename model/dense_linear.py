@@ -2,10 +2,10 @@
 
 A decode step multiplies a few rows (1-30 users) by every weight matrix: that is a stream
 through the weights, and the libraries here leave memory bandwidth on the table at one row
-(MKL's `x @ W` 16.5 GB/s of ~36; bf16 one-row matmuls far worse). The kernel
+(MKL's `x @ W` reads ~20 GB/s of the ~45 a plain sum reaches; bf16 matmuls ~16). The kernel
 (model/csrc/dense_linear.cpp) reads each weight matrix as column panels laid out K-major,
-one contiguous stream per thread, and register-blocks the rows so that 30 rows cost a few
-cache-resident passes over each panel instead of 30 streams.
+one contiguous stream per thread, and register-blocks the rows so that 30 rows cost one
+pass over the weights from memory, not 30 (benchmarks/linear_microbench.py measures it).
 
 `PackedLinear` replaces `model.layers.Linear` module for module; `pack_model_linears`
 does it for a whole loaded model. Without the kernel (no compiler, no AVX-512 / AVX512_BF16,
