@@ -1,0 +1,198 @@
+"""Linear layers with weights packed once for our own small-M AVX-512 GEMM kernel.
+
+A decode step multiplies a few rows (1-30 users) by every weight matrix: that is a stream
+through the weights, and the libraries here leave memory bandwidth on the table at one row
+(MKL's `x @ W` reads ~20 GB/s of the ~45 a plain sum reaches; bf16 matmuls ~16). The kernel
+(model/csrc/dense_linear.cpp) reads each weight matrix as column panels laid out K-major,
+one contiguous stream per thread, and register-blocks the rows so that 30 rows cost one
+pass over the weights from memory, not 30 (benchmarks/linear_microbench.py measures it).
+
+`PackedLinear` replaces `model.layers.Linear` module for module; `pack_model_linears`
+does it for a whole loaded model. Without the kernel (no compiler, no AVX-512 / AVX512_BF16,
+not a CPU tensor) it falls back to plain torch matmuls.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from functools import cache
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+log = logging.getLogger("nano_vllm.kernel")
+SOURCE = Path(__file__).parent / "csrc" / "dense_linear.cpp"
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags from /proc/cpuinfo (empty where there is none)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+AVX512 = {"avx512f", "avx512bw", "avx512vl", "avx512dq"}
+
+
+@cache
+def kernel_support() -> dict[str, bool]:
+    """Which weight dtypes this CPU can run the kernel in (before trying to build it): float32
+    needs AVX-512 (F, BW, VL, DQ), bfloat16 also AVX512_BF16. Read from /proc/cpuinfo; where
+    there is none, torch's own probe decides float32 and bfloat16 is off. The environment
+    variable NANO_VLLM_DENSE_KERNEL=0 turns the kernel off."""
+    if os.environ.get("NANO_VLLM_DENSE_KERNEL", "1") == "0":
+        return {"float32": False, "bfloat16": False}
+    flags = cpu_flags()
+    if not flags:
+        avx512 = torch.backends.cpu.get_cpu_capability() in ("AVX512", "AMX")
+        return {"float32": avx512, "bfloat16": False}
+    avx512 = AVX512.issubset(flags)
+    return {"float32": avx512, "bfloat16": avx512 and "avx512_bf16" in flags}
+
+
+@cache
+def load_dense_linear() -> object | None:
+    """The compiled extension module, or None if this CPU or toolchain cannot have it."""
+    if not kernel_support()["float32"]:
+        log.warning("dense-linear kernel off (no AVX-512 here, or NANO_VLLM_DENSE_KERNEL=0); "
+                    "using torch matmuls")
+        return None
+    try:
+        from torch.utils.cpp_extension import load_inline
+
+        log.info("loading the dense-linear kernel (compiled on first use, ~1 min) ...")
+        return load_inline(
+            name="nano_vllm_dense_linear", cpp_sources=[SOURCE.read_text()],
+            functions=["dense_linear", "set_prefetch_bytes", "set_chunk_steps"],
+            # The AVX-512 flags on top of -march=native let the bf16 intrinsics compile on
+            # an AVX-512 CPU without AVX512_BF16; kernel_support() keeps it from running.
+            extra_cflags=["-O3", "-march=native", "-mavx512f", "-mavx512bw", "-mavx512vl",
+                          "-mavx512dq", "-mavx512bf16", "-fopenmp"],
+            extra_ldflags=["-fopenmp"])
+    except Exception as exc:  # no compiler, no ninja, ...: fall back, loudly
+        log.warning("dense-linear kernel unavailable (%s); using torch matmuls", exc)
+        return None
+
+
+def kernel_fn(dtype: torch.dtype) -> Callable | None:
+    """The kernel's entry point for weights of this dtype, or None where it cannot run."""
+    name = {torch.float32: "float32", torch.bfloat16: "bfloat16"}.get(dtype)
+    if name is None or not kernel_support()[name]:
+        return None
+    module = load_dense_linear()
+    return None if module is None else module.dense_linear
+
+
+def choose_panel(n: int, threads: int) -> int:
+    """The widest panel (64, 48 or 32 columns) that splits N's panels evenly over the threads
+    (each thread streams its own whole panels: 576 outputs are 12 panels of 48, not 9 of
+    64), else 64."""
+    for panel in (64, 48, 32):
+        if -(-n // panel) % max(threads, 1) == 0:
+            return panel
+    return 64
+
+
+def pack_weight(weight_t: Tensor, panel: int = 64) -> Tensor:
+    """W [K, N] in the kernel's layout; weight_t may be any view, e.g. an [N, K] weight's .t().
+
+    float32: [panels, K, panel]; bfloat16: [panels, ceil(K/2), panel, 2], pairs of k side by
+    side. The last panel is zero padded past N, and an odd K gets a zero row in bfloat16.
+    One copy of the weight is made (two if N or K needs padding)."""
+    k, n = weight_t.shape
+    panels = -(-n // panel)
+    w_nk = weight_t.detach().t()  # [N, K]: each output's weights along k
+    pad_k = k % 2 if weight_t.dtype == torch.bfloat16 else 0
+    if panels * panel != n or pad_k:
+        w_nk = F.pad(w_nk, (0, pad_k, 0, panels * panel - n))
+    if weight_t.dtype == torch.bfloat16:
+        packed = w_nk.reshape(panels, panel, (k + pad_k) // 2, 2).permute(0, 2, 1, 3)
+    else:
+        packed = w_nk.reshape(panels, panel, k).permute(0, 2, 1)
+    return packed.contiguous()
+
+
+class PackedLinear(nn.Module):
+    """y = x @ W for x [..., K], W [K, N]: model.layers.Linear's math, on weights packed once
+    for our AVX-512 kernel (float32, or bfloat16 with float32 accumulation).
+
+    Build it from a Linear's weight_t [K, N] (`PackedLinear(linear.weight_t)` or
+    `PackedLinear.from_linear(linear)`), or from an [N, K] weight without a transposed copy
+    (`PackedLinear.from_weight(embedding.weight)`, the tied LM head). The packed weight
+    replaces the original: memory stays one copy per matrix (plus panel padding, none for
+    SmolLM2's shapes). The kernel runs at every row count: measured here it matches oneDNN at
+    256-512 rows and beats it below, so no second layout is kept for prefill.
+
+    Where the kernel cannot run (no AVX-512 / AVX512_BF16, no compiler, another dtype or
+    device) the weight is kept as it came and the layer computes `x @ weight_t`."""
+
+    def __init__(self, weight_t: Tensor, panel: int | None = None,
+                 use_kernel: bool = True) -> None:
+        super().__init__()
+        self.in_features, self.out_features = weight_t.shape
+        self.kernel = (kernel_fn(weight_t.dtype)
+                       if use_kernel and weight_t.device.type == "cpu" else None)
+        if self.kernel is None:
+            self.weight_t = nn.Parameter(weight_t.detach(), requires_grad=False)
+            self.register_buffer("packed", None)
+            return
+        self.panel = panel or choose_panel(self.out_features, torch.get_num_threads())
+        with torch.no_grad():
+            self.register_buffer("packed", pack_weight(weight_t, self.panel))
+        self.weight_t = None
+
+    @classmethod
+    def from_linear(cls, linear: nn.Module, **kwargs) -> PackedLinear:
+        """From a model.layers.Linear (its weight_t [K, N])."""
+        return cls(linear.weight_t, **kwargs)
+
+    @classmethod
+    def from_weight(cls, weight: Tensor, **kwargs) -> PackedLinear:
+        """From an nn.Linear-style [N, K] weight (e.g. a tied embedding), packed directly."""
+        return cls(weight.t(), **kwargs)
+
+    @property
+    def uses_kernel(self) -> bool:
+        return self.kernel is not None
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.kernel is not None:
+            # threads=0: torch.get_num_threads(), read in C++.
+            return self.kernel(x, self.packed, self.out_features, 0)
+        return x @ self.weight_t
+
+    def extra_repr(self) -> str:
+        path = (f"kernel, {self.packed.dtype}, panel={self.panel}" if self.kernel is not None
+                else "torch matmul")
+        return f"in_features={self.in_features}, out_features={self.out_features}, {path}"
+
+
+def pack_model_linears(model: nn.Module, use_kernel: bool = True) -> None:
+    """Replace every model.layers.Linear in a loaded model with a PackedLinear, in place, in
+    the weights' own dtype (float32 or bfloat16).
+
+    A tied LM head is packed straight from the embedding ([vocab, hidden]), and the
+    transposed copy the model kept for it is dropped. Call it after the model is loaded and
+    moved to its device and dtype, and before the engine starts."""
+    from model.layers import Linear
+
+    cfg = getattr(model, "cfg", None)
+    tied = bool(getattr(cfg, "tie_word_embeddings", False)) and hasattr(model, "embed_tokens")
+    targets = [(name, module) for name, module in model.named_modules()
+               if isinstance(module, Linear)]
+    for name, module in targets:
+        parent_name, _, attr = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        if name == "lm_head" and tied:
+            packed = PackedLinear.from_weight(model.embed_tokens.weight, use_kernel=use_kernel)
+        else:
+            packed = PackedLinear.from_linear(module, use_kernel=use_kernel)
+        setattr(parent, attr, packed)

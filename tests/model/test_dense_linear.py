@@ -1,0 +1,262 @@
+"""The packed small-M GEMM kernel (model/dense_linear.py) against float64 references, and a
+whole model with every Linear packed against the unpacked one and Hugging Face."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from model.dense_linear import (
+    PackedLinear,
+    kernel_fn,
+    kernel_support,
+    pack_model_linears,
+    pack_weight,
+)
+from model.layers import Linear, causal_attention
+from tests.conftest import LOGITS_ATOL, PROMPTS
+
+torch.set_grad_enabled(False)
+
+FP32_OK = kernel_fn(torch.float32) is not None
+BF16_OK = kernel_fn(torch.bfloat16) is not None
+needs_fp32 = pytest.mark.skipif(not FP32_OK, reason="no AVX-512 or no C++ toolchain here")
+needs_bf16 = pytest.mark.skipif(not BF16_OK, reason="no AVX512_BF16 or no C++ toolchain here")
+
+ROWS = [1, 3, 4, 5, 8, 17, 30, 33, 100]
+# (K, N): the model's shapes (LM head, qkv, down), K and N off every tile size, a tiny odd one.
+SHAPES = [(576, 49152), (576, 960), (1536, 576), (40, 24), (41, 33), (7, 5)]
+
+# float32: each output is one fp32 FMA chain over K, in another order than float64's exact
+# sum. Relative to sum_k |x_k w_k| (the scale rounding errors live on), that is ~sqrt(K) *
+# 2^-24 typically and K * 2^-24 at worst; measured up to 4e-7 for K <= 1536.
+FP32_RTOL = 2e-6
+# bfloat16: products of two bf16 are exact in fp32 and summed in fp32 (error as above), then
+# rounded to bf16 once: round-to-nearest-even is off by at most half a unit in the last place,
+# 2^-8 of the value (8 significant bits).
+BF16_HALF_ULP = 2.0**-8
+
+
+def inputs(m: int, k: int, n: int, dtype: torch.dtype, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=gen).to(dtype)
+    w = (torch.randn(k, n, generator=gen) * k**-0.5).to(dtype)
+    return x, w
+
+
+def reference(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x @ w in float64 from the same (already rounded) inputs, and sum |x_k w_k| per output."""
+    return x.double() @ w.double(), x.double().abs() @ w.double().abs()
+
+
+def check_fp32(y: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> float:
+    ref, scale = reference(x, w)
+    assert y.dtype == torch.float32 and y.shape == ref.shape
+    err = ((y.double() - ref).abs() / scale.clamp_min(1e-30)).max().item()
+    assert err < FP32_RTOL, err
+    return err
+
+
+def check_bf16(y: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> float:
+    """Within one bf16 rounding (plus fp32 summation error) of the exact result; returns the
+    share of outputs equal to the exact result rounded to bf16."""
+    ref, scale = reference(x, w)
+    assert y.dtype == torch.bfloat16 and y.shape == ref.shape
+    bound = BF16_HALF_ULP * ref.abs() + FP32_RTOL * scale
+    assert ((y.double() - ref).abs() <= bound).all()
+    same = (y == ref.to(torch.bfloat16)).double().mean().item()
+    # Only an fp32 sum within a hair of a bf16 rounding tie may round the other way.
+    assert same > 0.99, same
+    return same
+
+
+@needs_fp32
+@pytest.mark.parametrize(("k", "n"), SHAPES)
+def test_fp32_matches_float64(k, n):
+    w = inputs(1, k, n, torch.float32)[1]
+    layer = PackedLinear(w)
+    worst = 0.0
+    for m in ROWS:
+        x = inputs(m, k, n, torch.float32, seed=m)[0]
+        worst = max(worst, check_fp32(layer(x), x, w))
+    print(f"float32 K={k} N={n}: max error {worst:.1e} of sum |x w| (tolerance {FP32_RTOL:.0e})")
+
+
+@needs_bf16
+@pytest.mark.parametrize(("k", "n"), SHAPES)
+def test_bf16_is_one_rounding_of_the_exact_product(k, n):
+    w = inputs(1, k, n, torch.bfloat16)[1]
+    layer = PackedLinear(w)
+    shares = []
+    for m in ROWS:
+        x = inputs(m, k, n, torch.bfloat16, seed=m)[0]
+        shares.append(check_bf16(layer(x), x, w))
+    print(f"bfloat16 K={k} N={n}: outputs equal to the exact product rounded to bf16: "
+          f"{min(shares):.2%} at worst")
+
+
+@needs_fp32
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("panel", [16, 32, 48, 64])
+def test_every_panel_width(dtype, panel):
+    if dtype == torch.bfloat16 and not BF16_OK:
+        pytest.skip("no AVX512_BF16 here")
+    for k, n in [(576, 960), (41, 33), (64, 100)]:
+        for m in [1, 7, 13, 30]:
+            x, w = inputs(m, k, n, dtype, seed=m)
+            y = PackedLinear(w, panel=panel)(x)
+            (check_fp32 if dtype == torch.float32 else check_bf16)(y, x, w)
+
+
+@needs_fp32
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rows_are_batch_invariant_and_threads_do_not_matter(dtype):
+    """Each output is the same chain of FMAs whatever the row count, row block or thread:
+    a row's result is bit-identical alone or among 30, on 1 thread or 2."""
+    if dtype == torch.bfloat16 and not BF16_OK:
+        pytest.skip("no AVX512_BF16 here")
+    x, w = inputs(30, 576, 960, dtype)
+    layer = PackedLinear(w)
+    together = layer(x)
+    for i in [0, 7, 29]:
+        assert torch.equal(layer(x[i:i + 1]), together[i:i + 1])
+    kernel = kernel_fn(dtype)
+    for threads in [1, 2, 3]:
+        assert torch.equal(kernel(x, layer.packed, 960, threads), together)
+
+
+@needs_fp32
+def test_leading_dims_strides_and_empty_batches():
+    x, w = inputs(24, 64, 80, torch.float32)
+    layer = PackedLinear(w)
+    flat = layer(x)
+    assert torch.equal(layer(x.view(2, 3, 4, 64)), flat.view(2, 3, 4, 80))
+    strided = torch.randn(64, 24).t()  # not contiguous
+    assert torch.equal(layer(strided), layer(strided.contiguous()))
+    assert layer(torch.empty(0, 64)).shape == (0, 80)
+    assert layer(torch.empty(2, 0, 64)).shape == (2, 0, 80)
+
+
+@needs_fp32
+def test_packs_from_an_nk_weight_without_a_transposed_copy():
+    """The tied LM head: packed straight from the [vocab, hidden] embedding."""
+    gen = torch.Generator().manual_seed(3)
+    embedding = torch.randn(1000, 96, generator=gen)
+    x = torch.randn(5, 96, generator=gen)
+    from_nk = PackedLinear.from_weight(embedding)
+    from_kn = PackedLinear(embedding.t().contiguous())
+    assert torch.equal(from_nk.packed, from_kn.packed)
+    check_fp32(from_nk(x), x, embedding.t())
+
+
+@needs_fp32
+def test_packed_layout():
+    w = torch.arange(5 * 40, dtype=torch.float32).view(5, 40)  # K=5, N=40
+    packed = pack_weight(w, panel=16)  # [3 panels, K, 16], last one zero past column 40
+    assert packed.shape == (3, 5, 16)
+    assert torch.equal(packed[1, 2], w[2, 16:32])
+    assert torch.equal(packed[2, 4, :8], w[4, 32:40]) and not packed[2, :, 8:].any()
+    wb = w.to(torch.bfloat16)
+    pb = pack_weight(wb, panel=16)  # [3, ceil(5/2), 16, 2]: k pairs side by side, k=5 zero
+    assert pb.shape == (3, 3, 16, 2)
+    assert torch.equal(pb[0, 1, 3], wb[2:4, 3]) and torch.equal(pb[0, 2, 3], wb[4:5, 3].new_tensor(
+        [wb[4, 3], 0]))
+
+
+@needs_fp32
+def test_clear_errors():
+    x, w = inputs(2, 64, 32, torch.float32)
+    layer = PackedLinear(w)
+    with pytest.raises(RuntimeError, match="both be float32 or both bfloat16"):
+        layer(x.double())
+    with pytest.raises(RuntimeError, match="both be float32 or both bfloat16"):
+        layer(x.to(torch.bfloat16))
+    with pytest.raises(RuntimeError, match="packed weight must be"):
+        layer(torch.randn(2, 65))
+
+
+def test_fallback_without_the_kernel(monkeypatch):
+    """No kernel (no AVX-512, no compiler, or turned off): the weight stays as it came and the
+    layer is the plain matmul, exactly."""
+    x, w = inputs(6, 64, 48, torch.float32)
+    layer = PackedLinear(w, use_kernel=False)
+    assert not layer.uses_kernel and layer.packed is None
+    assert torch.equal(layer(x), x @ w)
+    monkeypatch.setattr("model.dense_linear.kernel_fn", lambda dtype: None)
+    assert not PackedLinear(w).uses_kernel
+
+
+def test_capability_probe_is_consistent():
+    support = kernel_support()
+    assert set(support) == {"float32", "bfloat16"}
+    assert support["float32"] or not support["bfloat16"]  # bf16 needs AVX-512 too
+
+
+# ---- the whole model -------------------------------------------------------------------
+
+def logits(model, ids: torch.Tensor) -> torch.Tensor:
+    positions = torch.arange(ids.shape[1])[None]
+    return model(ids, positions, causal_attention)
+
+
+def linears(model) -> list[str]:
+    return [name for name, mod in model.named_modules() if isinstance(mod, Linear)]
+
+
+@pytest.fixture(scope="module")
+def packed_fp32(model):
+    packed = copy.deepcopy(model)  # never mutate the session fixture
+    pack_model_linears(packed)
+    return packed
+
+
+def test_pack_model_replaces_every_linear(model, packed_fp32):
+    assert len(linears(model)) == 4 * model.cfg.num_layers + 1  # the fixture is untouched
+    assert linears(packed_fp32) == []
+    for layer in packed_fp32.layers:
+        for mod in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
+                    layer.mlp.down_proj):
+            assert isinstance(mod, PackedLinear) and mod.uses_kernel == FP32_OK
+    head = packed_fp32.lm_head
+    assert isinstance(head, PackedLinear)
+    assert (head.in_features, head.out_features) == (576, model.cfg.vocab_size)
+    assert head.weight_t is None if FP32_OK else head.weight_t is not None
+
+
+def test_packed_model_logits_match_unpacked_and_hf(model, packed_fp32, hf_model, tokenizer):
+    for prompt in PROMPTS:
+        ids = tokenizer(prompt, return_tensors="pt").input_ids
+        ours, plain, theirs = logits(packed_fp32, ids), logits(model, ids), hf_model(ids).logits
+        diff, hf_diff = (ours - plain).abs().max().item(), (ours - theirs).abs().max().item()
+        print(f"{ids.shape[1]:3d} tokens: logits max |packed - unpacked| = {diff:.2e}, "
+              f"|packed - HF| = {hf_diff:.2e} (tolerance {LOGITS_ATOL:.0e})")
+        assert diff < LOGITS_ATOL and hf_diff < LOGITS_ATOL
+        assert torch.equal(ours.argmax(-1), theirs.argmax(-1))
+
+
+@needs_bf16
+def test_packed_bf16_model_is_as_close_to_fp32_as_torchs_bf16(model, tokenizer):
+    """bfloat16 rounds every activation and weight (8 significant bits), so its logits stand
+    ~0.1-1 off the fp32 ones whatever the matmul. The fair bar: the packed bf16 model is no
+    further from our fp32 logits than the same bf16 model run through torch's matmuls (we
+    accumulate in fp32 and round once, as torch does), and picks the same next tokens."""
+    plain_bf16 = copy.deepcopy(model).to(torch.bfloat16)
+    packed_bf16 = copy.deepcopy(plain_bf16)
+    pack_model_linears(packed_bf16)
+    assert isinstance(packed_bf16.lm_head, PackedLinear) and packed_bf16.lm_head.uses_kernel
+    agree = total = 0
+    for prompt in PROMPTS:
+        ids = tokenizer(prompt, return_tensors="pt").input_ids
+        exact = logits(model, ids)
+        ours, torchs = logits(packed_bf16, ids).float(), logits(plain_bf16, ids).float()
+        ours_err = (ours - exact).abs().max().item()
+        torch_err = (torchs - exact).abs().max().item()
+        print(f"{ids.shape[1]:3d} tokens: bf16 logits max |diff| from fp32: packed "
+              f"{ours_err:.3f}, torch matmul {torch_err:.3f}")
+        assert ours_err < 1.5 * torch_err + 0.05
+        agree += (ours.argmax(-1) == exact.argmax(-1)).sum().item()
+        total += ids.shape[1]
+    print(f"greedy next-token agreement with fp32 over every position: {agree}/{total}")
+    assert agree >= 0.9 * total
