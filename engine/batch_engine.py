@@ -197,7 +197,7 @@ def load_engine(config: EngineConfig,
     model_dir = resolve_model_dir(config.model)
     device = pick_device(config.device)
     log.info("loading %s on %s (%s)", model_dir, device, config.dtype)
-    model = load_model(model_dir, device, pick_dtype(config.dtype))
+    model = load_model(model_dir, device, pick_dtype(config.dtype), matmul=config.matmul)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     torch.set_grad_enabled(False)
     return BatchEngine(config, model, tokenizer, core_class)

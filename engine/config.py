@@ -19,6 +19,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 512  # token budget of one step (prefill chunks + decodes)
     max_prefills_per_step: int = 0  # newcomers seated per step; 0 = as many as fit
     attention: str = "auto"  # decode attention: "cpu-kernel", "torch" (gather + SDPA) or auto
+    matmul: str = "auto"  # linear layers: "auto" (our packed CPU kernel where it runs), "torch"
     max_waiting: int = 256  # beyond this, new requests are refused with 429
     request_timeout: float | None = None  # seconds from arrival; None = no limit
 
@@ -46,6 +47,9 @@ class EngineConfig:
                             choices=["auto", "cpu-kernel", "torch"],
                             help="decode attention: compiled CPU kernel reading blocks in place, "
                                  "or PyTorch gather + SDPA (auto: the kernel on CPU in fp32)")
+        parser.add_argument("--matmul", default=d.matmul, choices=["auto", "torch"],
+                            help="linear layers: our AVX-512 kernel over weights packed once "
+                                 "at load (auto: where the CPU has it), or PyTorch's matmul")
         parser.add_argument("--max-waiting", type=int, default=d.max_waiting,
                             help="queued requests beyond this get HTTP 429")
         parser.add_argument("--request-timeout", type=float, default=None,
@@ -59,7 +63,8 @@ class EngineConfig:
                      kv_cache_memory=args.kv_cache_memory, enable_prefix_cache=prefix_cache,
                      max_num_batched_tokens=args.max_num_batched_tokens,
                      max_prefills_per_step=args.max_prefills_per_step,
-                     attention=args.attention, max_waiting=args.max_waiting,
+                     attention=args.attention, matmul=args.matmul,
+                     max_waiting=args.max_waiting,
                      request_timeout=args.request_timeout)
         config.validate()
         return config

@@ -126,4 +126,4 @@ class PagedEngineCore:
     def describe(self) -> str:
         return (f"{self.runner.device}, {self.allocator.num_usable} KV blocks of {BLOCK_SIZE} "
                 f"tokens, prefix cache {'on' if self.config.enable_prefix_cache else 'off'}, "
-                f"{self.runner.attention_backend} attention")
+                f"{self.runner.attention_backend} attention, {self.runner.matmul_path} matmuls")

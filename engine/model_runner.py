@@ -77,6 +77,8 @@ class ModelRunner:
         self.attention = create_backend(attention_backend, pool)
         self.attention_backend = self.attention.name
         self.sampler = Sampler()
+        packed = any(getattr(m, "uses_kernel", False) for m in model.modules())
+        self.matmul_path = "packed-kernel" if packed else "torch"
 
     def execute(self, scheduled: SchedulerOutput) -> RunnerOutput:
         """Compute every scheduled token, sample for each request that reaches its end (a

@@ -24,8 +24,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from model.cpu_kernel import load_cpu_kernels
+
 log = logging.getLogger("nano_vllm.kernel")
-SOURCE = Path(__file__).parent / "csrc" / "dense_linear.cpp"
 
 
 def cpu_flags() -> set[str]:
@@ -58,28 +59,14 @@ def kernel_support() -> dict[str, bool]:
     return {"float32": avx512, "bfloat16": avx512 and "avx512_bf16" in flags}
 
 
-@cache
 def load_dense_linear() -> object | None:
-    """The compiled extension module, or None if this CPU or toolchain cannot have it."""
+    """The compiled kernels module (model/cpu_kernel.py), or None if this CPU or toolchain
+    cannot have it."""
     if not kernel_support()["float32"]:
         log.warning("dense-linear kernel off (no AVX-512 here, or NANO_VLLM_DENSE_KERNEL=0); "
                     "using torch matmuls")
         return None
-    try:
-        from torch.utils.cpp_extension import load_inline
-
-        log.info("loading the dense-linear kernel (compiled on first use, ~1 min) ...")
-        return load_inline(
-            name="nano_vllm_dense_linear", cpp_sources=[SOURCE.read_text()],
-            functions=["dense_linear", "set_prefetch_bytes", "set_chunk_steps"],
-            # The AVX-512 flags on top of -march=native let the bf16 intrinsics compile on
-            # an AVX-512 CPU without AVX512_BF16; kernel_support() keeps it from running.
-            extra_cflags=["-O3", "-march=native", "-mavx512f", "-mavx512bw", "-mavx512vl",
-                          "-mavx512dq", "-mavx512bf16", "-fopenmp"],
-            extra_ldflags=["-fopenmp"])
-    except Exception as exc:  # no compiler, no ninja, ...: fall back, loudly
-        log.warning("dense-linear kernel unavailable (%s); using torch matmuls", exc)
-        return None
+    return load_cpu_kernels()
 
 
 def kernel_fn(dtype: torch.dtype) -> Callable | None:

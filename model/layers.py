@@ -18,7 +18,18 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-FusedOps = ModuleType  # the compiled module: add_rms_norm, rope_inplace, silu_mul
+
+class FusedOps:
+    """The compiled fused ops (add_rms_norm, rope_inplace, silu_mul) from the kernels module.
+    Shared by every module that uses them; a deepcopy of a model shares them too."""
+
+    def __init__(self, kernels: ModuleType) -> None:
+        self.add_rms_norm = kernels.add_rms_norm
+        self.rope_inplace = kernels.rope_inplace
+        self.silu_mul = kernels.silu_mul
+
+    def __deepcopy__(self, memo: dict) -> FusedOps:
+        return self
 
 
 class AttentionFn(Protocol):
@@ -111,8 +122,10 @@ class RotaryEmbedding(nn.Module):
         return x * cos + rotated * sin
 
 
-def use_fused_ops(model: nn.Module, fused: FusedOps | None) -> None:
-    """Give every module that has a fused path the compiled ops (None: back to PyTorch)."""
+def use_fused_ops(model: nn.Module, kernels: ModuleType | None) -> None:
+    """Give every module that has a fused path the compiled ops from `kernels` (None: back to
+    the PyTorch ops)."""
+    fused = FusedOps(kernels) if kernels is not None else None
     for module in model.modules():
         if hasattr(module, "fused"):
             module.fused = fused

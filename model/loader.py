@@ -10,10 +10,12 @@ from torch import nn
 
 from model.config import ModelConfig
 from model.cpu_kernel import load_fused_ops
+from model.dense_linear import pack_model_linears
 from model.layers import use_fused_ops
 from model.registry import architecture
 
-FUSED_DTYPES = (torch.float32, torch.bfloat16)
+CPU_KERNEL_DTYPES = (torch.float32, torch.bfloat16)
+MATMULS = ("auto", "torch")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -47,9 +49,14 @@ def read_hf_weights(model_dir: Path) -> dict[str, torch.Tensor]:
 
 
 def load_model(model_dir: str | Path, device: torch.device | str = "cpu",
-               dtype: torch.dtype = torch.float32, fused_ops: bool = True) -> nn.Module:
-    """The model in `dtype` on `device`; on a CPU with fused_ops, the small ops between the
-    matmuls run as compiled kernels where they can be built (model/layers.py)."""
+               dtype: torch.dtype = torch.float32, fused_ops: bool = True,
+               matmul: str = "auto") -> nn.Module:
+    """The model in `dtype` on `device`. On a CPU, where our kernels can be built and run:
+    with fused_ops, the small ops between the matmuls run compiled (model/layers.py); with
+    matmul "auto", the linear layers' weights are packed once for our own GEMM kernel
+    (model/dense_linear.py); "torch" keeps PyTorch's matmuls."""
+    if matmul not in MATMULS:
+        raise ValueError(f"unknown matmul {matmul!r}; choose one of {', '.join(MATMULS)}")
     model_dir = Path(model_dir)
     cfg = ModelConfig.from_dir(model_dir)
     arch = architecture(cfg.model_type)
@@ -58,6 +65,9 @@ def load_model(model_dir: str | Path, device: torch.device | str = "cpu",
     state = arch.convert_hf_weights(read_hf_weights(model_dir), cfg)
     model.load_state_dict(state, assign=True, strict=True)
     model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
-    if fused_ops and torch.device(device).type == "cpu" and dtype in FUSED_DTYPES:
+    on_cpu = torch.device(device).type == "cpu" and dtype in CPU_KERNEL_DTYPES
+    if fused_ops and on_cpu:
         use_fused_ops(model, load_fused_ops())
+    if matmul == "auto" and on_cpu:
+        pack_model_linears(model)
     return model

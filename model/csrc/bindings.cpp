@@ -8,6 +8,9 @@ torch::Tensor add_rms_norm(torch::Tensor residual, torch::Tensor delta, torch::T
                            double eps);
 void rope_inplace(torch::Tensor qk, int64_t heads, torch::Tensor cos, torch::Tensor sin);
 torch::Tensor silu_mul(torch::Tensor gate_up);
+torch::Tensor dense_linear(torch::Tensor x, torch::Tensor packed, int64_t n, int64_t threads);
+void set_prefetch_bytes(int64_t bytes);
+void set_chunk_steps(int64_t steps);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode_attention", &paged_decode_attention,
@@ -15,4 +18,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("add_rms_norm", &add_rms_norm, "residual += delta; RMSNorm (fused_ops_cpu.cpp)");
   m.def("rope_inplace", &rope_inplace, "rotate-half RoPE in place (fused_ops_cpu.cpp)");
   m.def("silu_mul", &silu_mul, "silu(gate) * up (fused_ops_cpu.cpp)");
+  m.def("dense_linear", &dense_linear, "x @ W, W packed in panels (dense_linear.cpp)");
+  m.def("set_prefetch_bytes", &set_prefetch_bytes, "dense_linear tuning knob");
+  m.def("set_chunk_steps", &set_chunk_steps, "dense_linear tuning knob");
 }

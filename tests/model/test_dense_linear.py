@@ -16,6 +16,7 @@ from model.dense_linear import (
     pack_weight,
 )
 from model.layers import Linear, causal_attention
+from model.loader import load_model
 from tests.conftest import LOGITS_ATOL, PROMPTS
 
 torch.set_grad_enabled(False)
@@ -206,13 +207,20 @@ def linears(model) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def packed_fp32(model):
-    packed = copy.deepcopy(model)  # never mutate the session fixture
+def unpacked(model_dir):
+    """The model with PyTorch's matmuls (the session's `model` is already packed)."""
+    return load_model(model_dir, matmul="torch")
+
+
+@pytest.fixture(scope="module")
+def packed_fp32(unpacked):
+    packed = copy.deepcopy(unpacked)  # never mutate the fixture
     pack_model_linears(packed)
     return packed
 
 
-def test_pack_model_replaces_every_linear(model, packed_fp32):
+def test_pack_model_replaces_every_linear(unpacked, packed_fp32):
+    model = unpacked
     assert len(linears(model)) == 4 * model.cfg.num_layers + 1  # the fixture is untouched
     assert linears(packed_fp32) == []
     for layer in packed_fp32.layers:
@@ -225,7 +233,8 @@ def test_pack_model_replaces_every_linear(model, packed_fp32):
     assert head.weight_t is None if FP32_OK else head.weight_t is not None
 
 
-def test_packed_model_logits_match_unpacked_and_hf(model, packed_fp32, hf_model, tokenizer):
+def test_packed_model_logits_match_unpacked_and_hf(unpacked, packed_fp32, hf_model, tokenizer):
+    model = unpacked
     for prompt in PROMPTS:
         ids = tokenizer(prompt, return_tensors="pt").input_ids
         ours, plain, theirs = logits(packed_fp32, ids), logits(model, ids), hf_model(ids).logits
@@ -237,11 +246,12 @@ def test_packed_model_logits_match_unpacked_and_hf(model, packed_fp32, hf_model,
 
 
 @needs_bf16
-def test_packed_bf16_model_is_as_close_to_fp32_as_torchs_bf16(model, tokenizer):
+def test_packed_bf16_model_is_as_close_to_fp32_as_torchs_bf16(unpacked, tokenizer):
     """bfloat16 rounds every activation and weight (8 significant bits), so its logits stand
     ~0.1-1 off the fp32 ones whatever the matmul. The fair bar: the packed bf16 model is no
     further from our fp32 logits than the same bf16 model run through torch's matmuls (we
     accumulate in fp32 and round once, as torch does), and picks the same next tokens."""
+    model = unpacked
     plain_bf16 = copy.deepcopy(model).to(torch.bfloat16)
     packed_bf16 = copy.deepcopy(plain_bf16)
     pack_model_linears(packed_bf16)
