@@ -1,0 +1,73 @@
+"""Microbenchmark: the model's matmuls from Q4_1/Q8_0 codes against fp32 `x @ weight_t`.
+
+All 30 layers' shapes (qkv 576->960, o 576->576, gate_up 576->3072, down 1536->576) with the
+default model's real weights, plus the LM head (576->49152), at 1 and 30 rows of x; both
+paths in the same run. Usage: `heavy python3 -m model.bench_quantized [--repeats 20]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from model.gguf_weights import read_gguf
+from model.prepare import fetch_default_gguf
+from model.quantized import QuantizedLinear
+
+LAYER_PARTS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
+
+
+def median_ms(run: Callable[[], None], repeats: int) -> float:
+    run()  # warm-up: caches, thread pool
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
+def measure(rows: int, fp32: list[torch.Tensor], quantized: list[QuantizedLinear],
+            f_head: torch.Tensor, q_head: QuantizedLinear,
+            repeats: int) -> dict[str, tuple[float, float]]:
+    """{part: (fp32 ms, quantized ms)} for one pass over the layers and over the LM head."""
+    xs = {k: torch.randn(rows, k) for k in (576, 1536)}
+    return {
+        "layers": (median_ms(lambda: [xs[w.shape[0]] @ w for w in fp32], repeats),
+                   median_ms(lambda: [q(xs[q.in_features]) for q in quantized], repeats)),
+        "lm head": (median_ms(lambda: xs[576] @ f_head, repeats),
+                    median_ms(lambda: q_head(xs[576]), repeats)),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 30])
+    args = parser.parse_args()
+
+    gguf = read_gguf(fetch_default_gguf())
+    names = [f"layers.{i}.{p}" for i in range(gguf.num_layers) for p in LAYER_PARTS]
+    layers = {n: gguf.quantized[n] for n in names}
+    head = gguf.quantized["embed_tokens"]
+    quantized = [QuantizedLinear(w) for w in layers.values()]
+    fp32 = [w.dequantize().t().contiguous() for w in layers.values()]  # [in, out], as Linear
+    q_head, f_head = QuantizedLinear(head), head.dequantize().t().contiguous()
+    q_mb = sum(q.packed.numel() for q in quantized) / 1e6
+    f_mb = sum(w.numel() * 4 for w in fp32) / 1e6
+    print(f"threads: {torch.get_num_threads()}; layers: {len(names)} matmuls, "
+          f"{q_mb:.1f} MB of Q4_1 vs {f_mb:.1f} MB fp32; LM head {q_head.packed.numel() / 1e6:.1f}"
+          f" MB of Q8_0 vs {f_head.numel() * 4 / 1e6:.1f} MB fp32")
+    print(f"{'rows':>4}  {'part':<10} {'fp32 ms':>8} {'quant ms':>9} {'speed-up':>8}")
+    with torch.inference_mode():
+        for rows in args.rows:
+            for part, (f_ms, q_ms) in measure(rows, fp32, quantized, f_head, q_head,
+                                              args.repeats).items():
+                print(f"{rows:>4}  {part:<10} {f_ms:>8.2f} {q_ms:>9.2f} {f_ms / q_ms:>7.1f}x")
+
+if __name__ == "__main__":
+    main()

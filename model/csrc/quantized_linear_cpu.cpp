@@ -1,0 +1,178 @@
+// y = x · Wᵀ with W kept as llama.cpp's Q4_1 or Q8_0 codes (CPU, AVX-512, fp32 arithmetic).
+//
+// Exact to the fp32 model: each weight is dequantized in fp32 exactly as the GGUF reference
+// does (d * q + m; d * q is exact in fp32, so one rounding), then multiplied with x by FMA.
+// Only the order of the sums differs from an fp32 matmul on the dequantized weights.
+//
+// Layout (repacked once at load, see model/quantized.py): output rows in groups of 16, one
+// fp32 lane each, so one weight vector serves 16 outputs and a row of x is only ever
+// broadcast. Per group and block of 32 inputs, contiguous:
+//   Q4_1, 320 bytes: d[16] fp16, m[16] fp16, codes[16][16]: byte [j][r] holds row r's weight
+//                    j in its low nibble and weight j + 16 in its high one (as in the GGUF);
+//   Q8_0, 544 bytes: d[16] fp16, codes[32][16] int8: [k][r].
+// Groups follow one another: [groups][blocks][bytes].
+//
+// Each tile keeps MR rows x NG groups of accumulators in registers for the whole input dim:
+// a block's codes are unpacked once per tile and used for all MR rows. The tiles of one
+// thread's groups reuse the same few KB of codes from cache, so memory is read once per call.
+#include <torch/extension.h>
+
+#include <immintrin.h>
+
+#include <algorithm>
+
+#if !defined(__AVX512F__)
+#error "quantized_linear_cpu needs AVX-512F: build with -march=native on a CPU that has it"
+#endif
+
+namespace {
+constexpr int64_t kLanes = 16;  // output rows per group
+constexpr int64_t kBlock = 32;  // inputs per block
+
+inline __m512 load_halves(const uint8_t* p) {  // 16 fp16 -> 16 fp32, exact
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+struct Q4_1 {
+  static constexpr int64_t kBytes = 320;
+  __m512 d, m;
+  const uint8_t* codes;
+  Q4_1() = default;
+  explicit Q4_1(const uint8_t* p) : d(load_halves(p)), m(load_halves(p + 32)), codes(p + 64) {}
+  // The weights k = j and k = j + 16 of the group's 16 rows.
+  inline void pair(int j, __m512& lo, __m512& hi) const {
+    const __m512i b = _mm512_cvtepu8_epi32(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + kLanes * j)));
+    const __m512i low = _mm512_and_si512(b, _mm512_set1_epi32(0x0F));
+    lo = _mm512_fmadd_ps(_mm512_cvtepi32_ps(low), d, m);
+    hi = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(b, 4)), d, m);
+  }
+};
+
+struct Q8_0 {
+  static constexpr int64_t kBytes = 544;
+  __m512 d;
+  const uint8_t* codes;
+  Q8_0() = default;
+  explicit Q8_0(const uint8_t* p) : d(load_halves(p)), codes(p + 32) {}
+  inline __m512 at(int k) const {
+    const __m512i q = _mm512_cvtepi8_epi32(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + kLanes * k)));
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(q), d);
+  }
+  inline void pair(int j, __m512& lo, __m512& hi) const {
+    lo = at(j);
+    hi = at(j + 16);
+  }
+};
+
+// One tile: rows [0, MR) of x against NG groups starting at w. With few accumulators, the
+// weights k < 16 and k >= 16 of each block go to separate ones (S = 2), so that enough
+// independent FMA chains are in flight to hide their latency.
+template <class Format, int MR, int NG>
+void tile(const float* x, int64_t K, const uint8_t* w, int64_t group_bytes, float* y,
+          int64_t N, int64_t n0) {
+  constexpr int S = MR * NG >= 8 ? 1 : 2;
+  __m512 acc[MR][NG][S];
+  for (int m = 0; m < MR; ++m)
+    for (int g = 0; g < NG; ++g)
+      for (int s = 0; s < S; ++s) acc[m][g][s] = _mm512_setzero_ps();
+  const int64_t blocks = K / kBlock;
+  for (int64_t b = 0; b < blocks; ++b) {
+    const float* xb = x + b * kBlock;
+    Format blk[NG] = {};
+    for (int g = 0; g < NG; ++g) blk[g] = Format(w + g * group_bytes + b * Format::kBytes);
+#pragma GCC unroll 4
+    for (int j = 0; j < 16; ++j) {
+      for (int g = 0; g < NG; ++g) {
+        __m512 lo, hi;
+        blk[g].pair(j, lo, hi);
+        for (int m = 0; m < MR; ++m) {
+          acc[m][g][0] = _mm512_fmadd_ps(lo, _mm512_set1_ps(xb[m * K + j]), acc[m][g][0]);
+          acc[m][g][S - 1] =
+              _mm512_fmadd_ps(hi, _mm512_set1_ps(xb[m * K + j + 16]), acc[m][g][S - 1]);
+        }
+      }
+    }
+  }
+  for (int g = 0; g < NG; ++g) {
+    const int64_t n = n0 + g * kLanes;
+    const __mmask16 mask = n + kLanes <= N ? 0xFFFF : (__mmask16)((1u << (N - n)) - 1);
+    for (int m = 0; m < MR; ++m) {
+      __m512 sum = acc[m][g][0];
+      if constexpr (S == 2) sum = _mm512_add_ps(sum, acc[m][g][1]);
+      _mm512_mask_storeu_ps(y + m * N + n, mask, sum);
+    }
+  }
+}
+
+constexpr int kMaxRows = 8;  // rows per tile
+constexpr int kGroups = 2;   // groups per tile
+
+template <class Format, int NG>
+void rows_tile(int rows, const float* x, int64_t K, const uint8_t* w, int64_t group_bytes,
+               float* y, int64_t N, int64_t n0) {
+  switch (rows) {
+    case 1: return tile<Format, 1, NG>(x, K, w, group_bytes, y, N, n0);
+    case 2: return tile<Format, 2, NG>(x, K, w, group_bytes, y, N, n0);
+    case 3: return tile<Format, 3, NG>(x, K, w, group_bytes, y, N, n0);
+    case 4: return tile<Format, 4, NG>(x, K, w, group_bytes, y, N, n0);
+    case 5: return tile<Format, 5, NG>(x, K, w, group_bytes, y, N, n0);
+    case 6: return tile<Format, 6, NG>(x, K, w, group_bytes, y, N, n0);
+    case 7: return tile<Format, 7, NG>(x, K, w, group_bytes, y, N, n0);
+    default: return tile<Format, 8, NG>(x, K, w, group_bytes, y, N, n0);
+  }
+}
+
+template <class Format>
+torch::Tensor quantized_linear(const torch::Tensor& x, const torch::Tensor& packed, int64_t N,
+                               const char* name) {
+  TORCH_CHECK(x.dtype() == torch::kFloat32 && x.dim() == 2 && x.is_contiguous(), name,
+              ": x must be a contiguous float32 [rows, in] tensor");
+  TORCH_CHECK(packed.dtype() == torch::kUInt8 && packed.dim() == 3 && packed.is_contiguous() &&
+                  packed.size(2) == Format::kBytes,
+              name, ": packed weights must be contiguous uint8 [groups, blocks, ",
+              Format::kBytes, "]");
+  const int64_t M = x.size(0), K = x.size(1), groups = packed.size(0);
+  TORCH_CHECK(K == packed.size(1) * kBlock, name, ": x has ", K, " inputs, weights ",
+              packed.size(1) * kBlock);
+  TORCH_CHECK(N > (groups - 1) * kLanes && N <= groups * kLanes, name, ": ", N,
+              " outputs do not fit ", groups, " groups of 16 rows");
+  auto y = torch::empty({M, N}, x.options());
+  if (M == 0) return y;
+  pybind11::gil_scoped_release no_gil;  // pure C++ from here on
+  const float* xp = x.data_ptr<float>();
+  const uint8_t* wp = packed.data_ptr<uint8_t>();
+  float* yp = y.data_ptr<float>();
+  const int64_t group_bytes = packed.size(1) * Format::kBytes;
+  const int64_t tiles = (groups + kGroups - 1) / kGroups;
+  // Output groups are split between the threads; each thread runs all rows of x over its
+  // groups, so its codes come from memory once and from cache for the later row tiles.
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < tiles; ++t) {
+    const int64_t g0 = t * kGroups;
+    const uint8_t* w = wp + g0 * group_bytes;
+    for (int64_t m0 = 0; m0 < M; m0 += kMaxRows) {
+      const int rows = static_cast<int>(std::min<int64_t>(kMaxRows, M - m0));
+      const float* xm = xp + m0 * K;
+      float* ym = yp + m0 * N;
+      if (g0 + kGroups <= groups) {
+        rows_tile<Format, kGroups>(rows, xm, K, w, group_bytes, ym, N, g0 * kLanes);
+      } else {
+        for (int64_t g = g0; g < groups; ++g)
+          rows_tile<Format, 1>(rows, xm, K, wp + g * group_bytes, group_bytes, ym, N,
+                               g * kLanes);
+      }
+    }
+  }
+  return y;
+}
+}  // namespace
+
+torch::Tensor q4_1_linear(torch::Tensor x, torch::Tensor packed, int64_t out_features) {
+  return quantized_linear<Q4_1>(x, packed, out_features, "q4_1_linear");
+}
+
+torch::Tensor q8_0_linear(torch::Tensor x, torch::Tensor packed, int64_t out_features) {
+  return quantized_linear<Q8_0>(x, packed, out_features, "q8_0_linear");
+}
