@@ -125,6 +125,9 @@ class QuantizedEmbedding(nn.Module):
             raise ValueError(f"embedding lookup supports Q8_0 only, got {head.kind}")
         self.head = [head]  # a list: not a submodule, so its buffer is not listed twice
         self.num_embeddings, self.embedding_dim = head.out_features, head.in_features
+        # Callers read the model's dtype and device from embed_tokens.weight; an empty fp32
+        # stand-in answers them (and fails loudly if anyone tries to index it).
+        self.register_buffer("weight", torch.empty(0, self.embedding_dim), persistent=False)
 
     def forward(self, input_ids: Tensor) -> Tensor:
         packed = self.head[0].packed  # [groups, blocks, 32 + 512]

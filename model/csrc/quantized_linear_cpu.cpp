@@ -66,22 +66,27 @@ struct Q8_0 {
   }
 };
 
-// One tile: rows [0, MR) of x against NG groups starting at w. With few accumulators, the
-// weights k < 16 and k >= 16 of each block go to separate ones (S = 2), so that enough
-// independent FMA chains are in flight to hide their latency.
+// One tile: rows [0, MR) of x against NG groups starting at w.
+//
+// Sums run in two levels, as blocked BLAS sums do: each block's 32 products go into fresh
+// registers, which are then added to running totals kept in L1. One chain over all K inputs
+// (up to 1536) would lose several times more precision than the fp32 matmul does. With few
+// accumulators, the weights k < 16 and k >= 16 of a block go to separate ones (S = 2), so
+// that enough independent FMA chains are in flight to hide their latency.
 template <class Format, int MR, int NG>
 void tile(const float* x, int64_t K, const uint8_t* w, int64_t group_bytes, float* y,
           int64_t N, int64_t n0) {
   constexpr int S = MR * NG >= 8 ? 1 : 2;
-  __m512 acc[MR][NG][S];
-  for (int m = 0; m < MR; ++m)
-    for (int g = 0; g < NG; ++g)
-      for (int s = 0; s < S; ++s) acc[m][g][s] = _mm512_setzero_ps();
+  alignas(64) float total[MR][NG][kLanes] = {};
   const int64_t blocks = K / kBlock;
   for (int64_t b = 0; b < blocks; ++b) {
     const float* xb = x + b * kBlock;
-    Format blk[NG] = {};
+    Format blk[NG];
     for (int g = 0; g < NG; ++g) blk[g] = Format(w + g * group_bytes + b * Format::kBytes);
+    __m512 acc[MR][NG][S];
+    for (int m = 0; m < MR; ++m)
+      for (int g = 0; g < NG; ++g)
+        for (int s = 0; s < S; ++s) acc[m][g][s] = _mm512_setzero_ps();
 #pragma GCC unroll 4
     for (int j = 0; j < 16; ++j) {
       for (int g = 0; g < NG; ++g) {
@@ -94,15 +99,18 @@ void tile(const float* x, int64_t K, const uint8_t* w, int64_t group_bytes, floa
         }
       }
     }
+    for (int m = 0; m < MR; ++m)
+      for (int g = 0; g < NG; ++g) {
+        __m512 sum = acc[m][g][0];
+        if constexpr (S == 2) sum = _mm512_add_ps(sum, acc[m][g][1]);
+        _mm512_store_ps(total[m][g], _mm512_add_ps(_mm512_load_ps(total[m][g]), sum));
+      }
   }
   for (int g = 0; g < NG; ++g) {
     const int64_t n = n0 + g * kLanes;
     const __mmask16 mask = n + kLanes <= N ? 0xFFFF : (__mmask16)((1u << (N - n)) - 1);
-    for (int m = 0; m < MR; ++m) {
-      __m512 sum = acc[m][g][0];
-      if constexpr (S == 2) sum = _mm512_add_ps(sum, acc[m][g][1]);
-      _mm512_mask_storeu_ps(y + m * N + n, mask, sum);
-    }
+    for (int m = 0; m < MR; ++m)
+      _mm512_mask_storeu_ps(y + m * N + n, mask, _mm512_load_ps(total[m][g]));
   }
 }
 
