@@ -28,6 +28,7 @@
 namespace {
 constexpr int64_t kLanes = 16;  // output rows per group
 constexpr int64_t kBlock = 32;  // inputs per block
+constexpr int64_t kAhead = 8;   // blocks to prefetch ahead of use
 
 inline __m512 load_halves(const uint8_t* p) {  // 16 fp16 -> 16 fp32, exact
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
@@ -82,7 +83,15 @@ void tile(const float* x, int64_t K, const uint8_t* w, int64_t group_bytes, floa
   for (int64_t b = 0; b < blocks; ++b) {
     const float* xb = x + b * kBlock;
     Format blk[NG];
-    for (int g = 0; g < NG; ++g) blk[g] = Format(w + g * group_bytes + b * Format::kBytes);
+    for (int g = 0; g < NG; ++g) {
+      const uint8_t* p = w + g * group_bytes + b * Format::kBytes;
+      blk[g] = Format(p);
+      // Past the row's end this is the start of the next group, which the thread reads next
+      // (or memory past the tensor: a prefetch never faults).
+      for (int64_t line = 0; line < Format::kBytes; line += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(p + kAhead * Format::kBytes + line),
+                     _MM_HINT_T0);
+    }
     __m512 acc[MR][NG][S];
     for (int m = 0; m < MR; ++m)
       for (int g = 0; g < NG; ++g)
