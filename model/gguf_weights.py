@@ -18,10 +18,10 @@ the codes here.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 
 BLOCK = 32  # weights per block, both formats
@@ -102,7 +102,8 @@ def _field(reader, key: str) -> int:
 
 
 def read_gguf(path: str | Path) -> GGUFModel:
-    """Read every tensor (copied out of the memory map) and fuse Q/K/V and gate/up."""
+    """Every tensor, the quantized ones as views of the memory-mapped file; Q/K/V and
+    gate/up fused (copies)."""
     from gguf import GGUFReader
 
     reader = GGUFReader(str(path))
@@ -113,11 +114,14 @@ def read_gguf(path: str | Path) -> GGUFModel:
     dense: dict[str, torch.Tensor] = {}
     for t in reader.tensors:
         kind = t.tensor_type.name
-        data = torch.from_numpy(np.array(t.data))  # a copy: the file can be closed after
+        # A view of the read-only memory map, not a copy: file pages, not heap, until packed.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # "non-writable": we only read it
+            data = torch.from_numpy(t.data)
         if kind in BLOCK_BYTES:
             raw[t.name] = BlockTensor(kind, data.reshape(data.shape[0], -1, BLOCK_BYTES[kind]))
         elif kind == "F32":
-            dense[t.name] = data
+            dense[t.name] = data.clone()  # small; a view would keep the whole file mapped
         else:
             raise ValueError(f"{path}: tensor {t.name} is {kind}; only Q4_1, Q8_0 and F32 "
                              "are supported")

@@ -5,9 +5,10 @@ each weight in fp32 and multiplies by FMA computes the fp32 model, summed in ano
 The kernel (model/csrc/quantized_linear_cpu.cpp) does exactly that from the codes, so each
 decode step streams ~66 MB of Q4_1 layers and a 30 MB Q8_0 LM head instead of 538 MB of fp32.
 
-`quantize_model_q4_1(model, gguf_path)` swaps a loaded fp32 model's linear layers, its
-embedding and its LM head for quantized ones (same attribute names, same x @ Wᵀ contract) and
-drops the fp32 weights; `load_q4_1_weights(model)` does it with the default model's GGUF.
+`load_q4_1_model(model_dir)` builds the model straight from the GGUF (no fp32 weights ever);
+`quantize_model_q4_1(model, gguf_path)` swaps a loaded fp32 model's linear layers, embedding
+and LM head for quantized ones (same attribute names, same x @ Wᵀ contract) and drops the fp32
+weights; `load_q4_1_weights(model)` does that with the default model's GGUF.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from model.gguf_weights import BLOCK, BlockTensor, read_gguf
-from model.llama import LlamaModel
+from model.config import ModelConfig
+from model.gguf_weights import BLOCK, BlockTensor, GGUFModel, read_gguf
+from model.llama import LlamaModel, RotaryEmbedding
 
 log = logging.getLogger("nano_vllm.kernel")
 SOURCE = Path(__file__).parent / "csrc" / "quantized_linear_cpu.cpp"
@@ -105,6 +107,8 @@ class QuantizedLinear(nn.Module):
         self.register_buffer("packed", pack_for_kernel(weight))
 
     def forward(self, x: Tensor) -> Tensor:
+        if x.dim() == 2:  # the engine's flat batch: skip the reshapes (121 calls a step)
+            return self.kernel(x.contiguous(), self.packed, self.out_features)
         flat = x.reshape(-1, self.in_features).contiguous()
         return self.kernel(flat, self.packed, self.out_features).reshape(
             *x.shape[:-1], self.out_features)
@@ -153,18 +157,8 @@ def _swap(parent: nn.Module, name: str, weight: BlockTensor) -> QuantizedLinear:
     return new
 
 
-def quantize_model_q4_1(model: LlamaModel, gguf_path: str | Path) -> None:
-    """Replace the model's linear layers, LM head and embedding with the GGUF's codes.
-
-    The model must be the one the GGUF was converted to (shapes are checked), on the CPU in
-    float32. Attribute names stay: layers[i].self_attn.qkv_proj, o_proj,
-    layers[i].mlp.gate_up_proj, down_proj, lm_head, embed_tokens."""
-    weight = model.norm.weight
-    if weight.device.type != "cpu" or weight.dtype != torch.float32:
-        raise ValueError(f"--weights q4_1 runs on the CPU in float32; the model is on "
-                         f"{weight.device} in {weight.dtype}")
-    quantized_kernels()  # fail here, before touching the model, if the kernel cannot run
-    gguf = read_gguf(gguf_path)
+def _install(model: LlamaModel, gguf: GGUFModel) -> None:
+    """Swap the model's linear layers, LM head and embedding for the GGUF's codes."""
     if gguf.num_layers != len(model.layers):
         raise ValueError(f"GGUF has {gguf.num_layers} layers, the model {len(model.layers)}")
     q = gguf.quantized
@@ -181,8 +175,44 @@ def quantize_model_q4_1(model: LlamaModel, gguf_path: str | Path) -> None:
         model.embed_tokens = QuantizedEmbedding(_swap(model, "lm_head", embedding))
 
 
+def quantize_model_q4_1(model: LlamaModel, gguf_path: str | Path) -> None:
+    """Replace a loaded fp32 model's linear layers, LM head and embedding with the GGUF's
+    codes, dropping the fp32 weights.
+
+    The model must be the one the GGUF was converted to (shapes are checked), on the CPU in
+    float32. Attribute names stay: layers[i].self_attn.qkv_proj, o_proj,
+    layers[i].mlp.gate_up_proj, down_proj, lm_head, embed_tokens."""
+    weight = model.norm.weight
+    if weight.device.type != "cpu" or weight.dtype != torch.float32:
+        raise ValueError(f"--weights q4_1 runs on the CPU in float32; the model is on "
+                         f"{weight.device} in {weight.dtype}")
+    quantized_kernels()  # fail here, before touching the model, if the kernel cannot run
+    _install(model, read_gguf(gguf_path))
+
+
 def load_q4_1_weights(model: LlamaModel) -> None:
-    """`--weights q4_1` for the default model: swap in its GGUF's codes (downloaded once)."""
+    """quantize_model_q4_1 with the default model's GGUF (downloaded once, then cached)."""
     from model.prepare import fetch_default_gguf
 
     quantize_model_q4_1(model, fetch_default_gguf())
+
+
+def load_q4_1_model(model_dir: str | Path, gguf_path: str | Path | None = None) -> LlamaModel:
+    """`--weights q4_1`: the model of model_dir (its config.json) built straight from the GGUF,
+    never holding fp32 weights (~100 MB resident instead of ~650 MB at load).
+
+    gguf_path defaults to the default model's GGUF (downloaded once, then cached)."""
+    from model.prepare import fetch_default_gguf
+
+    quantized_kernels()
+    gguf = read_gguf(gguf_path or fetch_default_gguf())
+    cfg = ModelConfig.from_dir(model_dir)
+    with torch.device("meta"):  # shapes only: every weight comes from the GGUF
+        model = LlamaModel(cfg)
+    _install(model, gguf)
+    model.load_state_dict(gguf.dense, strict=False, assign=True)  # the RMSNorm weights
+    missing = [name for name, t in model.state_dict().items() if t.is_meta]
+    if missing:
+        raise ValueError(f"GGUF has no weights for {missing}")
+    model.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.max_position_embeddings)
+    return model.eval().requires_grad_(False)

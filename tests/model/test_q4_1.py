@@ -14,6 +14,7 @@ from model.quantized import (
     QuantizedEmbedding,
     QuantizedKernelUnavailable,
     QuantizedLinear,
+    load_q4_1_model,
     quantize_model_q4_1,
 )
 from tests.conftest import LOGITS_ATOL, PROMPTS
@@ -37,10 +38,9 @@ def gguf() -> GGUFModel:
 
 @pytest.fixture(scope="module")
 def q4_1_model(model_dir) -> LlamaModel:
+    """Built straight from the GGUF, as `--weights q4_1` does."""
     kernel_or_skip()
-    model = load_model(model_dir)
-    quantize_model_q4_1(model, fetch_default_gguf())
-    return model
+    return load_q4_1_model(model_dir)
 
 
 def random_blocks(kind: str, rows: int, cols: int, seed: int) -> BlockTensor:
@@ -137,6 +137,15 @@ def test_full_prompt_logits_match_fp32_and_hf(q4_1_model, model, hf_model, token
               f"vs HF {vs_hf:.2e} (tolerance {LOGITS_ATOL:.0e})")
         assert vs_fp32 < LOGITS_ATOL and vs_hf < LOGITS_ATOL
         assert torch.equal(ours.argmax(-1), hf.argmax(-1))
+
+
+def test_swapping_a_loaded_fp32_model_gives_the_same_model(q4_1_model, model_dir, tokenizer):
+    swapped = load_model(model_dir)
+    quantize_model_q4_1(swapped, fetch_default_gguf())
+    ids = tokenizer(PROMPTS[2], return_tensors="pt").input_ids
+    positions = torch.arange(ids.shape[1])[None]
+    assert torch.equal(swapped(ids, positions, causal_attention),
+                       q4_1_model(ids, positions, causal_attention))
 
 
 def test_paged_paths_match_hf(q4_1_model, hf_model, tokenizer):
