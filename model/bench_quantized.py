@@ -1,8 +1,9 @@
 """Microbenchmark: the model's matmuls from Q4_1/Q8_0 codes against fp32 `x @ weight_t`.
 
 All 30 layers' shapes (qkv 576->960, o 576->576, gate_up 576->3072, down 1536->576) with the
-default model's real weights, plus the LM head (576->49152), at 1 and 30 rows of x; both
-paths in the same run. Usage: `heavy python3 -m model.bench_quantized [--repeats 30]`.
+default model's real weights, plus the LM head (576->49152), at 1 and 30 rows of x: fp32,
+q4_1 (the GGUF's codes; its LM head is Q8_0) and int8 (per output channel), in one run.
+Usage: `heavy python3 -m model.bench_quantized [--repeats 30]`.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Callable
 import torch
 
 from model.gguf_weights import read_gguf
+from model.int8 import int8_per_channel
 from model.prepare import fetch_default_gguf
 from model.quantized import QuantizedLinear
 
@@ -33,30 +35,40 @@ def timed_ms(run: Callable[[], None], repeats: int) -> tuple[float, float]:
     return min(times) * 1e3, statistics.median(times) * 1e3
 
 
-def measure(rows: int, fp32: list[torch.Tensor], quantized: list[QuantizedLinear],
-            f_head: torch.Tensor, q_head: QuantizedLinear,
-            repeats: int) -> dict[str, tuple[tuple[float, float], tuple[float, float]]]:
-    """{part: (fp32 (best, median) ms, quantized (best, median) ms)}.
+Matmul = Callable[[torch.Tensor], torch.Tensor]
 
-    "layers + head" is one decode step's matmuls: there the LM head's codes no longer sit in
-    the last-level cache from the previous repeat, as they can when it runs alone."""
+
+class FP32Matmul:
+    """Exactly what model/llama.py's Linear does."""
+
+    def __init__(self, weight_t: torch.Tensor) -> None:
+        self.weight_t = weight_t
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ self.weight_t
+
+
+def megabytes(matmuls: list[Matmul]) -> float:
+    return sum(m.packed.numel() if isinstance(m, QuantizedLinear) else 4 * m.weight_t.numel()
+               for m in matmuls) / 1e6
+
+
+def measure(rows: int, layers: list[Matmul], head: Matmul,
+            repeats: int) -> dict[str, tuple[float, float]]:
+    """{part: (best, median) ms} of one weights format.
+
+    "layers + head" is one decode step's matmuls: there the LM head's weights no longer sit
+    in the last-level cache from the previous repeat, as they can when it runs alone."""
     xs = {k: torch.randn(rows, k) for k in (576, 1536)}
+    inputs = [xs[576] if i % 4 != 3 else xs[1536] for i in range(len(layers))]  # down: 1536
 
-    def fp32_layers() -> None:
-        for w in fp32:
-            xs[w.shape[0]] @ w
+    def all_layers() -> None:
+        for layer, x in zip(layers, inputs):
+            layer(x)
 
-    def quantized_layers() -> None:
-        for q in quantized:
-            q(xs[q.in_features])
-
-    return {
-        "layers": (timed_ms(fp32_layers, repeats), timed_ms(quantized_layers, repeats)),
-        "lm head": (timed_ms(lambda: xs[576] @ f_head, repeats),
-                    timed_ms(lambda: q_head(xs[576]), repeats)),
-        "layers + head": (timed_ms(lambda: (fp32_layers(), xs[576] @ f_head), repeats),
-                          timed_ms(lambda: (quantized_layers(), q_head(xs[576])), repeats)),
-    }
+    return {"layers": timed_ms(all_layers, repeats),
+            "lm head": timed_ms(lambda: head(xs[576]), repeats),
+            "layers + head": timed_ms(lambda: (all_layers(), head(xs[576])), repeats)}
 
 
 def main() -> None:
@@ -67,24 +79,28 @@ def main() -> None:
 
     gguf = read_gguf(fetch_default_gguf())
     names = [f"layers.{i}.{p}" for i in range(gguf.num_layers) for p in LAYER_PARTS]
-    layers = {n: gguf.quantized[n] for n in names}
-    head = gguf.quantized["embed_tokens"]
-    quantized = [QuantizedLinear(w) for w in layers.values()]
-    fp32 = [w.dequantize().t().contiguous() for w in layers.values()]  # [in, out], as Linear
-    q_head, f_head = QuantizedLinear(head), head.dequantize().t().contiguous()
-    q_mb = sum(q.packed.numel() for q in quantized) / 1e6
-    f_mb = sum(w.numel() * 4 for w in fp32) / 1e6
-    print(f"threads: {torch.get_num_threads()}; layers: {len(names)} matmuls, "
-          f"{q_mb:.1f} MB of Q4_1 vs {f_mb:.1f} MB fp32; LM head {q_head.packed.numel() / 1e6:.1f}"
-          f" MB of Q8_0 vs {f_head.numel() * 4 / 1e6:.1f} MB fp32")
-    print("ms, best / median of the repeats")
-    print(f"{'rows':>4}  {'part':<14} {'fp32':>15} {'q4_1 + q8_0':>15} {'speed-up':>8}")
+    blocks = [gguf.quantized[n] for n in names] + [gguf.quantized["embed_tokens"]]
+    dense = [w.dequantize() for w in blocks]  # [out, in]: the fp32 model's weights
+    formats: dict[str, list[Matmul]] = {
+        "fp32": [FP32Matmul(w.t().contiguous()) for w in dense],
+        "q4_1": [QuantizedLinear(w) for w in blocks],  # Q4_1 layers, Q8_0 LM head
+        "int8": [QuantizedLinear(int8_per_channel(w)) for w in dense],
+    }
+    del dense
+    for name, matmuls in formats.items():
+        print(f"{name}: layers {megabytes(matmuls[:-1]):.1f} MB, "
+              f"LM head {megabytes(matmuls[-1:]):.1f} MB")
+    print(f"threads: {torch.get_num_threads()}; ms, best / median of {args.repeats} repeats")
+    print(f"{'rows':>4}  {'part':<14}" + "".join(f"{name:>17}" for name in formats))
     with torch.inference_mode():
         for rows in args.rows:
-            for part, (f_ms, q_ms) in measure(rows, fp32, quantized, f_head, q_head,
-                                              args.repeats).items():
-                print(f"{rows:>4}  {part:<14} {f_ms[0]:>7.2f} / {f_ms[1]:<5.2f} "
-                      f"{q_ms[0]:>7.2f} / {q_ms[1]:<5.2f} {f_ms[0] / q_ms[0]:>7.1f}x")
+            results = {name: measure(rows, m[:-1], m[-1], args.repeats)
+                       for name, m in formats.items()}
+            for part in results["fp32"]:
+                cells = "".join(f"{r[part][0]:>9.2f} / {r[part][1]:<5.2f}"
+                                for r in results.values())
+                print(f"{rows:>4}  {part:<14}{cells}")
+
 
 if __name__ == "__main__":
     main()
