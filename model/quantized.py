@@ -58,8 +58,8 @@ def quantized_kernels() -> dict[str, Callable[[Tensor, Tensor, int], Tensor]]:
     capability = cpu_capability()
     if capability != "AVX512":
         raise QuantizedKernelUnavailable(
-            f"--weights q4_1 needs a CPU with AVX-512 (F, BW, VL, DQ); this one offers "
-            f"{capability}. Use the default fp32 weights instead.")
+            f"the quantized weights (--weights q4_1, int8) need a CPU with AVX-512 (F, BW, VL, "
+            f"DQ); this one offers {capability}. Use the default fp32 weights instead.")
     try:
         module = _build()
     except Exception as exc:  # no compiler, no ninja, a failed build: say which
@@ -127,14 +127,14 @@ class QuantizedEmbedding(nn.Module):
         super().__init__()
         if head.kind != "Q8_0":
             raise ValueError(f"embedding lookup supports Q8_0 only, got {head.kind}")
-        self.head = [head]  # a list: not a submodule, so its buffer is not listed twice
         self.num_embeddings, self.embedding_dim = head.out_features, head.in_features
+        self.register_buffer("packed", head.packed)  # the same tensor, not a copy
         # Callers read the model's dtype and device from embed_tokens.weight; an empty fp32
         # stand-in answers them (and fails loudly if anyone tries to index it).
         self.register_buffer("weight", torch.empty(0, self.embedding_dim), persistent=False)
 
     def forward(self, input_ids: Tensor) -> Tensor:
-        packed = self.head[0].packed  # [groups, blocks, 32 + 512]
+        packed = self.packed  # [groups, blocks, 32 + 512]
         ids = input_ids.reshape(-1)
         lane = (ids % GROUP).view(-1, 1, 1)
         rows = packed[ids // GROUP]  # [tokens, blocks, 544]: the 16 rows of each id's group

@@ -12,9 +12,11 @@
 //   Q8_0, 544 bytes: d[16] fp16, codes[32][16] int8: [k][r].
 // Groups follow one another: [groups][blocks][bytes].
 //
-// Each tile keeps MR rows x NG groups of accumulators in registers for the whole input dim:
-// a block's codes are unpacked once per tile and used for all MR rows. The tiles of one
-// thread's groups reuse the same few KB of codes from cache, so memory is read once per call.
+// Threads split the output groups; each reads its codes from memory once per call. Up to 8
+// rows of x, a tile keeps every row's accumulators in registers and unpacks each block once
+// for all of them; with more rows, each block is dequantized once into a small buffer that
+// every 8-row tile then reads. Either way a block's products are summed apart first, then
+// added to running totals (see `tile`).
 #include <torch/extension.h>
 
 #include <immintrin.h>
@@ -30,7 +32,10 @@
 namespace {
 constexpr int64_t kLanes = 16;  // output rows per group
 constexpr int64_t kBlock = 32;  // inputs per block
-constexpr int64_t kAhead = 8;   // blocks to prefetch ahead of use
+// Blocks to prefetch ahead of use. With the hardware prefetcher alone, each core streamed
+// codes at ~9 GB/s and one row through 30 layers took 4.1 ms (2 threads); prefetching 2 to 8
+// blocks ahead brought that to ~2.4 ms, with no clear winner within the noise.
+constexpr int64_t kAhead = 8;
 
 inline __m512 load_halves(const uint8_t* p) {  // 16 fp16 -> 16 fp32, exact
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
