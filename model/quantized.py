@@ -1,0 +1,218 @@
+"""`--weights q4_1`: run the default model on its own 4-bit codes, exact to the fp32 model.
+
+The fp32 model is the dequantized GGUF (model/gguf_weights.py), so a matmul that dequantizes
+each weight in fp32 and multiplies by FMA computes the fp32 model, summed in another order.
+The kernel (model/csrc/quantized_linear_cpu.cpp) does exactly that from the codes, so each
+decode step streams ~66 MB of Q4_1 layers and a 30 MB Q8_0 LM head instead of 538 MB of fp32.
+
+`load_q4_1_model(model_dir)` builds the model straight from the GGUF (no fp32 weights ever);
+`quantize_model_q4_1(model, gguf_path)` swaps a loaded fp32 model's linear layers, embedding
+and LM head for quantized ones (same attribute names, same x @ Wᵀ contract) and drops the fp32
+weights; `load_q4_1_weights(model)` does that with the default model's GGUF.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from functools import cache
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from model.config import ModelConfig
+from model.gguf_weights import BLOCK, BlockTensor, GGUFModel, read_gguf
+from model.llama import LlamaModel, RotaryEmbedding
+
+log = logging.getLogger("nano_vllm.kernel")
+SOURCE = Path(__file__).parent / "csrc" / "quantized_linear_cpu.cpp"
+GROUP = 16  # output rows per group in the kernel's layout: one fp32 lane each
+
+
+class QuantizedKernelUnavailable(RuntimeError):
+    """The quantized kernel cannot run here; the message says what is missing."""
+
+
+def cpu_capability() -> str:
+    """The best vector ISA PyTorch found on this CPU: "AVX512", "AVX2", "DEFAULT", ..."""
+    return torch.backends.cpu.get_cpu_capability()
+
+
+@cache
+def _build() -> object:
+    from torch.utils.cpp_extension import load_inline
+
+    log.info("loading the quantized-linear kernel (compiled on first use, ~1 min) ...")
+    return load_inline(
+        name="nano_vllm_quantized_linear", cpp_sources=[SOURCE.read_text()],
+        functions=["q4_1_linear", "q8_0_linear"],
+        extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"])
+
+
+def quantized_kernels() -> dict[str, Callable[[Tensor, Tensor, int], Tensor]]:
+    """{"Q4_1": fn, "Q8_0": fn}, each fn(x [M, K] fp32, packed, out_features) -> [M, N].
+
+    Raises QuantizedKernelUnavailable naming what is missing (there is no slow fallback: a
+    dequantized fp32 model is what the default --weights already runs)."""
+    capability = cpu_capability()
+    if capability != "AVX512":
+        raise QuantizedKernelUnavailable(
+            f"the quantized weights (--weights q4_1, int8) need a CPU with AVX-512 (F, BW, VL, "
+            f"DQ); this one offers {capability}. Use the default fp32 weights instead.")
+    try:
+        module = _build()
+    except Exception as exc:  # no compiler, no ninja, a failed build: say which
+        raise QuantizedKernelUnavailable(
+            f"the quantized-linear kernel could not be built ({type(exc).__name__}: {exc}). "
+            "It needs a C++ compiler with OpenMP and ninja; use the default fp32 weights "
+            "instead.") from exc
+    return {"Q4_1": module.q4_1_linear, "Q8_0": module.q8_0_linear}
+
+
+def pack_for_kernel(weight: BlockTensor) -> Tensor:
+    """GGUF blocks [rows, blocks, bytes] -> the kernel's [groups, blocks, bytes] layout.
+
+    Rows are padded with zero blocks (w = 0) to a multiple of 16, then each group's 16 rows
+    are interleaved per block: scales side by side, then the codes with the row fastest."""
+    rows, blocks = weight.rows, weight.blocks.shape[1]
+    groups = -(-rows // GROUP)
+    raw = torch.zeros(groups * GROUP, blocks, weight.blocks.shape[2], dtype=torch.uint8)
+    raw[:rows] = weight.blocks
+
+    def interleave(field: Tensor, width: int) -> Tensor:
+        """[rows, blocks, n * width] -> [groups, blocks, n * 16 * width], row inside width."""
+        field = field.reshape(groups, GROUP, blocks, -1, width)
+        return field.permute(0, 2, 3, 1, 4).reshape(groups, blocks, -1)
+
+    if weight.kind == "Q4_1":  # d, m, then 16 code bytes (weights j and j + 16)
+        parts = [interleave(raw[..., 0:2], 2), interleave(raw[..., 2:4], 2),
+                 interleave(raw[..., 4:20], 1)]
+    else:  # Q8_0: d, then 32 int8 codes
+        parts = [interleave(raw[..., 0:2], 2), interleave(raw[..., 2:34], 1)]
+    return torch.cat(parts, dim=-1).contiguous()
+
+
+class QuantizedLinear(nn.Module):
+    """y = x @ Wᵀ for x [..., in] fp32, W kept as Q4_1 or Q8_0 codes ([out, in] blocks).
+
+    The same contract as model/llama.py's Linear; the result is the fp32 matmul on the
+    dequantized weights up to summation order."""
+
+    def __init__(self, weight: BlockTensor) -> None:
+        super().__init__()
+        self.kind = weight.kind
+        self.in_features, self.out_features = weight.cols, weight.rows
+        self.kernel = quantized_kernels()[weight.kind]
+        self.register_buffer("packed", pack_for_kernel(weight))
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.dim() == 2:  # the engine's flat batch: skip the reshapes (121 calls a step)
+            return self.kernel(x.contiguous(), self.packed, self.out_features)
+        flat = x.reshape(-1, self.in_features).contiguous()
+        return self.kernel(flat, self.packed, self.out_features).reshape(
+            *x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"{self.kind}, in={self.in_features}, out={self.out_features}"
+
+
+class QuantizedEmbedding(nn.Module):
+    """Token embedding read from a Q8_0 LM head's packed codes (tied weights share them).
+
+    Rows are dequantized on lookup (w = d * q, exact in fp32), so the embedding costs no
+    memory of its own."""
+
+    def __init__(self, head: QuantizedLinear) -> None:
+        super().__init__()
+        if head.kind != "Q8_0":
+            raise ValueError(f"embedding lookup supports Q8_0 only, got {head.kind}")
+        self.num_embeddings, self.embedding_dim = head.out_features, head.in_features
+        self.register_buffer("packed", head.packed)  # the same tensor, not a copy
+        # Callers read the model's dtype and device from embed_tokens.weight; an empty fp32
+        # stand-in answers them (and fails loudly if anyone tries to index it).
+        self.register_buffer("weight", torch.empty(0, self.embedding_dim), persistent=False)
+
+    def forward(self, input_ids: Tensor) -> Tensor:
+        packed = self.packed  # [groups, blocks, 32 + 512]
+        ids = input_ids.reshape(-1)
+        lane = (ids % GROUP).view(-1, 1, 1)
+        rows = packed[ids // GROUP]  # [tokens, blocks, 544]: the 16 rows of each id's group
+        scale_bytes = rows.gather(2, (2 * lane + torch.arange(2)).expand(-1, rows.shape[1], -1))
+        scales = scale_bytes.contiguous().view(torch.float16).float()  # [tokens, blocks, 1]
+        code_index = 32 + lane + GROUP * torch.arange(BLOCK)
+        codes = rows.gather(2, code_index.expand(-1, rows.shape[1], -1)).view(torch.int8)
+        out = (codes.float() * scales).reshape(len(ids), self.embedding_dim)
+        return out.reshape(*input_ids.shape, self.embedding_dim)
+
+
+def _swap(parent: nn.Module, name: str, weight: BlockTensor) -> QuantizedLinear:
+    old = getattr(parent, name)
+    expected = tuple(old.weight_t.shape[::-1])  # our Linear keeps [in, out]
+    if (weight.rows, weight.cols) != expected:
+        raise ValueError(f"GGUF tensor for {name} is {weight.rows}x{weight.cols}, the model's "
+                         f"is {expected[0]}x{expected[1]}: not the same model")
+    new = QuantizedLinear(weight)
+    setattr(parent, name, new)  # the fp32 weight goes with the old module
+    return new
+
+
+def _install(model: LlamaModel, gguf: GGUFModel) -> None:
+    """Swap the model's linear layers, LM head and embedding for the GGUF's codes."""
+    if gguf.num_layers != len(model.layers):
+        raise ValueError(f"GGUF has {gguf.num_layers} layers, the model {len(model.layers)}")
+    q = gguf.quantized
+    for i, layer in enumerate(model.layers):
+        _swap(layer.self_attn, "qkv_proj", q[f"layers.{i}.self_attn.qkv_proj"])
+        _swap(layer.self_attn, "o_proj", q[f"layers.{i}.self_attn.o_proj"])
+        _swap(layer.mlp, "gate_up_proj", q[f"layers.{i}.mlp.gate_up_proj"])
+        _swap(layer.mlp, "down_proj", q[f"layers.{i}.mlp.down_proj"])
+    embedding = q["embed_tokens"]
+    if "lm_head" in q:  # untied: the embedding keeps its own codes
+        _swap(model, "lm_head", q["lm_head"])
+        model.embed_tokens = QuantizedEmbedding(QuantizedLinear(embedding))
+    else:
+        model.embed_tokens = QuantizedEmbedding(_swap(model, "lm_head", embedding))
+
+
+def quantize_model_q4_1(model: LlamaModel, gguf_path: str | Path) -> None:
+    """Replace a loaded fp32 model's linear layers, LM head and embedding with the GGUF's
+    codes, dropping the fp32 weights.
+
+    The model must be the one the GGUF was converted to (shapes are checked), on the CPU in
+    float32. Attribute names stay: layers[i].self_attn.qkv_proj, o_proj,
+    layers[i].mlp.gate_up_proj, down_proj, lm_head, embed_tokens."""
+    weight = model.norm.weight
+    if weight.device.type != "cpu" or weight.dtype != torch.float32:
+        raise ValueError(f"--weights q4_1 runs on the CPU in float32; the model is on "
+                         f"{weight.device} in {weight.dtype}")
+    quantized_kernels()  # fail here, before touching the model, if the kernel cannot run
+    _install(model, read_gguf(gguf_path))
+
+
+def load_q4_1_weights(model: LlamaModel) -> None:
+    """quantize_model_q4_1 with the default model's GGUF (downloaded once, then cached)."""
+    from model.prepare import fetch_default_gguf
+
+    quantize_model_q4_1(model, fetch_default_gguf())
+
+
+def load_q4_1_model(model_dir: str | Path, gguf_path: str | Path | None = None) -> LlamaModel:
+    """`--weights q4_1`: the model of model_dir (its config.json) built straight from the GGUF,
+    never holding fp32 weights (~100 MB resident instead of ~650 MB at load).
+
+    gguf_path defaults to the default model's GGUF (downloaded once, then cached)."""
+    from model.prepare import fetch_default_gguf
+
+    quantized_kernels()
+    gguf = read_gguf(gguf_path or fetch_default_gguf())
+    cfg = ModelConfig.from_dir(model_dir)
+    with torch.device("meta"):  # shapes only: every weight comes from the GGUF
+        model = LlamaModel(cfg)
+    _install(model, gguf)
+    model.load_state_dict(gguf.dense, strict=False, assign=True)  # the RMSNorm weights
+    missing = [name for name, t in model.state_dict().items() if t.is_meta]
+    if missing:
+        raise ValueError(f"GGUF has no weights for {missing}")
+    model.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.max_position_embeddings)
+    return model.eval().requires_grad_(False)
