@@ -119,7 +119,7 @@ class BaselineRunner:
 
     def __init__(self, model: LlamaModel) -> None:
         self.model = model
-        self.device = model.embed_tokens.weight.device
+        self.device = model.norm.weight.device  # (the embedding may be quantized)
 
     @torch.inference_mode()
     def prefill(self, token_ids: list[int], all_rows: bool = False) -> tuple[Tensor, UserKV]:

@@ -13,6 +13,7 @@ from engine.batch_engine import BatchEngine, load_engine
 from engine.config import EngineConfig
 from engine.core import EngineCore, PagedEngineCore
 from model.prepare import MODEL_NAME, ModelPreparationError
+from model.quantized import QuantizedKernelUnavailable
 
 
 def build_parser(description: str | None) -> argparse.ArgumentParser:
@@ -48,7 +49,7 @@ def run_server(description: str | None, title: str = "nano-vLLM",
     try:
         config = EngineConfig.from_args(args)
         engine = load_engine(config, core_class)
-    except (ModelPreparationError, ValueError) as exc:
+    except (ModelPreparationError, ValueError, QuantizedKernelUnavailable) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     print(f"{title}: {served_name(args)} on {engine.describe()}; "

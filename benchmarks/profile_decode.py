@@ -182,7 +182,7 @@ def run_steps(runner: ModelRunner, batches: list[list[SequenceStep]]) -> float:
 def profile_cell(model: nn.Module, users: int, context: int, steps: int,
                  attention: str) -> ProfileCell:
     cfg = model.cfg
-    weight = model.embed_tokens.weight
+    weight = model.norm.weight
     per_user = context + 2 * steps + 1  # a warm-up step, the timed steps, the profiled steps
     num_blocks = 1 + users * blocks_for(per_user)  # block 0 is the pool's dummy
     pool = KVCachePool(cfg.num_layers, num_blocks, cfg.num_kv_heads, cfg.head_dim,

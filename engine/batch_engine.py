@@ -196,8 +196,16 @@ def load_engine(config: EngineConfig,
 
     model_dir = resolve_model_dir(config.model)
     device = pick_device(config.device)
-    log.info("loading %s on %s (%s)", model_dir, device, config.dtype)
-    model = load_model(model_dir, device, pick_dtype(config.dtype), matmul=config.matmul)
+    log.info("loading %s on %s (%s, %s weights)", model_dir, device, config.dtype,
+             config.weights)
+    if config.weights == "q4_1":
+        from model.quantized import load_q4_1_model
+        model = load_q4_1_model(model_dir)
+    elif config.weights == "int8":
+        from model.int8 import load_int8_model
+        model = load_int8_model(model_dir)
+    else:
+        model = load_model(model_dir, device, pick_dtype(config.dtype), matmul=config.matmul)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     torch.set_grad_enabled(False)
     return BatchEngine(config, model, tokenizer, core_class)

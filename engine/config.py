@@ -20,6 +20,7 @@ class EngineConfig:
     max_prefills_per_step: int = 0  # newcomers seated per step; 0 = as many as fit
     attention: str = "auto"  # decode attention: "cpu-kernel", "torch" (gather + SDPA) or auto
     matmul: str = "auto"  # linear layers: "auto" (our packed CPU kernel where it runs), "torch"
+    weights: str = "default"  # "default" (the folder's, in --dtype), "q4_1" or "int8" (CPU)
     max_waiting: int = 256  # beyond this, new requests are refused with 429
     request_timeout: float | None = None  # seconds from arrival; None = no limit
 
@@ -50,6 +51,10 @@ class EngineConfig:
         parser.add_argument("--matmul", default=d.matmul, choices=["auto", "torch"],
                             help="linear layers: our AVX-512 kernel over weights packed once "
                                  "at load (auto: where the CPU has it), or PyTorch's matmul")
+        parser.add_argument("--weights", default=d.weights, choices=["default", "q4_1", "int8"],
+                            help="q4_1: the default model's own 4-bit GGUF codes (exact to "
+                                 "the fp32 model); int8: per-channel int8 made at load; both "
+                                 "CPU, float32 activations, AVX-512")
         parser.add_argument("--max-waiting", type=int, default=d.max_waiting,
                             help="queued requests beyond this get HTTP 429")
         parser.add_argument("--request-timeout", type=float, default=None,
@@ -63,7 +68,7 @@ class EngineConfig:
                      kv_cache_memory=args.kv_cache_memory, enable_prefix_cache=prefix_cache,
                      max_num_batched_tokens=args.max_num_batched_tokens,
                      max_prefills_per_step=args.max_prefills_per_step,
-                     attention=args.attention, matmul=args.matmul,
+                     attention=args.attention, matmul=args.matmul, weights=args.weights,
                      max_waiting=args.max_waiting,
                      request_timeout=args.request_timeout)
         config.validate()
@@ -75,5 +80,9 @@ class EngineConfig:
         if self.max_num_batched_tokens < self.max_num_seqs:
             raise ValueError("--max-num-batched-tokens must be at least --max-num-seqs, so every "
                              "seated sequence can decode in each step")
+        if self.weights != "default" and (self.dtype != "float32"
+                                          or self.device not in (None, "cpu")):
+            raise ValueError(f"--weights {self.weights} runs on the CPU with float32 "
+                             "activations: drop --dtype / --device")
         if self.max_waiting < 1:
             raise ValueError("--max-waiting must be at least 1")

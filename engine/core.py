@@ -70,7 +70,7 @@ class PagedEngineCore:
     def __init__(self, config: EngineConfig, model: LlamaModel,
                  eos_token_ids: Collection[int]) -> None:
         cfg = model.cfg
-        dtype, device = model.embed_tokens.weight.dtype, model.embed_tokens.weight.device
+        dtype, device = model.norm.weight.dtype, model.norm.weight.device
         num_blocks = config.num_blocks or KVCachePool.blocks_for_memory(
             parse_memory(config.kv_cache_memory), cfg.num_layers, cfg.num_kv_heads, cfg.head_dim,
             dtype)

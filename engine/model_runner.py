@@ -73,12 +73,12 @@ class ModelRunner:
                  ) -> None:
         self.model = model
         self.pool = pool
-        self.device = model.embed_tokens.weight.device
+        self.device = model.norm.weight.device  # (the embedding may be quantized)
         self.attention = create_backend(attention_backend, pool)
         self.attention_backend = self.attention.name
         self.sampler = Sampler()
-        packed = any(getattr(m, "uses_kernel", False) for m in model.modules())
-        self.matmul_path = "packed-kernel" if packed else "torch"
+        self.matmul_path = ", ".join(sorted({m.matmul_path for m in model.modules()
+                                             if hasattr(m, "matmul_path")}))
 
     def execute(self, scheduled: SchedulerOutput) -> RunnerOutput:
         """Compute every scheduled token, sample for each request that reaches its end (a

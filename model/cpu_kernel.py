@@ -35,10 +35,10 @@ def cpu_identity() -> str:
 
 
 @cache
-def load_cpu_kernels() -> ModuleType | None:
-    """The extension module with every kernel in model/csrc/ (bindings.cpp lists them), or
-    None if it cannot be built here. One module, so a first start compiles once (the sources
-    in parallel, as separate objects)."""
+def build_cpu_kernels() -> tuple[ModuleType | None, str | None]:
+    """The extension module with every kernel in model/csrc/ (bindings.cpp lists them), and
+    None; or None and why it could not be built here. One module, so a first start
+    compiles once (the sources in parallel, as separate objects)."""
     try:
         from torch.utils.cpp_extension import load
 
@@ -50,10 +50,20 @@ def load_cpu_kernels() -> ModuleType | None:
         log.info("loading the CPU kernels (compiled on first use, about a minute) ...")
         return load(name=f"nano_vllm_cpu_kernels_{digest.hexdigest()[:12]}",
                     sources=[str(f) for f in sources], extra_cflags=CFLAGS,
-                    extra_ldflags=["-fopenmp"])
+                    extra_ldflags=["-fopenmp"]), None
     except Exception as exc:  # no compiler, no ninja, ...: fall back, loudly
         log.warning("CPU kernels unavailable (%s); using the PyTorch paths", exc)
-        return None
+        return None, f"{type(exc).__name__}: {exc}"
+
+
+def load_cpu_kernels() -> ModuleType | None:
+    """The kernels module, or None if it could not be built here (cpu_kernels_error says
+    why)."""
+    return build_cpu_kernels()[0]
+
+
+def cpu_kernels_error() -> str | None:
+    return build_cpu_kernels()[1]
 
 
 def load_paged_decode_attention() -> Callable | None:

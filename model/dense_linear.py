@@ -150,6 +150,10 @@ class PackedLinear(nn.Module):
     def uses_kernel(self) -> bool:
         return self.kernel is not None
 
+    @property
+    def matmul_path(self) -> str:
+        return "packed-kernel" if self.kernel is not None else "torch"
+
     def forward(self, x: Tensor) -> Tensor:
         if self.kernel is not None:
             # threads=0: torch.get_num_threads(), read in C++.

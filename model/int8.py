@@ -67,6 +67,6 @@ def quantize_model_int8(model: LlamaModel) -> None:
 
 def load_int8_model(model_dir: str | Path) -> LlamaModel:
     """`--weights int8`: load the folder in float32, then quantize it to int8."""
-    model = load_model(model_dir, dtype=torch.float32)
+    model = load_model(model_dir, dtype=torch.float32, matmul="torch")  # Linear layers to swap
     quantize_model_int8(model)
     return model

@@ -15,18 +15,18 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from functools import cache
 from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 
 from model.config import ModelConfig
+from model.cpu_kernel import cpu_kernels_error, load_cpu_kernels, load_fused_ops
 from model.gguf_weights import BLOCK, BlockTensor, GGUFModel, read_gguf
+from model.layers import use_fused_ops
 from model.llama import LlamaModel, RotaryEmbedding
 
 log = logging.getLogger("nano_vllm.kernel")
-SOURCE = Path(__file__).parent / "csrc" / "quantized_linear_cpu.cpp"
 GROUP = 16  # output rows per group in the kernel's layout: one fp32 lane each
 
 
@@ -39,17 +39,6 @@ def cpu_capability() -> str:
     return torch.backends.cpu.get_cpu_capability()
 
 
-@cache
-def _build() -> object:
-    from torch.utils.cpp_extension import load_inline
-
-    log.info("loading the quantized-linear kernel (compiled on first use, ~1 min) ...")
-    return load_inline(
-        name="nano_vllm_quantized_linear", cpp_sources=[SOURCE.read_text()],
-        functions=["q4_1_linear", "q8_0_linear"],
-        extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"])
-
-
 def quantized_kernels() -> dict[str, Callable[[Tensor, Tensor, int], Tensor]]:
     """{"Q4_1": fn, "Q8_0": fn}, each fn(x [M, K] fp32, packed, out_features) -> [M, N].
 
@@ -60,13 +49,11 @@ def quantized_kernels() -> dict[str, Callable[[Tensor, Tensor, int], Tensor]]:
         raise QuantizedKernelUnavailable(
             f"the quantized weights (--weights q4_1, int8) need a CPU with AVX-512 (F, BW, VL, "
             f"DQ); this one offers {capability}. Use the default fp32 weights instead.")
-    try:
-        module = _build()
-    except Exception as exc:  # no compiler, no ninja, a failed build: say which
+    module = load_cpu_kernels()
+    if module is None:  # no compiler, no ninja, a failed build: say which
         raise QuantizedKernelUnavailable(
-            f"the quantized-linear kernel could not be built ({type(exc).__name__}: {exc}). "
-            "It needs a C++ compiler with OpenMP and ninja; use the default fp32 weights "
-            "instead.") from exc
+            f"the CPU kernels could not be built ({cpu_kernels_error()}). They need a C++ "
+            "compiler with OpenMP and ninja; use the default fp32 weights instead.")
     return {"Q4_1": module.q4_1_linear, "Q8_0": module.q8_0_linear}
 
 
@@ -112,6 +99,10 @@ class QuantizedLinear(nn.Module):
         flat = x.reshape(-1, self.in_features).contiguous()
         return self.kernel(flat, self.packed, self.out_features).reshape(
             *x.shape[:-1], self.out_features)
+
+    @property
+    def matmul_path(self) -> str:
+        return f"{self.kind}-kernel"
 
     def extra_repr(self) -> str:
         return f"{self.kind}, in={self.in_features}, out={self.out_features}"
@@ -215,4 +206,5 @@ def load_q4_1_model(model_dir: str | Path, gguf_path: str | Path | None = None) 
     if missing:
         raise ValueError(f"GGUF has no weights for {missing}")
     model.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.max_position_embeddings)
+    use_fused_ops(model, load_fused_ops())
     return model.eval().requires_grad_(False)

@@ -22,6 +22,10 @@
 #include <immintrin.h>
 #include <omp.h>
 
+// This file's code (and only this file's: it is its own object in the kernels module) is
+// AVX-512; model/quantized.py checks the CPU before calling it.
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq")
+
 #include <algorithm>
 #include <vector>
 

@@ -96,10 +96,10 @@ def test_kernel_handles_leading_dims_and_empty_input():
         layer(x.bfloat16())
 
 
-def test_gguf_dequantizes_to_the_prepared_fp32_weights(gguf, model):
+def test_gguf_dequantizes_to_the_prepared_fp32_weights(gguf, model_dir):
     """The premise of exactness: the fp32 model *is* the dequantized GGUF, Q/K rows
     un-permuted, bit for bit."""
-    state = model.state_dict()
+    state = load_model(model_dir, matmul="torch").state_dict()  # weights as loaded, unpacked
     for name, weight in gguf.quantized.items():
         ours = weight.dequantize()
         fp32 = state["embed_tokens.weight"] if name == "embed_tokens" else state[
@@ -140,7 +140,7 @@ def test_full_prompt_logits_match_fp32_and_hf(q4_1_model, model, hf_model, token
 
 
 def test_swapping_a_loaded_fp32_model_gives_the_same_model(q4_1_model, model_dir, tokenizer):
-    swapped = load_model(model_dir)
+    swapped = load_model(model_dir, matmul="torch")
     quantize_model_q4_1(swapped, fetch_default_gguf())
     ids = tokenizer(PROMPTS[2], return_tensors="pt").input_ids
     positions = torch.arange(ids.shape[1])[None]
@@ -165,11 +165,10 @@ def test_cpu_without_avx512_gets_a_clear_error(monkeypatch):
 
 
 def test_failed_build_gets_a_clear_error(monkeypatch):
-    def no_compiler():
-        raise RuntimeError("c++: command not found")
-
     monkeypatch.setattr(quantized, "cpu_capability", lambda: "AVX512")
-    monkeypatch.setattr(quantized, "_build", no_compiler)
+    monkeypatch.setattr(quantized, "load_cpu_kernels", lambda: None)
+    monkeypatch.setattr(quantized, "cpu_kernels_error",
+                        lambda: "RuntimeError: c++: command not found")
     with pytest.raises(QuantizedKernelUnavailable, match="command not found") as err:
         quantized.quantized_kernels()
     print("build failure:", err.value)
@@ -177,10 +176,10 @@ def test_failed_build_gets_a_clear_error(monkeypatch):
 
 def test_wrong_model_or_dtype_is_rejected(model_dir):
     kernel_or_skip()
-    bf16 = load_model(model_dir, dtype=torch.bfloat16)
+    bf16 = load_model(model_dir, dtype=torch.bfloat16, matmul="torch")
     with pytest.raises(ValueError, match="float32"):
         quantize_model_q4_1(bf16, fetch_default_gguf())
-    shallow = load_model(model_dir)
+    shallow = load_model(model_dir, matmul="torch")
     del shallow.layers[1:]
     with pytest.raises(ValueError, match="layers"):
         quantize_model_q4_1(shallow, fetch_default_gguf())
