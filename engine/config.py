@@ -20,6 +20,8 @@ class EngineConfig:
     max_prefills_per_step: int = 0  # newcomers seated per step; 0 = as many as fit
     attention: str = "auto"  # decode attention: "cpu-kernel", "torch" (gather + SDPA) or auto
     matmul: str = "auto"  # linear layers: "auto" (our packed CPU kernel where it runs), "torch"
+    threads: int | None = None  # most threads a step uses; None = PyTorch's default (cores)
+    single_thread_below: int = 16  # steps computing fewer tokens run on one thread; 0 = never
     weights: str = "default"  # "default" (the folder's, in --dtype), "q4_1" or "int8" (CPU)
     max_waiting: int = 256  # beyond this, new requests are refused with 429
     request_timeout: float | None = None  # seconds from arrival; None = no limit
@@ -51,6 +53,11 @@ class EngineConfig:
         parser.add_argument("--matmul", default=d.matmul, choices=["auto", "torch"],
                             help="linear layers: our AVX-512 kernel over weights packed once "
                                  "at load (auto: where the CPU has it), or PyTorch's matmul")
+        parser.add_argument("--threads", type=int, default=None,
+                            help="most threads one step uses (default: PyTorch's, the cores)")
+        parser.add_argument("--single-thread-below", type=int, default=d.single_thread_below,
+                            help="steps computing fewer tokens than this run on one thread "
+                                 "(0: always all threads)")
         parser.add_argument("--weights", default=d.weights, choices=["default", "q4_1", "int8"],
                             help="q4_1: the default model's own 4-bit GGUF codes (exact to "
                                  "the fp32 model); int8: per-channel int8 made at load; both "
@@ -69,6 +76,7 @@ class EngineConfig:
                      max_num_batched_tokens=args.max_num_batched_tokens,
                      max_prefills_per_step=args.max_prefills_per_step,
                      attention=args.attention, matmul=args.matmul, weights=args.weights,
+                     threads=args.threads, single_thread_below=args.single_thread_below,
                      max_waiting=args.max_waiting,
                      request_timeout=args.request_timeout)
         config.validate()

@@ -9,12 +9,13 @@ thread (batch_engine.py) drives either through the `EngineCore` protocol.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Protocol, TypedDict
 
 from engine.config import EngineConfig
-from engine.model_runner import ModelRunner
+from engine.model_runner import ModelRunner, ThreadPolicy
 from engine.request import FinishReason, Request, RequestUpdate
 from engine.scheduler import Scheduler
 from kvcache.block_allocator import BlockAllocator
@@ -81,7 +82,9 @@ class PagedEngineCore:
         self.kv = KVCacheManager(self.allocator)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens,
                                    config.max_prefills_per_step, eos_token_ids)
-        self.runner = ModelRunner(model, self.pool, config.attention)
+        threads = ThreadPolicy(config.threads or len(os.sched_getaffinity(0)),
+                               config.single_thread_below)
+        self.runner = ModelRunner(model, self.pool, config.attention, threads)
         # A request longer than this could never fit, even alone in the pool.
         self.max_tokens_per_request = min(self.allocator.num_usable * BLOCK_SIZE,
                                           cfg.max_position_embeddings)
@@ -126,4 +129,6 @@ class PagedEngineCore:
     def describe(self) -> str:
         return (f"{self.runner.device}, {self.allocator.num_usable} KV blocks of {BLOCK_SIZE} "
                 f"tokens, prefix cache {'on' if self.config.enable_prefix_cache else 'off'}, "
-                f"{self.runner.attention_backend} attention, {self.runner.matmul_path} matmuls")
+                f"{self.runner.attention_backend} attention, {self.runner.matmul_path} matmuls, "
+                f"up to {self.runner.threads.max_threads} threads (1 below "
+                f"{self.runner.threads.single_below} tokens a step)")
