@@ -4,8 +4,11 @@
 API (on 127.0.0.1:8080 unless told otherwise). It is the fixed yardstick that the real
 engine is measured against, so it is kept simple and is not optimised.
 
-It differs from the engine (engine/batch_engine.py) in two things only:
+It differs from the engine (engine/batch_engine.py) in three things only:
 
+- **Model math.** The plain PyTorch forward pass (model/llama.py with PyTorch's matmuls and
+  ops): our CPU kernels are optimisations, and a yardstick must not move when they improve.
+  --matmul, --weights and the fused ops are fixed to PyTorch's whatever the flags say.
 - **KV cache.** Each request keeps, per layer, its own K and V tensors
   [tokens, kv_heads, head_dim]. At every decode step each user's past is concatenated with
   its new K/V (torch.cat: a new allocation and a copy of the whole past), the users are
@@ -260,7 +263,8 @@ class BaselineEngineCore:
 
 
 def main() -> int:
-    return run_server(__doc__, "nano-vLLM BASELINE", BaselineEngineCore)
+    return run_server(__doc__, "nano-vLLM BASELINE", BaselineEngineCore,
+                      fixed={"matmul": "torch", "fused_ops": False, "weights": "default"})
 
 
 if __name__ == "__main__":

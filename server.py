@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from dataclasses import replace
 
 import uvicorn
 
@@ -42,12 +43,14 @@ def served_name(args: argparse.Namespace) -> str:
 
 
 def run_server(description: str | None, title: str = "nano-vLLM",
-               core_class: type[EngineCore] = PagedEngineCore) -> int:
-    """Parse the CLI, load the model into an engine, serve until stopped."""
+               core_class: type[EngineCore] = PagedEngineCore,
+               fixed: dict[str, object] | None = None) -> int:
+    """Parse the CLI, load the model into an engine, serve until stopped. `fixed` sets
+    config fields whatever the flags say (the baseline keeps PyTorch's model math)."""
     args = build_parser(description).parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     try:
-        config = EngineConfig.from_args(args)
+        config = replace(EngineConfig.from_args(args), **(fixed or {}))
         engine = load_engine(config, core_class)
     except (ModelPreparationError, ValueError, QuantizedKernelUnavailable) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -205,7 +205,8 @@ def load_engine(config: EngineConfig,
         from model.int8 import load_int8_model
         model = load_int8_model(model_dir)
     else:
-        model = load_model(model_dir, device, pick_dtype(config.dtype), matmul=config.matmul)
+        model = load_model(model_dir, device, pick_dtype(config.dtype),
+                           fused_ops=config.fused_ops, matmul=config.matmul)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     torch.set_grad_enabled(False)
     return BatchEngine(config, model, tokenizer, core_class)

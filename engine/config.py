@@ -20,6 +20,7 @@ class EngineConfig:
     max_prefills_per_step: int = 0  # newcomers seated per step; 0 = as many as fit
     attention: str = "auto"  # decode attention: "cpu-kernel", "torch" (gather + SDPA) or auto
     matmul: str = "auto"  # linear layers: "auto" (our packed CPU kernel where it runs), "torch"
+    fused_ops: bool = True  # the compiled small ops between the matmuls, where they build
     threads: int | None = None  # most threads a step uses; None = PyTorch's default (cores)
     single_thread_below: int = 16  # steps computing fewer tokens run on one thread; 0 = never
     weights: str = "default"  # "default" (the folder's, in --dtype), "q4_1" or "int8" (CPU)
