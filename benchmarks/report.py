@@ -15,11 +15,12 @@ from benchmarks.results import BenchRun, ProfileRun, result_path
 
 # The README's comparisons, by label (run_all.sh's labels): each cell is "first / second".
 PAIRS = [("nano-vllm", "llama-cpp-f32"), ("nano-vllm-bf16", "llama-cpp-bf16"),
-         ("nano-vllm-q4_1", "llama-cpp-q4_1"), ("nano-vllm", "baseline"),
+         ("nano-vllm-q4_1", "llama-cpp-q4_1"), ("nano-vllm-vs-baseline", "baseline"),
+         ("nano-vllm", "baseline-with-our-kernels"),
          ("nano-vllm-bf16", "nano-vllm"), ("nano-vllm-q4_1", "nano-vllm"),
          ("nano-vllm", "nano-vllm-first-engine"),
          ("prefix-cache-on", "prefix-cache-off"), ("prefill-batched", "prefill-one-at-a-time")]
-PROFILES = ["profile_decode", "profile_decode_bf16", "profile_decode_torch"]
+PROFILES = ["profile_decode", "profile_decode_bf16"]
 
 
 def side_by_side(a: BenchRun, b: BenchRun) -> list[str]:

@@ -54,6 +54,7 @@ bench_server nano-vllm . server.py "" "${LEVELS[@]}"
 bench_server nano-vllm-bf16 . server.py "--dtype bfloat16" "${LEVELS[@]}"
 bench_server nano-vllm-q4_1 . server.py "--weights q4_1" "${LEVELS[@]}"
 USERS="1 30" ROUNDS=2 bash benchmarks/llama_cpp.sh bench "$OUT"
+bench_server nano-vllm-vs-baseline . server.py "" --users 1 10 30 --max-tokens 100
 bench_server baseline . baseline_server.py "" --users 1 10 30 --max-tokens 100
 if [[ -d $FIRST_ENGINE ]]; then
   bench_server nano-vllm-first-engine "$FIRST_ENGINE" server.py "" "${LEVELS[@]}"
