@@ -8,10 +8,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from benchmarks.quant_accuracy import EVAL_TEXT
 from model.int8 import int8_per_channel, load_int8_model, quantize_model_int8
 from model.llama import LlamaModel, causal_attention
 from model.loader import load_model
-from model.quant_accuracy import EVAL_TEXT
 from model.quantized import QuantizedKernelUnavailable, quantized_kernels
 from tests.conftest import PROMPTS
 

@@ -6,9 +6,9 @@ prompt + continuation once (teacher forcing) and is scored on
 - greedy agreement: at how many continuation positions its top token is fp32's, and how many
   tokens it would write identically before its first different one (the prefixes agree up to
   there, so that is exactly where its own greedy text would part from fp32's);
-- perplexity on model/data/eval_text.txt, a short English text shipped with the project.
+- perplexity on benchmarks/data/eval_text.txt, a short English text shipped with the project.
 
-Usage: `heavy python3 -m model.quant_accuracy [--weights q4_1 int8] [--model DIR]`
+Usage: `heavy python3 -m benchmarks.quant_accuracy [--weights q4_1 int8] [--model DIR]`
 (q4_1 exists for the default model only).
 """
 
