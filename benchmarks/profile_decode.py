@@ -18,7 +18,7 @@ that of the parts nested in them, so the parts add up to the profiled step:
 - sampling.
 
 The profiler costs some microseconds per op it records, so the profiled step (the sum of
-parts) is slower than the unprofiled one (the decode step row, ModelRunner.run and sampling),
+parts) is slower than the unprofiled one (the decode step row: the model run and sampling),
 each part by about its number of ops. On a GPU the profile's times are the CPU's (launching
 kernels), not the kernels' own; the unprofiled step waits for the device, so it is real
 everywhere.
