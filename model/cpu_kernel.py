@@ -17,10 +17,35 @@ from functools import cache
 from pathlib import Path
 from types import ModuleType
 
+import torch
+
 log = logging.getLogger("nano_vllm.kernel")
 CSRC = Path(__file__).parent / "csrc"
 # -ffast-math lets exp() vectorize; our kernels never see inf or NaN.
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffast-math"]
+
+
+AVX512 = {"avx512f", "avx512bw", "avx512vl", "avx512dq"}  # what our kernels' code needs
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags from /proc/cpuinfo (empty where there is none)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def cpu_supports(bf16: bool = False) -> bool:
+    """Can this CPU run our AVX-512 kernels (with bf16: also AVX512_BF16)? Read from
+    /proc/cpuinfo; where there is none, PyTorch's own probe decides, and bf16 is off."""
+    flags = cpu_flags()
+    if not flags:
+        return not bf16 and torch.backends.cpu.get_cpu_capability() in ("AVX512", "AMX")
+    return AVX512.issubset(flags) and (not bf16 or "avx512_bf16" in flags)
 
 
 def cpu_identity() -> str:

@@ -18,29 +18,14 @@ import logging
 import os
 from collections.abc import Callable
 from functools import cache
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from model.cpu_kernel import load_cpu_kernels
+from model.cpu_kernel import cpu_supports, load_cpu_kernels
 
 log = logging.getLogger("nano_vllm.kernel")
-
-
-def cpu_flags() -> set[str]:
-    """The CPU's feature flags from /proc/cpuinfo (empty where there is none)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
-
-
-AVX512 = {"avx512f", "avx512bw", "avx512vl", "avx512dq"}
 
 
 @cache
@@ -51,12 +36,7 @@ def kernel_support() -> dict[str, bool]:
     variable NANO_VLLM_DENSE_KERNEL=0 turns the kernel off."""
     if os.environ.get("NANO_VLLM_DENSE_KERNEL", "1") == "0":
         return {"float32": False, "bfloat16": False}
-    flags = cpu_flags()
-    if not flags:
-        avx512 = torch.backends.cpu.get_cpu_capability() in ("AVX512", "AMX")
-        return {"float32": avx512, "bfloat16": False}
-    avx512 = AVX512.issubset(flags)
-    return {"float32": avx512, "bfloat16": avx512 and "avx512_bf16" in flags}
+    return {"float32": cpu_supports(), "bfloat16": cpu_supports(bf16=True)}
 
 
 def load_dense_linear() -> object | None:

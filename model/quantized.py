@@ -21,7 +21,12 @@ import torch
 from torch import Tensor, nn
 
 from model.config import ModelConfig
-from model.cpu_kernel import cpu_kernels_error, load_cpu_kernels, load_fused_ops
+from model.cpu_kernel import (
+    cpu_kernels_error,
+    cpu_supports,
+    load_cpu_kernels,
+    load_fused_ops,
+)
 from model.gguf_weights import BLOCK, BlockTensor, GGUFModel, read_gguf
 from model.layers import use_fused_ops
 from model.llama import LlamaModel, RotaryEmbedding
@@ -34,21 +39,16 @@ class QuantizedKernelUnavailable(RuntimeError):
     """The quantized kernel cannot run here; the message says what is missing."""
 
 
-def cpu_capability() -> str:
-    """The best vector ISA PyTorch found on this CPU: "AVX512", "AVX2", "DEFAULT", ..."""
-    return torch.backends.cpu.get_cpu_capability()
-
-
 def quantized_kernels() -> dict[str, Callable[[Tensor, Tensor, int], Tensor]]:
     """{"Q4_1": fn, "Q8_0": fn}, each fn(x [M, K] fp32, packed, out_features) -> [M, N].
 
     Raises QuantizedKernelUnavailable naming what is missing (there is no slow fallback: a
     dequantized fp32 model is what the default --weights already runs)."""
-    capability = cpu_capability()
-    if capability != "AVX512":
+    if not cpu_supports():
         raise QuantizedKernelUnavailable(
             f"the quantized weights (--weights q4_1, int8) need a CPU with AVX-512 (F, BW, VL, "
-            f"DQ); this one offers {capability}. Use the default fp32 weights instead.")
+            f"DQ); this one offers {torch.backends.cpu.get_cpu_capability()}. Use the default "
+            "fp32 weights instead.")
     module = load_cpu_kernels()
     if module is None:  # no compiler, no ninja, a failed build: say which
         raise QuantizedKernelUnavailable(

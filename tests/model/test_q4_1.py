@@ -158,14 +158,14 @@ def test_paged_paths_match_hf(q4_1_model, hf_model, tokenizer):
 
 
 def test_cpu_without_avx512_gets_a_clear_error(monkeypatch):
-    monkeypatch.setattr(quantized, "cpu_capability", lambda: "AVX2")
+    monkeypatch.setattr(quantized, "cpu_supports", lambda bf16=False: False)
     with pytest.raises(QuantizedKernelUnavailable, match="AVX-512") as err:
         quantized.quantized_kernels()
     print("no AVX-512:", err.value)
 
 
 def test_failed_build_gets_a_clear_error(monkeypatch):
-    monkeypatch.setattr(quantized, "cpu_capability", lambda: "AVX512")
+    monkeypatch.setattr(quantized, "cpu_supports", lambda bf16=False: True)
     monkeypatch.setattr(quantized, "load_cpu_kernels", lambda: None)
     monkeypatch.setattr(quantized, "cpu_kernels_error",
                         lambda: "RuntimeError: c++: command not found")
