@@ -28,15 +28,17 @@ CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffast-math"]
 AVX512 = {"avx512f", "avx512bw", "avx512vl", "avx512dq"}  # what our kernels' code needs
 
 
-def cpu_flags() -> set[str]:
-    """The CPU's feature flags from /proc/cpuinfo (empty where there is none)."""
+@cache
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags from /proc/cpuinfo (empty where there is none); read once:
+    every quantized layer asks at load."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
+                return frozenset(line.split(":", 1)[1].split())
     except OSError:
         pass
-    return set()
+    return frozenset()
 
 
 def cpu_supports(bf16: bool = False) -> bool:
