@@ -18,6 +18,7 @@ class FinishReason(StrEnum):
     LENGTH = "length"  # max_tokens reached
     ABORT = "abort"  # the client went away
     ERROR = "error"  # the engine failed this request (see RequestOutput.error)
+    TIMEOUT = "timeout"  # its deadline passed (see Request.timeout); RequestOutput.error says
 
 
 @dataclass
@@ -91,6 +92,7 @@ class Request:
     params: SamplingParams
     on_output: Callable[[RequestOutput], None]  # must be safe to call from the engine thread
     arrival_time: float = field(default_factory=time.monotonic)
+    timeout: float | None = None  # seconds from arrival, on top of --request-timeout
 
     status: Status = Status.WAITING
     token_ids: list[int] = field(init=False)  # prompt, then every generated token
@@ -147,7 +149,7 @@ class Request:
         seed = self.params.seed
         params = replace(self.params, seed=None if seed is None else (seed + index) % 2**64)
         sample = Request(f"{self.request_id}#{index}", self.prompt_token_ids, params,
-                         self.on_output, self.arrival_time)
+                         self.on_output, self.arrival_time, self.timeout)
         sample.sample_index, sample.parent_id = index, self.request_id
         sample.prompt_logprobs = None  # the prompt's are the first sample's
         return sample
