@@ -35,7 +35,7 @@ class TokenizationServing:
     def check_model(self, model: str | None) -> None:
         if model is not None and model not in self.accepted_model_names:
             raise APIError(f"The model '{model}' does not exist.", "model",
-                           code="model_not_found")
+                           status=404, code="model_not_found")
 
     def tokenize(self, body: TokenizeRequest) -> TokenizeResponse:
         self.check_model(body.model)
