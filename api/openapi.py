@@ -4,8 +4,8 @@ FastAPI's own document promises a 422 with its `detail` list for a body it canno
 we answer 400 in OpenAI's envelope (api/errors.py). The routes declare what they answer
 with the helpers here (`error_responses`, `generation_responses`, `text_response`), and
 `honest_openapi` drops the 422s FastAPI adds on its own. Streams are documented as
-text/event-stream whose events carry the chunk model (OpenAPI 3.2's `itemSchema`; tools that
-do not know it see a string).
+text/event-stream whose events carry the chunk model or an error envelope (OpenAPI 3.2's
+`itemSchema`, which schemathesis checks each event against).
 """
 
 from __future__ import annotations
@@ -56,13 +56,24 @@ def generation_responses(response: type[BaseModel], chunk: type[BaseModel],
                          *statuses: int) -> dict[int | str, dict[str, Any]]:
     """A generating route: one JSON body, or an SSE stream of chunks; and its errors (those
     every generating route has, and `statuses`)."""
-    stream = {"schema": {"type": "string"},
-              "itemSchema": {"$ref": f"#/components/schemas/{chunk.__name__}"}}
+    stream = {"itemSchema": sse_event(chunk)}
     return {200: {"model": response,
                   "description": "The answer as one JSON body; or, " + SSE_DESCRIPTION.format(
                       chunk=chunk.__name__),
                   "content": {"text/event-stream": stream}},
             **error_responses(400, 404, 429, 500, 503, 504, *statuses)}
+
+
+def sse_event(chunk: type[BaseModel]) -> dict[str, Any]:
+    """One event of a stream (OpenAPI 3.2's way): its data is a JSON chunk, an error
+    envelope, or the closing [DONE]."""
+    def json_of(model: type[BaseModel]) -> dict[str, Any]:
+        return {"type": "string", "contentMediaType": "application/json",
+                "contentSchema": {"$ref": f"#/components/schemas/{model.__name__}"}}
+
+    return {"type": "object", "required": ["data"],
+            "properties": {"data": {"anyOf": [{"const": "[DONE]"}, json_of(chunk),
+                                              json_of(ErrorResponse)]}}}
 
 
 def text_response(description: str) -> dict[int | str, dict[str, Any]]:
