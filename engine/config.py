@@ -66,7 +66,9 @@ class EngineConfig:
         parser.add_argument("--max-waiting", type=int, default=d.max_waiting,
                             help="queued requests beyond this get HTTP 429")
         parser.add_argument("--request-timeout", type=float, default=None,
-                            help="abort a request this many seconds after it arrived")
+                            help="end a request this many seconds after it arrived: HTTP 504, "
+                                 "or an error event once streaming (a request's own "
+                                 "request_timeout may set a shorter one)")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> EngineConfig:
