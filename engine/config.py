@@ -97,3 +97,5 @@ class EngineConfig:
                              "activations: drop --dtype / --device")
         if self.max_waiting < 1:
             raise ValueError("--max-waiting must be at least 1")
+        if self.request_timeout is not None and not self.request_timeout > 0:
+            raise ValueError("--request-timeout must be a positive number of seconds")
