@@ -2,7 +2,8 @@
 
 The generating endpoints are api/serving.py's; request bodies are api/protocol.py's,
 response bodies api/responses.py's, and every error leaves as OpenAI's envelope
-(api/errors.py).
+(api/errors.py). Who may call which route is api/security.py's; what /openapi.json says,
+api/openapi.py's.
 """
 
 from __future__ import annotations
@@ -66,6 +67,14 @@ async def on_unexpected_error(_: Request, exc: Exception) -> JSONResponse:
                         status_code=500)
 
 
+def install_error_handlers(app: FastAPI) -> None:
+    """Every error leaves as OpenAI's envelope, whoever raised it."""
+    app.add_exception_handler(APIError, on_api_error)
+    app.add_exception_handler(RequestValidationError, on_validation_error)
+    app.add_exception_handler(StarletteHTTPException, on_http_error)
+    app.add_exception_handler(Exception, on_unexpected_error)
+
+
 def create_app(engine: EngineClient, model_name: str,
                access: AccessConfig | None = None) -> FastAPI:
     app = FastAPI(title="nano-vLLM", version="1", docs_url=None, redoc_url=None,
@@ -74,10 +83,7 @@ def create_app(engine: EngineClient, model_name: str,
     app.openapi = lambda: honest_openapi(app, [CompletionStreamResponse,
                                                ChatCompletionStreamResponse])
     install_access(app, access or AccessConfig())
-    app.add_exception_handler(APIError, on_api_error)
-    app.add_exception_handler(RequestValidationError, on_validation_error)
-    app.add_exception_handler(StarletteHTTPException, on_http_error)
-    app.add_exception_handler(Exception, on_unexpected_error)
+    install_error_handlers(app)
     completion_serving = CompletionServing(engine, model_name)
     chat_serving = ChatServing(engine, model_name)
     tokenization = TokenizationServing(engine, completion_serving.accepted_model_names)
