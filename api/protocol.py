@@ -45,6 +45,10 @@ class SamplingFields(APIModel):
     model: str | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
+    # Ours (vLLM has none): seconds from arrival this request may take; on top of the
+    # server's --request-timeout, the shorter wins. Past it: 504, or an error event once
+    # streaming.
+    request_timeout: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     max_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
@@ -58,10 +62,6 @@ class SamplingFields(APIModel):
     best_of: int | None = None  # run this many samples, return the n of highest logprob
     logprobs_mode: LogprobsMode | None = None  # ours: "raw" (default) or "processed"
     user: str | None = None
-    # Ours (vLLM has none): seconds from arrival this request may take; on top of the
-    # server's --request-timeout, the shorter wins. Past it: 504, or an error event once
-    # streaming.
-    request_timeout: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     # Accepted only so that asking for them is an explicit 400 (UNSUPPORTED), not ignored.
     presence_penalty: float | None = None
     frequency_penalty: float | None = None

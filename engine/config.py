@@ -66,9 +66,7 @@ class EngineConfig:
         parser.add_argument("--max-waiting", type=int, default=d.max_waiting,
                             help="queued requests beyond this get HTTP 429")
         parser.add_argument("--request-timeout", type=float, default=None,
-                            help="end a request this many seconds after it arrived: HTTP 504, "
-                                 "or an error event once streaming (a request's own "
-                                 "request_timeout may set a shorter one)")
+                            help="abort a request this many seconds after it arrived")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> EngineConfig:
@@ -95,7 +93,7 @@ class EngineConfig:
                                           or self.device not in (None, "cpu")):
             raise ValueError(f"--weights {self.weights} runs on the CPU with float32 "
                              "activations: drop --dtype / --device")
-        if self.max_waiting < 1:
-            raise ValueError("--max-waiting must be at least 1")
         if self.request_timeout is not None and not self.request_timeout > 0:
             raise ValueError("--request-timeout must be a positive number of seconds")
+        if self.max_waiting < 1:
+            raise ValueError("--max-waiting must be at least 1")

@@ -92,7 +92,6 @@ class Request:
     params: SamplingParams
     on_output: Callable[[RequestOutput], None]  # must be safe to call from the engine thread
     arrival_time: float = field(default_factory=time.monotonic)
-    timeout: float | None = None  # seconds from arrival, on top of --request-timeout
 
     status: Status = Status.WAITING
     token_ids: list[int] = field(init=False)  # prompt, then every generated token
@@ -101,6 +100,7 @@ class Request:
     blocks: SequenceBlocks = field(default_factory=SequenceBlocks)
     generator: torch.Generator | None = None
     finish_reason: FinishReason | None = None
+    timeout: float | None = None  # seconds from arrival, on top of --request-timeout
     scheduled_time: float | None = None  # first seated
     first_token_time: float | None = None
     last_token_time: float | None = None
@@ -149,9 +149,10 @@ class Request:
         seed = self.params.seed
         params = replace(self.params, seed=None if seed is None else (seed + index) % 2**64)
         sample = Request(f"{self.request_id}#{index}", self.prompt_token_ids, params,
-                         self.on_output, self.arrival_time, self.timeout)
+                         self.on_output, self.arrival_time)
         sample.sample_index, sample.parent_id = index, self.request_id
         sample.prompt_logprobs = None  # the prompt's are the first sample's
+        sample.timeout = self.timeout
         return sample
 
     def prefix_cache_limit(self) -> int:
