@@ -15,6 +15,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +38,9 @@ from tests.api.conftest import MODEL_NAME
 from tests.api.conftest import serve as serve_single
 from tests.api.test_server import stream
 
+# Ray's own config models use a pydantic feature deprecated in v2: not ours to fix.
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
 REPLICAS = 2
 # Small on purpose: a replica's pool holds one group's system prompt (20 blocks) and the
 # request on top, not two groups' prompts, as a busy server's cache would not.
@@ -56,10 +60,18 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def deploy(router: str) -> None:
-    """(Re)deploy the app with fresh replicas and wait until it answers."""
+def deploy(router: str, endpoint: Endpoint | None = None) -> None:
+    """(Re)deploy the app with fresh replicas; with `endpoint`, return only once requests
+    reach both (the ingress learns of new replicas a moment after they run)."""
     serve.run(build_app(REPLICA_CONFIG, MODEL_NAME, REPLICAS, router), name=APP_NAME,
               route_prefix="/")
+    deadline, seen = time.monotonic() + WAIT_S, set()
+    while endpoint is not None and len(seen) < REPLICAS:
+        assert time.monotonic() < deadline, f"requests reached only {seen}"
+        with ThreadPoolExecutor(REPLICAS * 2) as pool:  # together: the least loaded differs
+            answers = list(pool.map(lambda _: complete(endpoint, "Hi", max_tokens=1),
+                                    range(REPLICAS * 2)))
+        seen |= {r.headers.get(REPLICA_HEADER) for r in answers if r.status_code == 200}
 
 
 @pytest.fixture(scope="module")
@@ -69,8 +81,9 @@ def cluster() -> Iterator[Endpoint]:
     try:
         port = free_port()
         serve.start(http_options={"host": "127.0.0.1", "port": port})
-        deploy("prefix")
-        yield Endpoint(f"http://127.0.0.1:{port}")
+        endpoint = Endpoint(f"http://127.0.0.1:{port}")
+        deploy("prefix", endpoint)
+        yield endpoint
     finally:
         serve.shutdown()
         ray.shutdown()
@@ -171,18 +184,29 @@ def test_killed_replica_fails_its_requests_and_comes_back(cluster: Endpoint) -> 
     served_by = [complete(cluster, f"After the kill, request {i}:") for i in range(3)]
     print("after the kill:", [(r.status_code, r.headers.get(REPLICA_HEADER)) for r in served_by])
     assert all(r.status_code == 200 for r in served_by)
-    assert all(r.headers[REPLICA_HEADER] != killed for r in served_by)
+    survivors = {r.headers[REPLICA_HEADER] for r in served_by}
+    assert killed not in survivors
 
-    deadline = time.monotonic() + WAIT_S
-    while engine_replicas_running() < REPLICAS:
+    # The replacement is up once it answers: prompts of two chunks or more, each new, so the
+    # router (least loaded, then fewest remembered prefixes) turns to the new replica.
+    deadline, i = time.monotonic() + WAIT_S, 0
+    while True:
+        r = complete(cluster, f"Prompt {i} sent after the kill, until a new replica answers "
+                              "it; long enough to be remembered by the router.")
+        if r.status_code == 200 and r.headers[REPLICA_HEADER] not in survivors | {killed}:
+            break
         assert time.monotonic() < deadline, "the killed replica was not replaced"
-        time.sleep(1)
-    print(f"replaced after {time.monotonic() - t0:.1f} s")
+        time.sleep(0.5)
+        i += 1
+    print(f"replaced by {r.headers[REPLICA_HEADER]}: answering {time.monotonic() - t0:.1f} s "
+          "after the kill")
+    assert engine_replicas_running() == REPLICAS
 
 
 def group_prompts(topic: str, rules: list[str]) -> str:
-    """A long system prompt (about 20 KV blocks) shared by one group of requests."""
-    lines = [f"{i + 1}. {rule}" for i, rule in enumerate(rules * 6)]
+    """A long system prompt (about 20 KV blocks: two do not fit in one replica's pool)
+    shared by one group of requests."""
+    lines = [f"{i + 1}. {rule}" for i, rule in enumerate(rules * 8)]
     return f"System: you are the {topic} assistant. Follow these rules.\n" + "\n".join(lines)
 
 
@@ -203,6 +227,17 @@ QUESTIONS = ["Question {}: what should I know first?", "Question {}: give me one
              "Question {}: why does it matter?", "Question {}: one more fact, please."]
 
 
+def shared_prefix_tokens(tokenizer) -> int:
+    """Whole KV blocks two requests of one group share: the most a prefix hit can reuse."""
+    shortest = 1 << 30
+    for system in SYSTEM_PROMPTS.values():
+        first, second = (tokenizer(f"{system}\n{q.format(i)}")["input_ids"]
+                         for i, q in enumerate(QUESTIONS[:2]))
+        same = next(n for n, (a, b) in enumerate(zip([*first, -1], [*second, -2])) if a != b)
+        shortest = min(shortest, same // 16 * 16)
+    return shortest
+
+
 def run_groups(endpoint: Endpoint, prefix_tokens: int) -> tuple[int, int, list[str]]:
     """Both groups' requests, interleaved; (requests after each group's first that found its
     system prompt cached, how many such requests, where each went)."""
@@ -220,13 +255,11 @@ def run_groups(endpoint: Endpoint, prefix_tokens: int) -> tuple[int, int, list[s
 
 
 def test_prefix_routing_keeps_each_group_on_its_replica(cluster: Endpoint, tokenizer) -> None:
-    # Whole blocks of the shared system prompt: what a hit reuses.
-    prefix_tokens = len(tokenizer(min(SYSTEM_PROMPTS.values(), key=len))["input_ids"]) // 16 * 16
-    deploy("prefix")  # fresh replicas: empty caches
+    prefix_tokens = shared_prefix_tokens(tokenizer)
     prefix_hits, later, prefix_placed = run_groups(cluster, prefix_tokens)
-    deploy("power-of-two")
+    deploy("power-of-two", cluster)
     random_hits, _, random_placed = run_groups(cluster, prefix_tokens)
-    deploy("prefix")
+    deploy("prefix", cluster)  # as the other tests expect
     print(f"shared prefix {prefix_tokens} tokens; replica pool {NUM_BLOCKS} blocks")
     print(f"prefix-aware router: {prefix_hits}/{later} later requests hit their group's "
           f"prefix; placements {prefix_placed}")
