@@ -8,6 +8,7 @@ comparison).
 
 from __future__ import annotations
 
+import shlex
 from typing import Any
 
 from ray import serve
@@ -50,3 +51,17 @@ def build_app(config: EngineConfig, model_name: str, replicas: int = 2,
                                max_ongoing_requests=10_000,
                                ray_actor_options={"num_cpus": 0})
     return ingress.bind(engines)
+
+
+def app_builder(args: dict[str, str]) -> Application:
+    """For `serve run deploy.app:app_builder replicas=2 engine_args="--threads 1"` and for a
+    Serve config file or a KubeRay RayService (`import_path: deploy.app:app_builder`, its
+    `args` the same keys): `engine_args` are server.py's engine flags."""
+    from server import build_parser, served_name
+
+    unknown = set(args) - {"replicas", "router", "engine_args"}
+    if unknown:
+        raise ValueError(f"unknown application args: {', '.join(sorted(unknown))}")
+    engine_args = build_parser(None).parse_args(shlex.split(args.get("engine_args", "")))
+    return build_app(EngineConfig.from_args(engine_args), served_name(engine_args),
+                     int(args.get("replicas", 2)), args.get("router", "prefix"))

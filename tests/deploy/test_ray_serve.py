@@ -116,6 +116,20 @@ def test_routing_text_is_the_prompt() -> None:
     assert routing_text("/v1/models", b"") == ""
 
 
+def test_the_serve_config_file_builds_the_app() -> None:
+    """deploy/serve_config.yaml (for `serve deploy` and KubeRay) names a builder that works."""
+    import yaml
+
+    from deploy.app import app_builder
+
+    config = yaml.safe_load((REPO_ROOT / "deploy" / "serve_config.yaml").read_text())
+    (application,) = config["applications"]
+    assert application["import_path"] == "deploy.app:app_builder"
+    assert type(app_builder(application["args"])).__name__ == "Application"
+    with pytest.raises(ValueError, match="replica"):
+        app_builder({"replica": "2"})
+
+
 # --- through the cluster -----------------------------------------------------------------------
 
 
