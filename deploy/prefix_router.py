@@ -19,8 +19,6 @@ its index in the router itself (one per handle; the ingress holds the only handl
 
 from __future__ import annotations
 
-from typing import Any
-
 from ray.serve.request_router import (
     PendingRequest,
     ReplicaID,
@@ -45,8 +43,7 @@ def routing_text(pending_request: PendingRequest | None) -> str:
 
 class PrefixAwareRouter(RequestRouter):
     def initialize_state(self, chunk_chars: int = 64, max_chunks: int = 100_000,
-                         min_match_chars: int = 64, imbalance_threshold: int = 8,
-                         **_: Any) -> None:
+                         min_match_chars: int = 64, imbalance_threshold: int = 8) -> None:
         """Called by Ray Serve with `request_router_kwargs`."""
         self.index = PrefixIndex(chunk_chars, max_chunks)
         self.min_match_chars = min_match_chars
