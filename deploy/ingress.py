@@ -5,10 +5,12 @@ deployment handle; that replica answers it with api/app.py, so responses, errors
 events are the single server's. The ingress only pulls the prompt's text out of the body
 for the router (deploy/prefix_router.py) and turns a replica's death into an error the
 client can read: HTTP 503 in OpenAI's envelope before the response has started, an SSE error
-event (then `[DONE]`) in the middle of a stream.
+event (then `[DONE]`) in the middle of a stream. `GET /health` and `/metrics` are answered by
+one replica, like any request (its X-Nano-Vllm-Replica header says which).
 """
 
-
+# No `from __future__ import annotations` here: FastAPI must see the handler's annotations as
+# classes (Request), and Ray's ingress wrapper hides this module's names from it.
 import json
 import logging
 from collections.abc import AsyncIterator
