@@ -81,7 +81,8 @@ class PagedEngineCore:
         self.allocator = BlockAllocator(num_blocks, config.enable_prefix_cache)
         self.kv = KVCacheManager(self.allocator)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens,
-                                   config.max_prefills_per_step, eos_token_ids)
+                                   config.max_prefills_per_step, eos_token_ids,
+                                   config.scheduling_policy, config.priority_aging)
         threads = ThreadPolicy(config.threads or len(os.sched_getaffinity(0)),
                                config.single_thread_below)
         self.runner = ModelRunner(model, self.pool, config.attention, threads)
