@@ -62,6 +62,10 @@ class EngineCore(Protocol):
 
     def has_work(self) -> bool: ...
 
+    def num_waiting_tokens(self) -> int:
+        """Prompt tokens of the waiting line still to compute (called on the engine thread)."""
+        ...
+
     def stats(self) -> EngineStats: ...
 
     def describe(self) -> str: ...
@@ -95,6 +99,9 @@ class PagedEngineCore:
 
     def has_work(self) -> bool:
         return self.scheduler.has_work()
+
+    def num_waiting_tokens(self) -> int:
+        return sum(r.num_tokens - r.num_computed_tokens for r in self.scheduler.waiting)
 
     def finish(self, request: Request, reason: FinishReason) -> None:
         self.scheduler.finish(request, reason)

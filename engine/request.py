@@ -77,6 +77,7 @@ class RequestOutput:
     num_output_tokens: int = 0
     num_cached_tokens: int = 0
     error: str | None = None
+    error_code: str | None = None  # e.g. engine/batch_engine.py's SHUTDOWN, ENGINE_FAILED
     sample_index: int = 0
     logprobs: list[TokenLogprobs] | None = None
     prompt_logprobs: list[TokenLogprobs | None] | None = None
