@@ -11,6 +11,7 @@ import uvicorn
 
 from api import lifecycle
 from api.app import create_app
+from api.security import AccessConfig
 from engine.batch_engine import BatchEngine, load_engine
 from engine.config import EngineConfig
 from engine.core import EngineCore, PagedEngineCore
@@ -25,6 +26,7 @@ def build_parser(description: str | None) -> argparse.ArgumentParser:
     parser.add_argument("--served-model-name", default=None,
                         help="name clients use in 'model' (default: the model folder's name)")
     EngineConfig.add_cli_args(parser)
+    AccessConfig.add_cli_args(parser)
     lifecycle.add_cli_args(parser)
     return parser
 
@@ -33,9 +35,10 @@ def build_parser(description: str | None) -> argparse.ArgumentParser:
 RESPONSE_GRACE_SECONDS = 10
 
 
-def serve(engine: BatchEngine, args: argparse.Namespace, model_name: str) -> int:
+def serve(engine: BatchEngine, args: argparse.Namespace, model_name: str,
+          access: AccessConfig) -> int:
     """Serve until SIGTERM/SIGINT (drained, then 0) or an engine failure; the exit status."""
-    app = create_app(engine, model_name)
+    app = create_app(engine, model_name, access)
     server = lifecycle.ServingProcess(
         uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
                        timeout_graceful_shutdown=RESPONSE_GRACE_SECONDS),
@@ -67,13 +70,14 @@ def run_server(description: str | None, title: str = "nano-vLLM",
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     try:
         config = replace(EngineConfig.from_args(args), **(fixed or {}))
+        access = AccessConfig.from_args(args)
         engine = load_engine(config, core_class)
     except (ModelPreparationError, ValueError, QuantizedKernelUnavailable) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     print(f"{title}: {served_name(args)} on {engine.describe()}; "
           f"serving on http://{args.host}:{args.port}/v1", flush=True)
-    return serve(engine, args, served_name(args))
+    return serve(engine, args, served_name(args), access)
 
 
 def main() -> int:

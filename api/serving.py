@@ -29,8 +29,8 @@ from api.job import Job, Prompt, SampleResult
 from api.logprobs import LogprobFormatter
 from api.protocol import SamplingFields
 from engine.batch_engine import ENGINE_FAILED, SHUTDOWN, EngineUnavailableError, QueueFullError
+from engine.request import FinishReason, RequestOutput, SamplingParams
 from engine.request import Request as EngineRequest
-from engine.request import RequestOutput, SamplingParams
 
 # A client that left is noticed within this long, also while outputs keep coming.
 DISCONNECT_CHECK_SECONDS = 1.0
@@ -45,8 +45,12 @@ def sse(message: BaseModel) -> dict[str, str]:
 
 
 def failure(output: RequestOutput) -> APIError:
-    """The error a failed output ends its request with: 503 when the server could not
-    finish it (shut down before it ended, or the engine died), else 500."""
+    """The error a failed output ends its request with: 504 if its deadline passed (before
+    any token was sent, as a non-streamed answer has sent none), 503 when the server could
+    not finish it (shut down before it ended, or the engine died), else 500."""
+    if output.finish_reason is FinishReason.TIMEOUT:
+        return APIError(output.error or "request timed out", status=504,
+                        code="request_timeout", err_type="timeout_error")
     if output.error_code in (SHUTDOWN, ENGINE_FAILED):
         return APIError(output.error or "", status=503, code=output.error_code,
                         err_type="server_error")
@@ -77,7 +81,7 @@ class OpenAIServing(ABC, Generic[Body]):
         client_id = http_request.headers.get(REQUEST_ID_HEADER) or uuid.uuid4().hex
         job = Job(f"{self.request_id_prefix}-{client_id}", self.model_name, prompts, body.n,
                   body.num_samples())
-        self.submit(job, params, body.priority)
+        self.submit(job, params, body.request_timeout, body.priority)
         headers = {REQUEST_ID_HEADER: client_id}
         if body.stream:
             return EventSourceResponse(self.events(job, body, http_request),
@@ -87,13 +91,14 @@ class OpenAIServing(ABC, Generic[Body]):
     def check_model(self, body: Body) -> None:
         if body.model is not None and body.model not in self.accepted_model_names:
             raise APIError(f"The model '{body.model}' does not exist; this server serves "
-                           f"'{self.model_name}'.", "model", code="model_not_found")
+                           f"'{self.model_name}'.", "model", status=404, code="model_not_found")
 
-    def submit(self, job: Job, params: list[SamplingParams], priority: int = 0) -> None:
+    def submit(self, job: Job, params: list[SamplingParams], timeout: float | None = None,
+               priority: int = 0) -> None:
         """One engine request per prompt (unique ids, whatever the client's id); outputs go
-        to job.queue tagged with their prompt's index. All or none are submitted: a full
-        line is a 429 with the engine's Retry-After, an engine that takes no requests (it is
-        shutting down, or dead) a 503."""
+        to job.queue tagged with their prompt's index. `timeout`: the request's own deadline,
+        seconds from now. All or none are submitted: a full line is a 429 with the engine's
+        Retry-After, an engine that takes no requests (it is shutting down, or dead) a 503."""
         loop = asyncio.get_running_loop()
         engine_id = f"{self.request_id_prefix}-{uuid.uuid4().hex}"
         for i, (prompt, prompt_params) in enumerate(zip(job.prompts, params, strict=True)):
@@ -103,7 +108,7 @@ class OpenAIServing(ABC, Generic[Body]):
             request_id = f"{engine_id}-{i}"
             try:
                 self.engine.add_request(EngineRequest(request_id, prompt.token_ids,
-                                                      prompt_params, deliver,
+                                                      prompt_params, deliver, timeout=timeout,
                                                       priority=priority))
             except QueueFullError as exc:
                 for submitted in job.request_ids:

@@ -155,8 +155,15 @@ class BatchEngine:
 
     def _admit(self, request: Request) -> None:
         """Raise QueueFullError if the line is full by count or by prompt tokens (a request
-        alone in the line is never refused for its length). Call with _lock held."""
-        waiting = len(self._inbox) + self.core.stats()["waiting"]
+        alone in the line is never refused for its length). Call with _lock held.
+
+        The intake line is emptied only at the next step, so a burst that arrives between
+        two steps sits there even while seats are free: the requests a free seat awaits are
+        not counted as waiting, by count or by tokens. Each request counts as one seat (a
+        request with n samples needs n, so this errs towards admitting)."""
+        stats = self.core.stats()
+        free_seats = max(0, self.config.max_num_seqs - stats["running"])
+        waiting = max(0, len(self._inbox) + stats["waiting"] - free_seats)
         if waiting >= self.config.max_waiting:
             raise QueueFullError(
                 f"the server is at capacity ({self.config.max_waiting} requests waiting)",
@@ -164,8 +171,9 @@ class BatchEngine:
         cap = self.config.max_num_queued_tokens
         if cap is None:
             return
+        unseated = list(self._inbox)[max(0, free_seats - stats["waiting"]):]
         queued = (self._line.tokens + self._joined.tokens
-                  + sum(r.num_prompt_tokens for r in self._inbox))
+                  + sum(r.num_prompt_tokens for r in unseated))
         if queued > 0 and queued + request.num_prompt_tokens > cap:
             raise QueueFullError(
                 f"the server is at capacity ({queued} prompt tokens waiting; "
@@ -274,13 +282,17 @@ class BatchEngine:
             for request in list(self._requests.values()):
                 if request.request_id in self._requests:  # not ended with its parent
                     self._finish(request, FinishReason.ERROR, abort_all, SHUTDOWN)
-        timeout = self.config.request_timeout
-        if timeout is not None:
-            now = time.monotonic()
-            for request in list(self._requests.values()):
-                if now - request.arrival_time > timeout:
-                    self._finish(request, FinishReason.ERROR,
-                                 f"request timed out after {timeout:g} s")
+        now = time.monotonic()
+        for request in list(self._requests.values()):
+            limit = self._time_limit(request)
+            if (limit is not None and now - request.arrival_time > limit
+                    and request.request_id in self._requests):  # not ended with its parent
+                self._finish(request, FinishReason.TIMEOUT, f"request timed out after {limit:g} s")
+
+    def _time_limit(self, request: Request) -> float | None:
+        """The shorter of --request-timeout and the request's own deadline (None: none)."""
+        limits = [t for t in (self.config.request_timeout, request.timeout) if t is not None]
+        return min(limits, default=None)
 
     def _process(self, result: StepResult) -> None:
         for request in result.failed:
