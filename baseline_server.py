@@ -17,7 +17,8 @@ It differs from the engine (engine/batch_engine.py) in three things only:
 - **Prefill.** Each newcomer's prompt goes through the model alone, in one plain causal
   forward pass: no chunking, no token budget, no prefix cache. There is no preemption
   either: memory is not bounded, so --num-blocks, --kv-cache-memory, --no-prefix-cache and
-  --max-num-batched-tokens are accepted and ignored.
+  --max-num-batched-tokens are accepted and ignored. The line is first come first served
+  (--scheduling-policy is fixed to fcfs, so a request's priority is refused).
 
 A round seats waiting requests up to --max-num-seqs, prefills the newcomers one at a time,
 then decodes one token for every seated request in one batched forward pass. Everything
@@ -174,6 +175,9 @@ class BaselineEngineCore:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def num_waiting_tokens(self) -> int:
+        return sum(r.num_tokens for r in self.waiting)
+
     def step(self) -> StepResult:
         """One round: seat newcomers, prefill them one by one, decode everyone seated."""
         result = StepResult()
@@ -264,7 +268,8 @@ class BaselineEngineCore:
 
 def main() -> int:
     return run_server(__doc__, "nano-vLLM BASELINE", BaselineEngineCore,
-                      fixed={"matmul": "torch", "fused_ops": False, "weights": "default"})
+                      fixed={"matmul": "torch", "fused_ops": False, "weights": "default",
+                             "scheduling_policy": "fcfs"})
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import uvicorn
 
+from api import lifecycle
 from api.app import create_app
 from api.security import AccessConfig
 from engine.batch_engine import BatchEngine, load_engine
@@ -26,17 +27,32 @@ def build_parser(description: str | None) -> argparse.ArgumentParser:
                         help="name clients use in 'model' (default: the model folder's name)")
     EngineConfig.add_cli_args(parser)
     AccessConfig.add_cli_args(parser)
+    lifecycle.add_cli_args(parser)
     return parser
 
 
+# After a drain or an engine failure, the longest uvicorn waits for responses still being sent.
+RESPONSE_GRACE_SECONDS = 10
+
+
 def serve(engine: BatchEngine, args: argparse.Namespace, model_name: str,
-          access: AccessConfig) -> None:
+          access: AccessConfig) -> int:
+    """Serve until SIGTERM/SIGINT (drained, then 0) or an engine failure; the exit status."""
     app = create_app(engine, model_name, access)
+    server = lifecycle.ServingProcess(
+        uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
+                       timeout_graceful_shutdown=RESPONSE_GRACE_SECONDS),
+        engine, args.shutdown_timeout, args.exit_on_engine_failure)
     engine.start()
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+        server.run()
     finally:
         engine.shutdown()
+    stats = engine.stats()
+    print(f"stopped: {engine.num_in_flight} requests in flight; KV blocks used "
+          f"{stats['blocks_used']}, free {stats['blocks_free']}, cached-free "
+          f"{stats['blocks_cached_free']} of {stats['blocks_total']}", flush=True)
+    return server.exit_code
 
 
 def served_name(args: argparse.Namespace) -> str:
@@ -61,8 +77,7 @@ def run_server(description: str | None, title: str = "nano-vLLM",
         return 1
     print(f"{title}: {served_name(args)} on {engine.describe()}; "
           f"serving on http://{args.host}:{args.port}/v1", flush=True)
-    serve(engine, args, served_name(args), access)
-    return 0
+    return serve(engine, args, served_name(args), access)
 
 
 def main() -> int:

@@ -96,8 +96,9 @@ def create_app(engine: EngineClient, model_name: str,
     @app.get("/health", dependencies=probe, response_model=HealthStatus,
              responses=error_responses(503, *probe_auth))
     async def health() -> JSONResponse:
-        if not engine.is_alive:
-            body = error_body("The engine thread has stopped.", "server_error")
+        reason = engine.unavailable_reason  # shutting down, or the engine thread died
+        if reason is not None:
+            body = error_body(reason, "server_error", code="service_unavailable")
             return JSONResponse(body.model_dump(), status_code=503)
         return JSONResponse({"status": "ok"})
 

@@ -41,8 +41,19 @@ class EngineClient(Protocol):
         """False once the engine thread has stopped."""
         ...
 
+    @property
+    def unavailable_reason(self) -> str | None:
+        """Why new requests are refused (shutting down, engine dead); None when serving."""
+        ...
+
+    @property
+    def scheduling_policy(self) -> str:
+        """"fcfs" or "priority" (only then is a request's priority honoured)."""
+        ...
+
     def add_request(self, request: Request) -> None:
-        """Queue a request; raises engine.batch_engine.QueueFullError if the line is full."""
+        """Queue a request; raises engine.batch_engine.QueueFullError if the line is full,
+        EngineUnavailableError if the engine takes no new requests."""
         ...
 
     def abort(self, request_id: str) -> None:

@@ -20,10 +20,12 @@ class APIError(Exception):
     headers: ClassVar[Mapping[str, str]] = {}  # sent with the envelope (set by subclasses)
 
     def __init__(self, message: str, param: str | None = None, status: int = 400,
-                 code: str | None = None, err_type: str = "invalid_request_error") -> None:
+                 code: str | None = None, err_type: str = "invalid_request_error",
+                 retry_after: int | None = None) -> None:
         super().__init__(message)
         self.message, self.param, self.status, self.code, self.type = (
             message, param, status, code, err_type)
+        self.retry_after = retry_after  # seconds, sent as Retry-After (a 429 always has one)
 
     def body(self) -> ErrorResponse:
         return error_body(self.message, self.type, self.param, self.code)
@@ -36,7 +38,10 @@ def error_body(message: str, err_type: str = "invalid_request_error", param: str
 
 
 def error_response(exc: APIError) -> JSONResponse:
-    headers = {"Retry-After": str(RETRY_AFTER_SECONDS)} if exc.status == 429 else None
+    retry_after = exc.retry_after
+    if retry_after is None and exc.status == 429:
+        retry_after = RETRY_AFTER_SECONDS
+    headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
     return JSONResponse(exc.body().model_dump(), status_code=exc.status, headers=headers)
 
 

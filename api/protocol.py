@@ -20,6 +20,7 @@ from engine.request import SamplingParams
 
 # Below this a temperature is greedy (as in vLLM): dividing logits by a tinier one overflows.
 GREEDY_TEMPERATURE = 1e-5
+PRIORITY_BOUND = 2**31  # a 32-bit signed priority: room for any ordering, exact in a float key
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,7 @@ class SamplingFields(APIModel):
     best_of: int | None = None  # run this many samples, return the n of highest logprob
     logprobs_mode: LogprobsMode | None = None  # ours: "raw" (default) or "processed"
     user: str | None = None
+    priority: int = 0  # lower is seated first (vLLM's convention); needs --scheduling-policy
     # Accepted only so that asking for them is an explicit 400 (UNSUPPORTED), not ignored.
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
@@ -123,6 +125,16 @@ class SamplingFields(APIModel):
                            "the end.", "best_of")
         if self.requested_max_tokens() == 0 and self.num_samples() > 1:
             raise APIError("n and best_of above 1 need max_tokens of at least 1.", field)
+
+    def check_priority(self, scheduling_policy: str) -> None:
+        """priority is honoured only under --scheduling-policy priority: refused otherwise."""
+        if not -PRIORITY_BOUND <= self.priority < PRIORITY_BOUND:
+            raise APIError(f"priority must be in [-{PRIORITY_BOUND}, {PRIORITY_BOUND}).",
+                           "priority")
+        if self.priority != 0 and scheduling_policy != "priority":
+            raise APIError("priority is honoured only by a server started with "
+                           "--scheduling-policy priority; this one serves first come first "
+                           "served.", "priority")
 
     def check_supported(self) -> None:
         for field, rule in self.UNSUPPORTED.items():

@@ -24,11 +24,11 @@ from pydantic import BaseModel
 from sse_starlette.sse import EventSourceResponse
 
 from api.engine_client import EngineClient
-from api.errors import RETRY_AFTER_SECONDS, APIError
+from api.errors import APIError
 from api.job import Job, Prompt, SampleResult
 from api.logprobs import LogprobFormatter
 from api.protocol import SamplingFields
-from engine.batch_engine import QueueFullError
+from engine.batch_engine import ENGINE_FAILED, SHUTDOWN, EngineUnavailableError, QueueFullError
 from engine.request import FinishReason, RequestOutput, SamplingParams
 from engine.request import Request as EngineRequest
 
@@ -46,10 +46,14 @@ def sse(message: BaseModel) -> dict[str, str]:
 
 def failure(output: RequestOutput) -> APIError:
     """The error a failed output ends its request with: 504 if its deadline passed (before
-    any token was sent, as a non-streamed answer has sent none), else 500."""
+    any token was sent, as a non-streamed answer has sent none), 503 when the server could
+    not finish it (shut down before it ended, or the engine died), else 500."""
     if output.finish_reason is FinishReason.TIMEOUT:
         return APIError(output.error or "request timed out", status=504,
                         code="request_timeout", err_type="timeout_error")
+    if output.error_code in (SHUTDOWN, ENGINE_FAILED):
+        return APIError(output.error or "", status=503, code=output.error_code,
+                        err_type="server_error")
     return APIError(output.error or "internal error", status=500, err_type="server_error")
 
 
@@ -70,13 +74,14 @@ class OpenAIServing(ABC, Generic[Body]):
         self.check_model(body)
         body.check_supported()
         body.check_samples(self.engine.max_num_seqs)
+        body.check_priority(self.engine.scheduling_policy)
         prompts = self.prompts(body)
         params = [body.to_sampling_params(len(p.token_ids), self.engine.max_tokens_per_request,
                                           len(self.tokenizer)) for p in prompts]
         client_id = http_request.headers.get(REQUEST_ID_HEADER) or uuid.uuid4().hex
         job = Job(f"{self.request_id_prefix}-{client_id}", self.model_name, prompts, body.n,
                   body.num_samples())
-        self.submit(job, params, body.request_timeout)
+        self.submit(job, params, body.request_timeout, body.priority)
         headers = {REQUEST_ID_HEADER: client_id}
         if body.stream:
             return EventSourceResponse(self.events(job, body, http_request),
@@ -88,11 +93,12 @@ class OpenAIServing(ABC, Generic[Body]):
             raise APIError(f"The model '{body.model}' does not exist; this server serves "
                            f"'{self.model_name}'.", "model", status=404, code="model_not_found")
 
-    def submit(self, job: Job, params: list[SamplingParams],
-               timeout: float | None = None) -> None:
+    def submit(self, job: Job, params: list[SamplingParams], timeout: float | None = None,
+               priority: int = 0) -> None:
         """One engine request per prompt (unique ids, whatever the client's id); outputs go
-        to job.queue tagged with their prompt's index. All or none are submitted. `timeout`:
-        the request's own deadline, seconds from now."""
+        to job.queue tagged with their prompt's index. `timeout`: the request's own deadline,
+        seconds from now. All or none are submitted: a full line is a 429 with the engine's
+        Retry-After, an engine that takes no requests (it is shutting down, or dead) a 503."""
         loop = asyncio.get_running_loop()
         engine_id = f"{self.request_id_prefix}-{uuid.uuid4().hex}"
         for i, (prompt, prompt_params) in enumerate(zip(job.prompts, params, strict=True)):
@@ -102,12 +108,19 @@ class OpenAIServing(ABC, Generic[Body]):
             request_id = f"{engine_id}-{i}"
             try:
                 self.engine.add_request(EngineRequest(request_id, prompt.token_ids,
-                                                      prompt_params, deliver, timeout=timeout))
+                                                      prompt_params, deliver, timeout=timeout,
+                                                      priority=priority))
             except QueueFullError as exc:
                 for submitted in job.request_ids:
                     self.engine.abort(submitted)
-                raise APIError(f"{exc}; retry after {RETRY_AFTER_SECONDS} s.", status=429,
-                               code="rate_limit_exceeded", err_type="rate_limit_error") from exc
+                raise APIError(f"{exc}; retry after {exc.retry_after} s.", status=429,
+                               code="rate_limit_exceeded", err_type="rate_limit_error",
+                               retry_after=exc.retry_after) from exc
+            except EngineUnavailableError as exc:
+                for submitted in job.request_ids:
+                    self.engine.abort(submitted)
+                raise APIError(str(exc), status=503, code="service_unavailable",
+                               err_type="server_error") from exc
             job.request_ids.append(request_id)
 
     async def outputs(self, job: Job,

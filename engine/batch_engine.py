@@ -8,6 +8,13 @@ loops for as long as there is work:
    chunks and decodes together), update each request from the output;
 3. output processing: detokenize, check stop strings, count metrics, and hand each
    request its new text through its callback.
+
+Admission: a request is refused (QueueFullError, HTTP 429) when --max-waiting requests or
+--max-num-queued-tokens prompt tokens already wait for a seat, with a retry time from the
+measured drain rate (engine/admission.py). After `stop_accepting` (a graceful shutdown) or
+once the engine thread has died, every new request is refused with EngineUnavailableError
+(HTTP 503). If the thread dies, each request in flight ends with an error and the callbacks
+given to `on_failure` run, so the server can exit and be restarted by its supervisor.
 """
 
 from __future__ import annotations
@@ -16,21 +23,36 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 
 import torch
 
+from engine.admission import DrainRate, LineSize
 from engine.config import EngineConfig
 from engine.core import EngineCore, EngineStats, PagedEngineCore, StepResult
 from engine.metrics import EngineMetrics
 from engine.output_processor import OutputProcessor
-from engine.request import FinishReason, Request
+from engine.request import FinishReason, Request, RequestOutput
 from model.llama import LlamaModel
 
 log = logging.getLogger("nano_vllm.engine")
 
 
 class QueueFullError(RuntimeError):
-    """The waiting line is at --max-waiting."""
+    """The waiting line is at --max-waiting or --max-num-queued-tokens."""
+
+    def __init__(self, message: str, retry_after: int) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after  # seconds, from the measured drain rate
+
+
+class EngineUnavailableError(RuntimeError):
+    """The engine takes no new requests: it is shutting down, or its thread has died."""
+
+
+# RequestOutput.error_code of requests the server could not finish; the API answers 503.
+SHUTDOWN = "server_shutting_down"
+ENGINE_FAILED = "engine_failed"
 
 
 class BatchEngine:
@@ -54,7 +76,14 @@ class BatchEngine:
         self._groups: dict[str, list[Request]] = {}  # id -> its samples; engine thread only
         self._wakeup = threading.Event()
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="batch-engine", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="batch-engine", daemon=True)
+        # Admission (read by other threads under _lock; written by the engine thread).
+        self.drain_rate = DrainRate()
+        self._line = LineSize()  # the core's waiting line after the last step
+        self._joined = LineSize()  # requests moved from the inbox since the last step
+        self._unavailable: str | None = None  # why new requests are refused, if they are
+        self._abort_all: str | None = None  # an error to end every request with, next round
+        self._failure_callbacks: list[Callable[[], None]] = []
 
     # --- called from other threads -------------------------------------------------------
 
@@ -71,6 +100,39 @@ class BatchEngine:
     def is_alive(self) -> bool:
         return self._thread.is_alive()
 
+    @property
+    def scheduling_policy(self) -> str:
+        return self.config.scheduling_policy
+
+    @property
+    def unavailable_reason(self) -> str | None:
+        """Why the engine takes no new requests (shutting down, dead), or None."""
+        if self._unavailable is None and self._thread.ident is not None and not self.is_alive:
+            return "The engine thread has stopped."
+        return self._unavailable
+
+    @property
+    def num_in_flight(self) -> int:
+        """Requests (samples counted apiece) accepted and not yet finished."""
+        with self._lock:
+            return len(self._inbox) + len(self._requests)
+
+    def stop_accepting(self, reason: str) -> None:
+        """Refuse every new request from now on (EngineUnavailableError with `reason`)."""
+        with self._lock:
+            self._unavailable = self._unavailable or reason
+        log.info("no longer accepting requests: %s", reason)
+
+    def abort_all(self, error: str) -> None:
+        """End every request in flight with `error` (code SHUTDOWN) at the next round."""
+        with self._lock:
+            self._abort_all = error
+        self._wakeup.set()
+
+    def on_failure(self, callback: Callable[[], None]) -> None:
+        """Call `callback` (on the engine thread) if the engine thread dies."""
+        self._failure_callbacks.append(callback)
+
     def start(self) -> None:
         self._thread.start()
 
@@ -85,22 +147,38 @@ class BatchEngine:
             raise ValueError(f"n={request.params.n} samples need more than the "
                              f"{self.config.max_num_seqs} seats")
         with self._lock:
-            if self._num_waiting_for_a_seat() >= self.config.max_waiting:
-                raise QueueFullError(
-                    f"the server is at capacity ({self.config.max_waiting} requests waiting)")
+            if self._unavailable is not None:
+                raise EngineUnavailableError(self._unavailable)
+            self._admit(request)
             self._inbox.append(request)
         self._wakeup.set()
 
-    def _num_waiting_for_a_seat(self) -> int:
-        """Requests in the intake line or the core's waiting line that no free seat awaits.
+    def _admit(self, request: Request) -> None:
+        """Raise QueueFullError if the line is full by count or by prompt tokens (a request
+        alone in the line is never refused for its length). Call with _lock held.
 
         The intake line is emptied only at the next step, so a burst that arrives between
-        two steps sits there even while seats are free: counting all of it as waiting would
-        refuse requests that are about to be seated. Each request counts as one seat (a
+        two steps sits there even while seats are free: the requests a free seat awaits are
+        not counted as waiting, by count or by tokens. Each request counts as one seat (a
         request with n samples needs n, so this errs towards admitting)."""
         stats = self.core.stats()
         free_seats = max(0, self.config.max_num_seqs - stats["running"])
-        return max(0, len(self._inbox) + stats["waiting"] - free_seats)
+        waiting = max(0, len(self._inbox) + stats["waiting"] - free_seats)
+        if waiting >= self.config.max_waiting:
+            raise QueueFullError(
+                f"the server is at capacity ({self.config.max_waiting} requests waiting)",
+                self.drain_rate.retry_after(excess_requests=waiting - self.config.max_waiting + 1))
+        cap = self.config.max_num_queued_tokens
+        if cap is None:
+            return
+        unseated = list(self._inbox)[max(0, free_seats - stats["waiting"]):]
+        queued = (self._line.tokens + self._joined.tokens
+                  + sum(r.num_prompt_tokens for r in unseated))
+        if queued > 0 and queued + request.num_prompt_tokens > cap:
+            raise QueueFullError(
+                f"the server is at capacity ({queued} prompt tokens waiting; "
+                f"--max-num-queued-tokens {cap})",
+                self.drain_rate.retry_after(excess_tokens=queued + request.num_prompt_tokens - cap))
 
     def abort(self, request_id: str) -> None:
         """Cancel a request and all its samples (e.g. its client went away); their blocks are
@@ -120,9 +198,41 @@ class BatchEngine:
 
     # --- the engine thread -----------------------------------------------------------------
 
+    def _run(self) -> None:
+        try:
+            self._loop()
+        except BaseException as exc:  # what the loop's own error handling could not catch
+            log.critical("the engine thread died", exc_info=exc)
+            self._die(f"The engine failed and takes no more requests: {exc!r}")
+
+    def _die(self, error: str) -> None:
+        """End every request with `error`, refuse new ones, and tell whoever asked."""
+        with self._lock:
+            self._unavailable = error
+            arrivals, self._inbox = self._inbox, deque()
+        in_flight = list(self._requests.values())
+        self._requests.clear()
+        self._groups.clear()
+        for request in in_flight:
+            try:
+                self.outputs.finish(request, FinishReason.ERROR, error, code=ENGINE_FAILED)
+            except Exception:  # the processor may be what broke: answer directly
+                self._send_failure(request, error)
+        for request in arrivals:  # never taken in: the processor does not know them
+            self._send_failure(request, error)
+        for callback in self._failure_callbacks:
+            callback()
+
+    @staticmethod
+    def _send_failure(request: Request, error: str) -> None:
+        request.on_output(RequestOutput(request.request_id, "", [], finished=True,
+                                        finish_reason=FinishReason.ERROR, error=error,
+                                        error_code=ENGINE_FAILED,
+                                        sample_index=request.sample_index))
+
     def _loop(self) -> None:
         while not self._stop.is_set():
-            if self._inbox or self._aborts or self.core.has_work():
+            if self._inbox or self._aborts or self._abort_all or self.core.has_work():
                 try:
                     self.step()
                 except Exception as exc:  # outside the model run: fail everyone in flight
@@ -139,6 +249,10 @@ class BatchEngine:
         self._intake()
         result = self.core.step()
         self.metrics.on_step(result)
+        line = LineSize(self.core.stats()["waiting"], self.core.num_waiting_tokens())
+        with self._lock:
+            joined, self._joined, self._line = self._joined, LineSize(), line
+        self.drain_rate.observe(time.monotonic(), line, joined)
         if result.num_scheduled_tokens == 0:
             time.sleep(0.001)  # nothing fits yet (can only be momentary)
             return
@@ -148,6 +262,10 @@ class BatchEngine:
         with self._lock:
             arrivals, self._inbox = self._inbox, deque()
             aborts, self._aborts = self._aborts, set()
+            abort_all, self._abort_all = self._abort_all, None
+            # Counted as in the line until the step's end measures it (see _admit).
+            self._joined.requests += len(arrivals)
+            self._joined.tokens += sum(r.num_prompt_tokens for r in arrivals)
         for request in arrivals:
             # Samples 1.. wait on the first until its prompt is computed (see scheduler.py).
             request.pending_forks = [request.fork(i) for i in range(1, request.params.n)]
@@ -160,6 +278,10 @@ class BatchEngine:
             for sample in self._groups.get(request_id, []):
                 if sample.request_id in self._requests:
                     self._finish(sample, FinishReason.ABORT)
+        if abort_all is not None:
+            for request in list(self._requests.values()):
+                if request.request_id in self._requests:  # not ended with its parent
+                    self._finish(request, FinishReason.ERROR, abort_all, SHUTDOWN)
         now = time.monotonic()
         for request in list(self._requests.values()):
             limit = self._time_limit(request)
@@ -183,13 +305,14 @@ class BatchEngine:
             if update.request.finish_reason is not None:
                 self._forget(update.request)
 
-    def _finish(self, request: Request, reason: FinishReason, error: str | None = None) -> None:
+    def _finish(self, request: Request, reason: FinishReason, error: str | None = None,
+                code: str | None = None) -> None:
         """End a request from outside the core's own stop checks (abort, error, timeout)."""
         self.core.finish(request, reason)
         self._forget(request)
-        self.outputs.finish(request, reason, error)
+        self.outputs.finish(request, reason, error, code=code)
         for sample in request.pending_forks:  # never forked: they end with it
-            self._finish(sample, reason, error)
+            self._finish(sample, reason, error, code)
 
     def _forget(self, request: Request) -> None:
         """Drop a finished request, and its group once every sample has finished."""

@@ -26,6 +26,9 @@ class EngineConfig:
     weights: str = "default"  # "default" (the folder's, in --dtype), "q4_1" or "int8" (CPU)
     max_waiting: int = 256  # beyond this, new requests are refused with 429
     request_timeout: float | None = None  # seconds from arrival; None = no limit
+    max_num_queued_tokens: int | None = None  # prompt tokens waiting beyond this: 429
+    scheduling_policy: str = "fcfs"  # "fcfs" or "priority" (lower `priority` first)
+    priority_aging: float = 10.0  # priority: seconds of waiting worth one level; 0 = none
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> None:
@@ -67,6 +70,16 @@ class EngineConfig:
                             help="queued requests beyond this get HTTP 429")
         parser.add_argument("--request-timeout", type=float, default=None,
                             help="abort a request this many seconds after it arrived")
+        parser.add_argument("--max-num-queued-tokens", type=int, default=None,
+                            help="prompt tokens waiting for a seat beyond this get HTTP 429 "
+                                 "(default: no cap; --max-waiting still applies)")
+        parser.add_argument("--scheduling-policy", default=d.scheduling_policy,
+                            choices=["fcfs", "priority"],
+                            help="order of the waiting line: first come first served, or by "
+                                 "the request's 'priority' (lower first), then arrival")
+        parser.add_argument("--priority-aging", type=float, default=d.priority_aging,
+                            help="with --scheduling-policy priority: seconds of waiting worth "
+                                 "one priority level, so nothing starves (0: strict priority)")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> EngineConfig:
@@ -79,7 +92,10 @@ class EngineConfig:
                      attention=args.attention, matmul=args.matmul, weights=args.weights,
                      threads=args.threads, single_thread_below=args.single_thread_below,
                      max_waiting=args.max_waiting,
-                     request_timeout=args.request_timeout)
+                     request_timeout=args.request_timeout,
+                     max_num_queued_tokens=args.max_num_queued_tokens,
+                     scheduling_policy=args.scheduling_policy,
+                     priority_aging=args.priority_aging)
         config.validate()
         return config
 
@@ -97,3 +113,9 @@ class EngineConfig:
             raise ValueError("--request-timeout must be a positive number of seconds")
         if self.max_waiting < 1:
             raise ValueError("--max-waiting must be at least 1")
+        if self.max_num_queued_tokens is not None and self.max_num_queued_tokens < 1:
+            raise ValueError("--max-num-queued-tokens must be at least 1")
+        if self.scheduling_policy not in ("fcfs", "priority"):
+            raise ValueError("--scheduling-policy must be fcfs or priority")
+        if not self.priority_aging >= 0:  # also refuses NaN
+            raise ValueError("--priority-aging must be 0 or more seconds")

@@ -62,6 +62,10 @@ class EngineCore(Protocol):
 
     def has_work(self) -> bool: ...
 
+    def num_waiting_tokens(self) -> int:
+        """Prompt tokens of the waiting line still to compute (called on the engine thread)."""
+        ...
+
     def stats(self) -> EngineStats: ...
 
     def describe(self) -> str: ...
@@ -81,7 +85,8 @@ class PagedEngineCore:
         self.allocator = BlockAllocator(num_blocks, config.enable_prefix_cache)
         self.kv = KVCacheManager(self.allocator)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens,
-                                   config.max_prefills_per_step, eos_token_ids)
+                                   config.max_prefills_per_step, eos_token_ids,
+                                   config.scheduling_policy, config.priority_aging)
         threads = ThreadPolicy(config.threads or len(os.sched_getaffinity(0)),
                                config.single_thread_below)
         self.runner = ModelRunner(model, self.pool, config.attention, threads)
@@ -94,6 +99,9 @@ class PagedEngineCore:
 
     def has_work(self) -> bool:
         return self.scheduler.has_work()
+
+    def num_waiting_tokens(self) -> int:
+        return sum(r.num_tokens - r.num_computed_tokens for r in self.scheduler.waiting)
 
     def finish(self, request: Request, reason: FinishReason) -> None:
         self.scheduler.finish(request, reason)

@@ -66,8 +66,9 @@ class OutputProcessor:
 
     def finish(self, request: Request, reason: FinishReason, error: str | None = None,
                new_token_ids: list[int] | None = None,
-               logprobs: list[TokenLogprobs] | None = None) -> None:
-        """Send a request's last output: the rest of its text and tokens, or the error."""
+               logprobs: list[TokenLogprobs] | None = None, code: str | None = None) -> None:
+        """Send a request's last output: the rest of its text and tokens, or the error (and
+        its code)."""
         tracked = self._tracked.get(request.request_id)
         if tracked is None:
             return  # already finished
@@ -77,7 +78,7 @@ class OutputProcessor:
         text = tracked.detok.take(final=True) if error is None else ""
         output = RequestOutput(
             request.request_id, text, new_token_ids or [], finished=True, finish_reason=reason,
-            error=error, cumulative_logprob=(request.cumulative_logprob
+            error=error, error_code=code, cumulative_logprob=(request.cumulative_logprob
                                 if request.params.logprobs is not None else None),
             timing=timing_of(request))
         if request.params.logprobs is not None and logprobs is None:

@@ -78,6 +78,7 @@ class RequestOutput:
     num_output_tokens: int = 0
     num_cached_tokens: int = 0
     error: str | None = None
+    error_code: str | None = None  # e.g. engine/batch_engine.py's SHUTDOWN, ENGINE_FAILED
     sample_index: int = 0
     logprobs: list[TokenLogprobs] | None = None
     prompt_logprobs: list[TokenLogprobs | None] | None = None
@@ -92,6 +93,7 @@ class Request:
     params: SamplingParams
     on_output: Callable[[RequestOutput], None]  # must be safe to call from the engine thread
     arrival_time: float = field(default_factory=time.monotonic)
+    priority: int = 0  # --scheduling-policy priority: lower is seated first
 
     status: Status = Status.WAITING
     token_ids: list[int] = field(init=False)  # prompt, then every generated token
@@ -149,7 +151,7 @@ class Request:
         seed = self.params.seed
         params = replace(self.params, seed=None if seed is None else (seed + index) % 2**64)
         sample = Request(f"{self.request_id}#{index}", self.prompt_token_ids, params,
-                         self.on_output, self.arrival_time)
+                         self.on_output, self.arrival_time, self.priority)
         sample.sample_index, sample.parent_id = index, self.request_id
         sample.prompt_logprobs = None  # the prompt's are the first sample's
         sample.timeout = self.timeout

@@ -24,13 +24,13 @@ holds a seat for each sample it will fork).
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from engine.logprobs import TokenLogprobs
 from engine.request import FinishReason, Request, RequestUpdate, Status
+from engine.waiting_queue import make_waiting_queue
 from kvcache.kv_cache_manager import KVCacheManager
 from kvcache.pool import BLOCK_SIZE
 
@@ -65,13 +65,15 @@ class SchedulerOutput:
 class Scheduler:
     def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
                  max_prefills_per_step: int = 0,
-                 eos_token_ids: Collection[int] = ()) -> None:
+                 eos_token_ids: Collection[int] = (), scheduling_policy: str = "fcfs",
+                 priority_aging: float = 10.0) -> None:
         self.kv = kv
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_prefills_per_step = max_prefills_per_step or max_num_seqs
         self.eos_token_ids = frozenset(eos_token_ids)
-        self.waiting: deque[Request] = deque()
+        # fcfs: a deque; priority: the same operations, ordered (engine/waiting_queue.py)
+        self.waiting = make_waiting_queue(scheduling_policy, priority_aging)
         self.running: list[Request] = []
 
     def add(self, request: Request) -> None:

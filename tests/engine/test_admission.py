@@ -1,0 +1,55 @@
+"""The drain rate behind a 429's Retry-After (engine/admission.py), on made-up clocks."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.admission import DEFAULT_RETRY_AFTER, MAX_RETRY_AFTER, DrainRate, LineSize
+
+
+def test_nothing_measured_gives_the_default():
+    rate = DrainRate()
+    assert rate.requests_per_second is None
+    assert rate.retry_after(excess_requests=5) == DEFAULT_RETRY_AFTER
+
+
+def test_rate_is_what_left_the_line_per_busy_second():
+    """10 requests (100 tokens each) wait; 2 leave per second and none join: 2 req/s,
+    200 tokens/s. Idle time afterwards (empty line) does not dilute it."""
+    rate = DrainRate(window=1000)  # decay negligible over these few seconds
+    rate.observe(0.0, LineSize(10, 1000), LineSize())
+    for t in range(1, 6):
+        rate.observe(float(t), LineSize(10 - 2 * t, 1000 - 200 * t), LineSize())
+    for t in range(6, 60):  # empty line: not counted
+        rate.observe(float(t), LineSize(), LineSize())
+    print(f"{rate.requests_per_second} req/s, {rate.tokens_per_second} tokens/s")
+    assert rate.requests_per_second == pytest.approx(2.0)
+    assert rate.tokens_per_second == pytest.approx(200.0)
+    assert rate.retry_after(excess_requests=7) == 4  # 3.5 s, rounded up
+    assert rate.retry_after(excess_tokens=450) == 3
+    assert rate.retry_after(excess_requests=1, excess_tokens=1000) == 5  # the longer wait
+    assert rate.retry_after(excess_requests=1) == 1  # at least a second
+    assert rate.retry_after(excess_requests=10_000) == MAX_RETRY_AFTER
+
+
+def test_arrivals_count_towards_what_drained():
+    """The line stays at 4 while 3 join each second: 3 left each second."""
+    rate = DrainRate(window=1000)
+    rate.observe(0.0, LineSize(4, 40), LineSize())
+    for t in range(1, 4):
+        rate.observe(float(t), LineSize(4, 40), LineSize(3, 30))
+    assert rate.requests_per_second == pytest.approx(3.0)
+    assert rate.tokens_per_second == pytest.approx(30.0)
+
+
+def test_a_stuck_line_asks_for_the_longest_wait_and_old_rates_fade():
+    rate = DrainRate(window=10)
+    rate.observe(0.0, LineSize(10, 100), LineSize())
+    rate.observe(1.0, LineSize(5, 50), LineSize())  # 5 req/s for a second
+    fast = rate.requests_per_second
+    for t in range(2, 60):  # then nothing moves for a long while
+        rate.observe(float(t), LineSize(5, 50), LineSize())
+    print(f"rate then {fast}, after a stuck minute {rate.requests_per_second:.4f}")
+    assert fast == pytest.approx(5.0)
+    assert rate.requests_per_second is not None and rate.requests_per_second < 0.05
+    assert rate.retry_after(excess_requests=1) > 20
