@@ -15,6 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from api.dashboard.routes import dashboard_router
 from api.engine_client import EngineClient
 from api.errors import APIError, describe_validation_error, error_body, error_response
 from api.protocol import ChatCompletionRequest, CompletionRequest
@@ -94,4 +95,5 @@ def create_app(engine: EngineClient, model_name: str) -> FastAPI:
     async def detokenize(body: DetokenizeRequest) -> DetokenizeResponse:
         return tokenization.detokenize(body)
 
+    app.include_router(dashboard_router(engine))  # read-only; guard it via dependencies=
     return app
