@@ -12,12 +12,13 @@ let lastFrame = null;
 let samples = [];  // {time, counters}, for rates over a sliding window
 const series = {throughput: [], ttft: [], itl: [], hits: [], preemptions: []};
 
-function hue(id) {  // a stable colour per request id
-  let h = 0;
-  for (const ch of id) h = (h * 31 + ch.charCodeAt(0)) >>> 0;
-  return (h * 137.508) % 360;
+const colours = new Map();  // request id -> its colour, in order of first appearance
+function colour(id) {
+  if (!colours.has(id)) {  // golden-angle steps: neighbours in time get distant hues
+    colours.set(id, `hsl(${(colours.size * 137.508 + 200) % 360} 65% 50%)`);
+  }
+  return colours.get(id);
 }
-function colour(id) { return `hsl(${hue(id).toFixed(0)} 65% 52%)`; }
 function shortId(id) { return id.length > 14 ? "…" + id.slice(-12) : id; }
 
 function buildGrid(numBlocks) {
@@ -86,7 +87,7 @@ function drawRequests(frame) {
     const cellsHtml = [
       `<td class="swatch-cell"><i style="background:${colour(r.id)}"></i></td>`,
       `<td title="${r.id}">${shortId(r.id)}</td>`, `<td>${r.status}</td>`,
-      `<td class="prompt"></td>`, `<td class="output"></td>`,
+      `<td><div class="cellbar prompt"></div></td>`, `<td><div class="cellbar output"></div></td>`,
       `<td class="blocks">${r.blocks} (<span class="shared-count">${r.shared_blocks}</span>)</td>`,
       `<td class="preemptions">${r.preemptions}</td>`];
     row.innerHTML = cellsHtml.join("");
@@ -95,7 +96,6 @@ function drawRequests(frame) {
     p.insertAdjacentHTML("beforeend", `<span class="bartext">${promptText}</span>`);
     o.appendChild(output);
     o.insertAdjacentHTML("beforeend", `<span class="bartext">${r.output} / ${r.max_tokens}</span>`);
-    p.style.display = o.style.display = "flex";
     body.appendChild(row);
   }
   document.getElementById("request-counts").textContent =
@@ -109,19 +109,25 @@ function axes(ctx, w, h) {
 }
 
 function drawSteps(frame) {
+  // Tokens on a square-root scale: a 3-token decode step stays visible beside a full budget.
   const canvas = document.getElementById("steps"), ctx = canvas.getContext("2d");
   const w = canvas.width, h = canvas.height, top = 10, bottom = h - 14, left = 34, right = w - 40;
   axes(ctx, w, h);
   const steps = frame.steps, budget = frame.token_budget;
   const maxTokens = Math.max(budget, ...steps.map(s => s[1] + s[2]));
   const maxMs = Math.max(1, ...steps.map(s => s[3]));
-  const y = t => bottom - (bottom - top) * t / maxTokens;
+  const y = t => bottom - (bottom - top) * Math.sqrt(t / maxTokens);
   const barW = (right - left) / HISTORY;
   steps.forEach((s, i) => {
     const x = left + i * barW;
     ctx.fillStyle = "#1c7ed6"; ctx.fillRect(x, y(s[2]), barW - 1, bottom - y(s[2]));
     ctx.fillStyle = "#f08c00"; ctx.fillRect(x, y(s[1] + s[2]), barW - 1, y(s[2]) - y(s[1] + s[2]));
   });
+  ctx.fillStyle = "#8a93a6"; ctx.font = "10px sans-serif";
+  for (const tick of [16, 64, 256, 1024, 4096].filter(t => t < maxTokens * 0.8)) {
+    ctx.fillText(String(tick), 2, y(tick) + 3);
+    ctx.strokeStyle = "#eef0f4"; ctx.beginPath(); ctx.moveTo(left, y(tick)); ctx.lineTo(right, y(tick)); ctx.stroke();
+  }
   ctx.strokeStyle = "#c92a2a"; ctx.beginPath(); ctx.moveTo(left, y(budget)); ctx.lineTo(right, y(budget)); ctx.stroke();
   ctx.strokeStyle = "#2b8a3e"; ctx.beginPath();
   steps.forEach((s, i) => {
@@ -129,9 +135,10 @@ function drawSteps(frame) {
     if (i === 0) ctx.moveTo(x, yy); else ctx.lineTo(x, yy);
   });
   ctx.stroke();
-  ctx.fillStyle = "#5b6478"; ctx.font = "10px sans-serif";
+  ctx.fillStyle = "#5b6478";
   ctx.fillText(String(maxTokens), 2, top + 8); ctx.fillText("0", 2, bottom);
   ctx.fillText(`${maxMs.toFixed(0)} ms`, right + 4, top + 8);
+  ctx.fillText("0 ms", right + 4, bottom);
   const last = steps[steps.length - 1];
   document.getElementById("step-counts").textContent = last ?
     `step ${last[0]}: ${last[1]} prefill + ${last[2]} decode tokens of a ${budget}-token budget, ` +
@@ -152,9 +159,18 @@ function addSample(time, counters) {
     preemptions: b.preemptions,
   };
   for (const key of Object.keys(series)) {
-    series[key].push(point[key]);
+    const prev = series[key].length ? series[key][series[key].length - 1] : null;
+    // None observed in the window: hold the last value (at first, the mean since start).
+    series[key].push(point[key] ?? prev ?? sinceStart(key, b));
     if (series[key].length > HISTORY) series[key].shift();
   }
+}
+
+function sinceStart(key, c) {
+  if (key === "ttft" && c.ttft_count > 0) return 1000 * c.ttft_sum / c.ttft_count;
+  if (key === "itl" && c.itl_count > 0) return 1000 * c.itl_sum / c.itl_count;
+  if (key === "hits" && c.prefix_queries > 0) return 100 * c.prefix_hits / c.prefix_queries;
+  return null;
 }
 
 function drawChart(id, values, colourName) {
