@@ -33,14 +33,18 @@ def short_hash(block_hash: int | None) -> str | None:
     return None if block_hash is None else f"{block_hash:032x}"[:12]
 
 
-def counter_totals(registry: Any) -> dict[str, float]:
-    """The counters above, read from the same Prometheus registry /metrics renders."""
+def counter_totals(metrics: Any) -> dict[str, float]:
+    """The counters above, read from the same metric objects /metrics renders (only these:
+    collecting the whole registry would also compute every gauge)."""
     totals = dict.fromkeys(COUNTERS.values(), 0.0)
-    for metric in registry.collect():
-        for sample in metric.samples:
-            key = COUNTERS.get(sample.name)
-            if key is not None:
-                totals[key] += sample.value
+    for metric in (metrics.generation_tokens, metrics.prompt_tokens, metrics.prefix_cache_queries,
+                   metrics.prefix_cache_hits, metrics.preemptions, metrics.request_success,
+                   metrics.ttft, metrics.itl):
+        for family in metric.collect():
+            for sample in family.samples:
+                key = COUNTERS.get(sample.name)
+                if key is not None:
+                    totals[key] += sample.value
     return totals
 
 

@@ -66,7 +66,7 @@ def dashboard_router(engine: Any) -> APIRouter:
                 snapshot, now = watched.latest, time.monotonic()
                 if snapshot is not None and (snapshot.seq != last_seq
                                              or now - last_sent >= HEARTBEAT):
-                    counters = counter_totals(engine.metrics.registry)
+                    counters = counter_totals(engine.metrics)
                     yield {"event": "snapshot",
                            "data": event_data(cache.frame_json(snapshot), counters)}
                     last_seq, last_sent = snapshot.seq, now

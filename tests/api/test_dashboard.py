@@ -94,3 +94,14 @@ def test_block_errors_use_the_openai_envelope(server):
         print(path, response.status_code, response.json())
         assert response.status_code == status
         assert set(response.json()["error"]) == {"message", "type", "param", "code"}
+
+
+def test_closing_the_page_stops_the_snapshots(server):
+    frames(server, lambda message: True)  # open the stream, read one frame, close it
+    board = server.engine.snapshots
+    closed = time.monotonic()
+    while board.watched and time.monotonic() - closed < 10:
+        time.sleep(0.1)
+    print(f"watched {time.monotonic() - closed:.2f} s after the page closed "
+          f"(watch timeout {board.watch_timeout} s)")
+    assert not board.watched
