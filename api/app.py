@@ -134,5 +134,6 @@ def create_app(engine: EngineClient, model_name: str,
     async def detokenize(body: DetokenizeRequest) -> DetokenizeResponse:
         return tokenization.detokenize(body)
 
-    app.include_router(dashboard_router(engine))  # read-only; guard it via dependencies=
+    # Read-only, behind the key like the API; not part of the OpenAI-compatible document.
+    app.include_router(dashboard_router(engine), dependencies=guarded, include_in_schema=False)
     return app

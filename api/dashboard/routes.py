@@ -1,11 +1,11 @@
 """GET /dashboard and what the page fetches: its static files, an SSE stream of engine
 snapshots (at most ~10 a second) and one block's details for a tooltip. Read-only.
 
-app.py includes this router with one line. To guard it (an API key), pass
-`dependencies=[...]` to that `include_router` call: every route here, the page included,
-is then behind it. A browser's EventSource cannot send an Authorization header, so the
-page forwards its own query string (e.g. /dashboard?api_key=...) to the stream and the
-tooltip requests; a guard may read the key from there.
+app.py includes this router with one line, behind the same API-key guard as the API
+(api/security.py): with keys set, every route here needs `Authorization: Bearer KEY`.
+A browser sends no such header when it opens a page or an EventSource, so the page also
+forwards its own query string to the stream and tooltip requests, for a guard that may
+one day accept a key there; today's guard reads the header only.
 """
 
 from __future__ import annotations

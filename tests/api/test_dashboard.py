@@ -105,3 +105,18 @@ def test_closing_the_page_stops_the_snapshots(server):
     print(f"watched {time.monotonic() - closed:.2f} s after the page closed "
           f"(watch timeout {board.watch_timeout} s)")
     assert not board.watched
+
+
+def test_keys_guard_the_dashboard(tokenizer):
+    from tests.api.test_security import KEYS, bearer, check_401, client_for
+
+    c = client_for(tokenizer, api_keys=KEYS)
+    for path in ("/dashboard", "/dashboard/static/dashboard.js", "/dashboard/events",
+                 "/dashboard/blocks/1"):
+        check_401(c.get(path))
+    assert c.get("/dashboard", headers=bearer(KEYS[0])).status_code == 200
+    # That fake engine has no paged pool to show: a clear 404, not a crash.
+    r = c.get("/dashboard/events", headers=bearer(KEYS[0]))
+    print(r.status_code, r.text)
+    assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
+    assert "/dashboard" not in c.get("/openapi.json").json()["paths"]
