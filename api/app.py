@@ -16,6 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from api.dashboard.routes import dashboard_router
 from api.engine_client import EngineClient
 from api.errors import APIError, describe_validation_error, error_body, error_response
 from api.openapi import error_responses, generation_responses, honest_openapi, text_response
@@ -134,4 +135,6 @@ def create_app(engine: EngineClient, model_name: str,
     async def detokenize(body: DetokenizeRequest) -> DetokenizeResponse:
         return tokenization.detokenize(body)
 
+    # Read-only, behind the key like the API; not part of the OpenAI-compatible document.
+    app.include_router(dashboard_router(engine), dependencies=guarded, include_in_schema=False)
     return app

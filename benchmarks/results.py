@@ -129,3 +129,36 @@ class ProfileRun(JsonFile):
         cells = [ProfileCell(**{**cell, "top_ops": [OpTime(**op) for op in cell["top_ops"]]})
                  for cell in raw["results"]]
         return cls(**{**raw, "results": cells})
+
+
+@dataclass
+class OverheadTrial:
+    """One load of dashboard_overhead.py, with the dashboard's event stream open or not."""
+
+    order: int
+    page_open: bool
+    frames: int  # snapshot frames the subscriber received during the load
+    level: LevelResult
+
+
+@dataclass
+class DashboardOverheadRun(JsonFile):
+    """dashboard_overhead.py: the same load alternately without and with a page watching."""
+
+    url: str
+    users: int
+    max_tokens: int
+    machine: Machine
+    started_at: str
+    command: str
+    trials: list[OverheadTrial]
+    closed_mean_tok_s: float
+    open_mean_tok_s: float
+    difference_pct: float  # (open - closed) / closed
+    noise_pct: float  # the widest spread between two trials of the same kind, / their mean
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> DashboardOverheadRun:
+        trials = [OverheadTrial(**{**t, "level": LevelResult(**t["level"])})
+                  for t in raw["trials"]]
+        return cls(**{**raw, "machine": Machine(**raw["machine"]), "trials": trials})

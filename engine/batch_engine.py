@@ -33,6 +33,7 @@ from engine.core import EngineCore, EngineStats, PagedEngineCore, StepResult
 from engine.metrics import EngineMetrics
 from engine.output_processor import OutputProcessor
 from engine.request import FinishReason, Request, RequestOutput
+from engine.snapshot import SnapshotBoard, StepRecord
 from model.llama import LlamaModel
 
 log = logging.getLogger("nano_vllm.engine")
@@ -84,6 +85,10 @@ class BatchEngine:
         self._unavailable: str | None = None  # why new requests are refused, if they are
         self._abort_all: str | None = None  # an error to end every request with, next round
         self._failure_callbacks: list[Callable[[], None]] = []
+        # The dashboard's view (engine/snapshot.py); only a paged core has a pool to show.
+        self._scheduler = getattr(self.core, "scheduler", None)
+        self.snapshots = (SnapshotBoard(wake=self._wakeup.set)
+                          if self._scheduler is not None else None)
 
     # --- called from other threads -------------------------------------------------------
 
@@ -241,11 +246,14 @@ class BatchEngine:
                         self._finish(request, FinishReason.ERROR,
                                      f"internal error in the engine: {exc}")
             else:
+                if self.snapshots is not None:  # the last step's end, for a watcher
+                    self.snapshots.maybe_snapshot(self._scheduler, idle=True)
                 self._wakeup.wait(timeout=1.0)
                 self._wakeup.clear()  # anything that arrived meanwhile is seen above
 
     def step(self) -> None:
-        """One round: intake, one core step, output processing."""
+        """One round: intake, one core step, output processing, a record for the dashboard."""
+        start = time.perf_counter()
         self._intake()
         result = self.core.step()
         self.metrics.on_step(result)
@@ -257,6 +265,18 @@ class BatchEngine:
             time.sleep(0.001)  # nothing fits yet (can only be momentary)
             return
         self._process(result)
+        self._record(result, start)
+
+    def _record(self, result: StepResult, start: float) -> None:
+        if self.snapshots is None:
+            return
+        now = time.perf_counter()
+        stats = self.core.stats()
+        self.snapshots.record_step(StepRecord(
+            self.snapshots.num_steps + 1, time.monotonic(), result.num_prompt_tokens,
+            result.num_scheduled_tokens - result.num_prompt_tokens, (now - start) * 1000,
+            stats["running"], stats["waiting"], result.num_preempted))
+        self.snapshots.maybe_snapshot(self._scheduler)
 
     def _intake(self) -> None:
         with self._lock:

@@ -68,6 +68,14 @@ class BlockAllocator:
     def num_cached_free(self) -> int:
         return len(self._cached_free)
 
+    def cached_free_ids(self) -> tuple[int, ...]:
+        """The cached-free blocks, the next to be evicted first."""
+        return tuple(self._cached_free)
+
+    def block_for_hash(self, block_hash: int) -> int | None:
+        """The block findable by this hash, if any (for display: no token comparison)."""
+        return self._by_hash.get(block_hash)
+
     def allocate(self) -> int:
         """A block for fresh content, ref_count 1. Evicts the oldest cached-free block if no
         plain free block is left."""

@@ -19,7 +19,7 @@ from benchmarks.profile_decode import (
     part_scopes,
 )
 from benchmarks.report import PROFILES, profile_table, side_by_side
-from benchmarks.results import BenchRun, ProfileRun, result_path
+from benchmarks.results import BenchRun, DashboardOverheadRun, ProfileRun, result_path
 from model.config import ModelConfig
 from model.llama import LlamaModel, causal_attention
 
@@ -33,6 +33,20 @@ def test_result_files_load_and_save_unchanged() -> None:
         assert kind.load(path).to_json() == path.read_text(), path
     print(f"{len(files)} files in results/ load and save back byte for byte")
     assert len(files) >= 2
+
+
+def test_dashboard_overhead_summary_comes_from_its_trials() -> None:
+    path = result_path(RESULTS / "dashboard", "overhead")
+    run = DashboardOverheadRun.load(path)
+    assert run.to_json() == path.read_text()
+    closed = [t.level.throughput_tok_s for t in run.trials if not t.page_open]
+    opened = [t.level.throughput_tok_s for t in run.trials if t.page_open]
+    print(f"closed {closed}, open {opened}: {run.difference_pct:+.2f}%")
+    assert len(closed) == len(opened) >= 2 and all(t.frames > 0 for t in run.trials
+                                                   if t.page_open)
+    assert abs(run.closed_mean_tok_s - sum(closed) / len(closed)) < 0.01
+    assert abs(run.open_mean_tok_s - sum(opened) / len(opened)) < 0.01
+    assert abs(run.difference_pct - 100 * (run.open_mean_tok_s / run.closed_mean_tok_s - 1)) < 0.01
 
 
 def test_side_by_side_ratios_come_from_the_files() -> None:

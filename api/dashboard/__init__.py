@@ -1,0 +1,1 @@
+"""The live dashboard: GET /dashboard, a static page fed by engine snapshots over SSE."""

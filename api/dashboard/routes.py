@@ -1,0 +1,90 @@
+"""GET /dashboard and what the page fetches: its static files, an SSE stream of engine
+snapshots (at most ~10 a second) and one block's details for a tooltip. Read-only.
+
+app.py includes this router with one line, behind the same API-key guard as the API
+(api/security.py): with keys set, every route here needs `Authorization: Bearer KEY`.
+A browser sends no such header when it opens a page or an EventSource, so the page also
+forwards its own query string to the stream and tooltip requests, for a guard that may
+one day accept a key there; today's guard reads the header only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from sse_starlette.sse import EventSourceResponse
+
+from api.dashboard.feed import FrameCache, block_details, counter_totals, event_data
+from api.errors import APIError
+from engine.snapshot import SnapshotBoard
+
+STATIC = Path(__file__).parent / "static"
+MEDIA_TYPES = {"dashboard.js": "text/javascript", "dashboard.css": "text/css"}
+FRAME_INTERVAL = 0.1  # seconds between looks at the latest snapshot: at most 10 frames/s
+HEARTBEAT = 1.0  # a frame at least this often, so the charts' time axis moves when idle
+
+
+def dashboard_router(engine: Any) -> APIRouter:
+    """The routes over `engine`: one with a `snapshots` board (engine/batch_engine.py's)."""
+    router = APIRouter(tags=["dashboard"])
+    board: SnapshotBoard | None = getattr(engine, "snapshots", None)
+    cache = FrameCache()
+    page = (STATIC / "index.html").read_text()
+    static = {name: (STATIC / name).read_text() for name in MEDIA_TYPES}
+
+    def need_board() -> SnapshotBoard:
+        if board is None:
+            raise APIError("This engine has no paged KV cache to show.", status=404,
+                           err_type="not_found_error")
+        return board
+
+    @router.get("/dashboard", response_class=HTMLResponse)
+    async def dashboard() -> HTMLResponse:
+        return HTMLResponse(page)
+
+    @router.get("/dashboard/static/{name}")
+    async def static_file(name: str) -> Response:
+        if name not in static:
+            raise APIError(f"No dashboard file named {name!r}.", "name", status=404,
+                           err_type="not_found_error")
+        return Response(static[name], media_type=MEDIA_TYPES[name])
+
+    @router.get("/dashboard/events")
+    async def events() -> EventSourceResponse:
+        watched = need_board()
+
+        async def frames() -> AsyncIterator[dict[str, str]]:
+            last_seq, last_sent = None, 0.0
+            while True:
+                watched.want()  # snapshots are only taken while someone watches
+                snapshot, now = watched.latest, time.monotonic()
+                if snapshot is not None and (snapshot.seq != last_seq
+                                             or now - last_sent >= HEARTBEAT):
+                    counters = counter_totals(engine.metrics)
+                    yield {"event": "snapshot",
+                           "data": event_data(cache.frame_json(snapshot), counters)}
+                    last_seq, last_sent = snapshot.seq, now
+                await asyncio.sleep(FRAME_INTERVAL)
+
+        return EventSourceResponse(frames())
+
+    @router.get("/dashboard/blocks/{block_id}")
+    async def block(block_id: int) -> JSONResponse:
+        snapshot = need_board().latest
+        if snapshot is None:
+            raise APIError("No snapshot yet: open the event stream first.", status=503,
+                           err_type="server_error")
+        allocator = getattr(getattr(engine, "core", None), "allocator", None)
+        try:
+            details = block_details(snapshot, block_id, allocator, engine.tokenizer)
+        except IndexError as exc:
+            raise APIError(str(exc), "block_id", status=404, err_type="not_found_error") from exc
+        return JSONResponse(details)
+
+    return router

@@ -1,0 +1,186 @@
+"""What the dashboard shows: snapshots of the engine's state, taken between steps.
+
+The engine thread owns the scheduler and the block pool, so only it may read them. After
+a step it appends a small `StepRecord` (always: a few ints), and, only while someone
+watches and at most every `min_interval` seconds, takes an `EngineSnapshot`: counts, ids
+and copies of each seated request's block table, hashes and token ids, no tensors. The
+snapshot is immutable and replaces the previous one in a single attribute, which the API
+thread reads as it is. Everything derived from it (each block's reference count and
+owners, token text) is computed on the reader's side, not on the engine thread.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from engine.request import Request
+from engine.scheduler import Scheduler
+from kvcache.pool import BLOCK_SIZE
+
+STEP_HISTORY = 120  # step records kept, for the page's step chart
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One engine step: what it computed against the token budget, and how long it took."""
+
+    step: int
+    time: float  # time.monotonic() when it ended
+    prefill_tokens: int  # prompt tokens (chunks of prefill, recomputation after preemption)
+    decode_tokens: int  # every other scheduled token
+    duration_ms: float
+    running: int
+    waiting: int
+    preempted: int
+
+
+@dataclass(frozen=True)
+class RequestView:
+    """One seated or waiting request, as the page lists it."""
+
+    request_id: str
+    status: str  # "running" or "waiting"
+    num_prompt_tokens: int
+    num_cached_tokens: int  # prompt tokens found in the prefix cache when first seated
+    num_computed_tokens: int  # tokens whose K/V are in the cache now
+    num_output_tokens: int
+    max_tokens: int
+    num_preemptions: int
+    block_table: tuple[int, ...]
+    block_hashes: tuple[int, ...]  # for the leading full blocks that are findable
+    token_ids: tuple[int, ...]  # prompt and output so far
+
+
+@dataclass(frozen=True)
+class BlockView:
+    """One block of the pool, derived from a snapshot. state: "free", "used" or "cached"
+    (cached-free: held by no one, still findable by its hash, evictable)."""
+
+    block_id: int
+    state: str
+    ref_count: int
+    owners: tuple[str, ...]  # request ids whose block tables hold it, in seating order
+    position: int | None  # its index in the owners' block tables: tokens 16*i .. 16*i+15
+    block_hash: int | None  # None: not full yet, or not findable
+    parent_hash: int | None
+
+
+@dataclass(frozen=True)
+class EngineSnapshot:
+    seq: int  # increases with every snapshot
+    time: float  # time.monotonic()
+    step: int  # steps run so far
+    num_blocks: int  # including the dummy block 0
+    block_size: int
+    token_budget: int
+    max_num_seqs: int
+    requests: tuple[RequestView, ...]  # running in seating order, then the waiting line
+    cached_free: tuple[int, ...]  # oldest first: the next to be evicted comes first
+    steps: tuple[StepRecord, ...]  # the most recent steps, oldest first
+
+    def grid(self) -> tuple[list[int], list[int]]:
+        """The whole pool in two lists indexed by block id, cheap enough for every frame:
+        reference counts (-1: cached-free, 0: free or the dummy) and the index in `requests`
+        of each block's first owner (-1: none)."""
+        refs, owner = [0] * self.num_blocks, [-1] * self.num_blocks
+        for block_id in self.cached_free:
+            refs[block_id] = -1
+        for index, request in enumerate(self.requests):
+            for block_id in request.block_table:
+                if refs[block_id] <= 0:
+                    refs[block_id], owner[block_id] = 1, index
+                else:
+                    refs[block_id] += 1
+        return refs, owner
+
+    def block(self, block_id: int) -> BlockView:
+        """One usable block: who holds it, where it sits in their sequences, its hashes."""
+        if not 0 < block_id < self.num_blocks:
+            raise IndexError(f"block {block_id} is not a usable block (1..{self.num_blocks - 1})")
+        owners, position, block_hash, parent = [], None, None, None
+        for request in self.requests:
+            if block_id not in request.block_table:
+                continue
+            owners.append(request.request_id)
+            i, hashes = request.block_table.index(block_id), request.block_hashes
+            if position is None or (block_hash is None and i < len(hashes)):
+                position = i
+                block_hash = hashes[i] if i < len(hashes) else None
+                parent = hashes[i - 1] if 0 < i <= len(hashes) else None
+        state = "used" if owners else "cached" if block_id in self.cached_free else "free"
+        return BlockView(block_id, state, len(owners), tuple(owners), position, block_hash,
+                         parent)
+
+    def blocks(self) -> list[BlockView]:
+        """Every usable block (1 .. num_blocks-1); for tests and tools, not every frame."""
+        return [self.block(i) for i in range(1, self.num_blocks)]
+
+    def request(self, request_id: str) -> RequestView | None:
+        return next((r for r in self.requests if r.request_id == request_id), None)
+
+
+def view_request(request: Request) -> RequestView:
+    return RequestView(
+        request.request_id, request.status.value, request.num_prompt_tokens,
+        request.num_cached_tokens, request.num_computed_tokens, request.num_output_tokens,
+        request.params.max_tokens, request.num_preemptions, tuple(request.blocks.block_table),
+        tuple(request.blocks.hashes), tuple(request.token_ids))
+
+
+def take_snapshot(scheduler: Scheduler, seq: int = 0, step: int = 0,
+                  steps: tuple[StepRecord, ...] = ()) -> EngineSnapshot:
+    """Copy what the page needs out of the scheduler and its pool (engine thread only)."""
+    allocator = scheduler.kv.allocator
+    requests = tuple(view_request(r) for r in [*scheduler.running, *scheduler.waiting])
+    return EngineSnapshot(seq, time.monotonic(), step, allocator.num_blocks, BLOCK_SIZE,
+                          scheduler.max_num_batched_tokens, scheduler.max_num_seqs, requests,
+                          allocator.cached_free_ids(), steps)
+
+
+@dataclass
+class SnapshotBoard:
+    """Where the engine thread posts step records and snapshots, and the API reads them.
+
+    `want()` (any thread) says someone is watching; snapshots are taken only while a
+    want is fresher than `watch_timeout`, so an unwatched engine pays one StepRecord a step.
+    """
+
+    min_interval: float = 0.1  # at most ~10 snapshots a second
+    watch_timeout: float = 2.0
+    latest: EngineSnapshot | None = None
+    steps: deque[StepRecord] = field(default_factory=lambda: deque(maxlen=STEP_HISTORY))
+    num_steps: int = 0
+    wake: Callable[[], None] | None = None  # wakes an idle engine thread
+    _wanted_at: float = float("-inf")
+    _dirty: bool = True  # the engine changed since the latest snapshot
+
+    def want(self) -> None:
+        self._wanted_at = time.monotonic()
+        if self.wake is not None:
+            self.wake()
+
+    @property
+    def watched(self) -> bool:
+        return time.monotonic() - self._wanted_at < self.watch_timeout
+
+    # --- engine thread -------------------------------------------------------------------
+
+    def record_step(self, record: StepRecord) -> None:
+        self.num_steps += 1
+        self.steps.append(record)
+        self._dirty = True
+
+    def maybe_snapshot(self, scheduler: Scheduler, idle: bool = False) -> None:
+        """Take a snapshot if someone watches and the latest is stale (after a step: older
+        than min_interval; when idle: anything changed since)."""
+        if not self.watched or not (self._dirty or self.latest is None):
+            return
+        now = time.monotonic()
+        if not idle and self.latest is not None and now - self.latest.time < self.min_interval:
+            return
+        seq = 0 if self.latest is None else self.latest.seq + 1
+        self._dirty = False
+        self.latest = take_snapshot(scheduler, seq, self.num_steps, tuple(self.steps))
