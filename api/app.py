@@ -136,5 +136,6 @@ def create_app(engine: EngineClient, model_name: str,
         return tokenization.detokenize(body)
 
     # Read-only, behind the key like the API; not part of the OpenAI-compatible document.
-    app.include_router(dashboard_router(engine), dependencies=guarded, include_in_schema=False)
+    app.include_router(dashboard_router(engine, guard(app, browser=True)),
+                       include_in_schema=False)
     return app

@@ -108,11 +108,23 @@ async def require_api_key(
     raise AuthenticationError("Incorrect API key provided.")
 
 
-def guard(app: FastAPI, guarded: bool = True) -> list[SecurityParam]:
-    """Dependencies for a route: the key check when keys are set and the route is guarded.
-    (Left off entirely otherwise, so the OpenAPI document asks for a key only where one
-    is needed.)"""
-    return [Security(require_api_key)] if guarded and app.state.api_key_check.enabled else []
+async def require_api_key_or_query(request: Request) -> None:
+    """The guard of pages a browser opens (the dashboard): a browser sends no Authorization
+    header when it loads a page or opens an EventSource, so the key may also come as
+    `?api_key=KEY` (it then shows in the URL: use it only over a trusted connection)."""
+    key = request.query_params.get("api_key")
+    if key is not None and request.app.state.api_key_check.allows(f"Bearer {key}"):
+        return
+    await require_api_key(request, None)
+
+
+def guard(app: FastAPI, guarded: bool = True, browser: bool = False) -> list[SecurityParam]:
+    """Dependencies for a route: the key check when keys are set and the route is guarded
+    (`browser`: the header or an `api_key` query parameter). Left off entirely otherwise,
+    so the OpenAPI document asks for a key only where one is needed."""
+    if not (guarded and app.state.api_key_check.enabled):
+        return []
+    return [Security(require_api_key_or_query if browser else require_api_key)]
 
 
 def install_access(app: FastAPI, access: AccessConfig) -> None:

@@ -1,18 +1,18 @@
 """GET /dashboard and what the page fetches: its static files, an SSE stream of engine
 snapshots (at most ~10 a second) and one block's details for a tooltip. Read-only.
 
-app.py includes this router with one line, behind the same API-key guard as the API
-(api/security.py): with keys set, every route here needs `Authorization: Bearer KEY`.
-A browser sends no such header when it opens a page or an EventSource, so the page also
-forwards its own query string to the stream and tooltip requests, for a guard that may
-one day accept a key there; today's guard reads the header only.
+With keys set, the page, its stream and its tooltips need a key (api/security.py's
+browser guard): `Authorization: Bearer KEY`, or `?api_key=KEY` in the page's URL, since a
+browser sends no such header when it opens a page or an EventSource; the page forwards its
+own query string to the stream and tooltip requests. The static files (the page's code,
+the same for everyone) are not guarded.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +30,9 @@ FRAME_INTERVAL = 0.1  # seconds between looks at the latest snapshot: at most 10
 HEARTBEAT = 1.0  # a frame at least this often, so the charts' time axis moves when idle
 
 
-def dashboard_router(engine: Any) -> APIRouter:
-    """The routes over `engine`: one with a `snapshots` board (engine/batch_engine.py's)."""
+def dashboard_router(engine: Any, guarded: Sequence[Any] = ()) -> APIRouter:
+    """The routes over `engine`: one with a `snapshots` board (engine/batch_engine.py's).
+    `guarded`: the dependencies that check a key (all but the static files)."""
     router = APIRouter(tags=["dashboard"])
     board: SnapshotBoard | None = getattr(engine, "snapshots", None)
     cache = FrameCache()
@@ -44,7 +45,7 @@ def dashboard_router(engine: Any) -> APIRouter:
                            err_type="not_found_error")
         return board
 
-    @router.get("/dashboard", response_class=HTMLResponse)
+    @router.get("/dashboard", response_class=HTMLResponse, dependencies=list(guarded))
     async def dashboard() -> HTMLResponse:
         return HTMLResponse(page)
 
@@ -55,7 +56,7 @@ def dashboard_router(engine: Any) -> APIRouter:
                            err_type="not_found_error")
         return Response(static[name], media_type=MEDIA_TYPES[name])
 
-    @router.get("/dashboard/events")
+    @router.get("/dashboard/events", dependencies=list(guarded))
     async def events() -> EventSourceResponse:
         watched = need_board()
 
@@ -74,7 +75,7 @@ def dashboard_router(engine: Any) -> APIRouter:
 
         return EventSourceResponse(frames())
 
-    @router.get("/dashboard/blocks/{block_id}")
+    @router.get("/dashboard/blocks/{block_id}", dependencies=list(guarded))
     async def block(block_id: int) -> JSONResponse:
         snapshot = need_board().latest
         if snapshot is None:

@@ -111,10 +111,14 @@ def test_keys_guard_the_dashboard(tokenizer):
     from tests.api.test_security import KEYS, bearer, check_401, client_for
 
     c = client_for(tokenizer, api_keys=KEYS)
-    for path in ("/dashboard", "/dashboard/static/dashboard.js", "/dashboard/events",
-                 "/dashboard/blocks/1"):
+    for path in ("/dashboard", "/dashboard/events", "/dashboard/blocks/1",
+                 f"/dashboard?api_key={KEYS[0]}x"):
         check_401(c.get(path))
     assert c.get("/dashboard", headers=bearer(KEYS[0])).status_code == 200
+    # A browser opening the page (and its EventSource) can send the key only in the URL.
+    assert c.get(f"/dashboard?api_key={KEYS[0]}").status_code == 200
+    # The page's own code is the same for everyone: not guarded.
+    assert c.get("/dashboard/static/dashboard.js").status_code == 200
     # That fake engine has no paged pool to show: a clear 404, not a crash.
     r = c.get("/dashboard/events", headers=bearer(KEYS[0]))
     print(r.status_code, r.text)
