@@ -28,7 +28,7 @@ def build_parser(description: str | None) -> argparse.ArgumentParser:
 
 
 def serve(engine: BatchEngine, args: argparse.Namespace, model_name: str) -> None:
-    app = create_app(engine, model_name)
+    app = create_app(engine, model_name, engine.config.grammar_compile_timeout)
     engine.start()
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning")

@@ -23,6 +23,7 @@ from api.serving import REQUEST_ID_HEADER
 from api.serving_chat import ChatServing
 from api.serving_completion import CompletionServing
 from api.tokenization import DetokenizeRequest, TokenizationServing, TokenizeRequest
+from engine.structured.compiler import DEFAULT_COMPILE_TIMEOUT_S, GrammarCompiler
 
 log = logging.getLogger("nano_vllm.api")
 
@@ -51,14 +52,17 @@ async def on_unexpected_error(_: Request, exc: Exception) -> JSONResponse:
                         status_code=500)
 
 
-def create_app(engine: EngineClient, model_name: str) -> FastAPI:
+def create_app(engine: EngineClient, model_name: str,
+               grammar_timeout: float = DEFAULT_COMPILE_TIMEOUT_S) -> FastAPI:
+    """The app; structured outputs' grammars compile within `grammar_timeout` seconds."""
     app = FastAPI(title="nano-vLLM", docs_url=None, redoc_url=None)
     app.add_exception_handler(APIError, on_api_error)
     app.add_exception_handler(RequestValidationError, on_validation_error)
     app.add_exception_handler(StarletteHTTPException, on_http_error)
     app.add_exception_handler(Exception, on_unexpected_error)
-    completion_serving = CompletionServing(engine, model_name)
-    chat_serving = ChatServing(engine, model_name)
+    grammars = GrammarCompiler(engine.tokenizer, grammar_timeout)  # one cache for both
+    completion_serving = CompletionServing(engine, model_name, grammars)
+    chat_serving = ChatServing(engine, model_name, grammars)
     tokenization = TokenizationServing(engine, completion_serving.accepted_model_names)
     created = int(time.time())
 

@@ -26,6 +26,7 @@ class EngineConfig:
     weights: str = "default"  # "default" (the folder's, in --dtype), "q4_1" or "int8" (CPU)
     max_waiting: int = 256  # beyond this, new requests are refused with 429
     request_timeout: float | None = None  # seconds from arrival; None = no limit
+    grammar_compile_timeout: float = 5.0  # structured outputs: seconds to compile a grammar
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> None:
@@ -67,6 +68,10 @@ class EngineConfig:
                             help="queued requests beyond this get HTTP 429")
         parser.add_argument("--request-timeout", type=float, default=None,
                             help="abort a request this many seconds after it arrived")
+        parser.add_argument("--grammar-compile-timeout", type=float,
+                            default=d.grammar_compile_timeout,
+                            help="a structured output's grammar that takes longer to compile "
+                                 "gets HTTP 400")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> EngineConfig:
@@ -79,7 +84,8 @@ class EngineConfig:
                      attention=args.attention, matmul=args.matmul, weights=args.weights,
                      threads=args.threads, single_thread_below=args.single_thread_below,
                      max_waiting=args.max_waiting,
-                     request_timeout=args.request_timeout)
+                     request_timeout=args.request_timeout,
+                     grammar_compile_timeout=args.grammar_compile_timeout)
         config.validate()
         return config
 
@@ -95,3 +101,5 @@ class EngineConfig:
                              "activations: drop --dtype / --device")
         if self.max_waiting < 1:
             raise ValueError("--max-waiting must be at least 1")
+        if not self.grammar_compile_timeout > 0:
+            raise ValueError("--grammar-compile-timeout must be above 0")
