@@ -55,7 +55,7 @@ def test_processors_match_a_row_by_row_reference():
     gen = torch.Generator().manual_seed(0)
     logits = torch.randn(len(CASES) + 1, VOCAB, generator=gen) * 4
     requests = []
-    for i, params in enumerate(CASES):
+    for params in CASES:
         prompt = torch.randint(0, VOCAB, (6,), generator=gen).tolist()
         output = torch.randint(0, VOCAB, (9,), generator=gen).tolist() + [prompt[0]] * 2
         requests.append(request(prompt, output, **params))
@@ -129,7 +129,7 @@ def test_greedy_repetition_penalty_matches_hf_generate(model, tokenizer, hf_mode
     prompts = [tokenizer(t).input_ids for t in texts]
     engine = BatchEngine(EngineConfig(num_blocks=64), model, tokenizer)
     outputs: dict[str, list[RequestOutput]] = {}
-    for i, ids in enumerate(prompts + [prompts[0]]):
+    for i, ids in enumerate([*prompts, prompts[0]]):
         penalty = PENALTY if i < len(prompts) else 1.0
         outputs[str(i)] = []
         engine.add_request(Request(str(i), ids, SamplingParams(
