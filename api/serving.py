@@ -90,7 +90,8 @@ class OpenAIServing(ABC, Generic[Body]):
         try:
             return await self.grammars.compile(spec)
         except GrammarError as exc:
-            raise APIError(f"The structured output in {field} cannot be used: {exc}.",
+            raise APIError(f"The structured output in {field} cannot be used: "
+                           f"{str(exc).strip()}.",
                            field) from exc
 
     def check_model(self, body: Body) -> None:
