@@ -55,7 +55,7 @@ def grammar_text(spec: GrammarSpec) -> str:
             return matcher.grammar_from_json_schema({"type": "object"}, defaults=JSON_OPTIONS)
         if spec.kind is GrammarKind.REGEX:
             return matcher.grammar_from_regex(spec.value)
-    except ValueError as exc:
+    except (ValueError, RuntimeError, TypeError) as exc:
         raise GrammarError(str(exc)) from exc
     # Lark string literals take JSON's escapes, so json.dumps quotes any choice safely.
     return matcher.grammar_from_lark("start: " + " | ".join(json.dumps(c) for c in spec.value))
@@ -69,8 +69,11 @@ class CompiledGrammar:
         """Compile (slow for a big grammar: llguidance builds it with the GIL released).
         GrammarError for an invalid or oversized grammar, with llguidance's reason."""
         self.spec = spec
-        self._start = llguidance.LLMatcher(tokenizer, grammar_text(spec), log_level=0,
-                                           limits=limits)
+        try:
+            self._start = llguidance.LLMatcher(tokenizer, grammar_text(spec), log_level=0,
+                                               limits=limits)
+        except (ValueError, RuntimeError, TypeError) as exc:  # its errors are mostly states
+            raise GrammarError(str(exc)) from exc
         if self._start.is_error():
             raise GrammarError(self._start.get_error())
         self.eos_token_id = tokenizer.eos_token
