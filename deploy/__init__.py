@@ -1,0 +1,1 @@
+"""Scaling out: nano-vLLM replicas on Ray Serve behind a prefix-aware router."""

@@ -1,0 +1,67 @@
+"""The Ray Serve application: N engine replicas behind one ingress.
+
+`build_app` is what `python3 -m deploy.ray_serve` runs and what a Serve config file (or a
+KubeRay RayService) can point at through `app_builder`. Only the replicas' router changes with
+`router`: "prefix" (deploy/prefix_router.py) or "power-of-two" (Ray Serve's default, for
+comparison).
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+from ray import serve
+from ray.serve import Application
+from ray.serve.config import RequestRouterConfig
+
+from deploy.ingress import Ingress
+from deploy.prefix_router import PrefixAwareRouter
+from deploy.replica import EngineReplica
+from engine.config import EngineConfig
+
+ROUTERS = ("prefix", "power-of-two")
+HEALTH_CHECK_PERIOD_S = 2.0
+HEALTH_CHECK_TIMEOUT_S = 30.0
+
+
+def build_app(config: EngineConfig, model_name: str, replicas: int = 2,
+              router: str = "prefix", router_kwargs: dict[str, Any] | None = None,
+              ) -> Application:
+    if replicas < 1:
+        raise ValueError("--replicas must be at least 1")
+    if router not in ROUTERS:
+        raise ValueError(f"--router must be one of {', '.join(ROUTERS)}")
+    options: dict[str, Any] = {}
+    if router == "prefix":
+        options["request_router_config"] = RequestRouterConfig(
+            request_router_class=PrefixAwareRouter,
+            request_router_kwargs=router_kwargs or {})
+    engines = serve.deployment(
+        EngineReplica, name="EngineReplica", num_replicas=replicas,
+        # Seats plus as many again waiting in the engine's line; beyond that requests wait in
+        # Ray's router, which can still send them to whichever replica frees up.
+        max_ongoing_requests=2 * config.max_num_seqs,
+        ray_actor_options={"num_cpus": config.threads or 1},
+        health_check_period_s=HEALTH_CHECK_PERIOD_S,
+        health_check_timeout_s=HEALTH_CHECK_TIMEOUT_S,
+        graceful_shutdown_timeout_s=5, **options,
+    ).bind(config, model_name)
+    ingress = serve.deployment(Ingress, name="Ingress", num_replicas=1,
+                               max_ongoing_requests=10_000,
+                               ray_actor_options={"num_cpus": 0})
+    return ingress.bind(engines)
+
+
+def app_builder(args: dict[str, str]) -> Application:
+    """For `serve run deploy.app:app_builder replicas=2 engine_args="--threads 1"` and for a
+    Serve config file or a KubeRay RayService (`import_path: deploy.app:app_builder`, its
+    `args` the same keys): `engine_args` are server.py's engine flags."""
+    from server import build_parser, served_name
+
+    unknown = set(args) - {"replicas", "router", "engine_args"}
+    if unknown:
+        raise ValueError(f"unknown application args: {', '.join(sorted(unknown))}")
+    engine_args = build_parser(None).parse_args(shlex.split(args.get("engine_args", "")))
+    return build_app(EngineConfig.from_args(engine_args), served_name(engine_args),
+                     int(args.get("replicas", 2)), args.get("router", "prefix"))

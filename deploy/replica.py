@@ -1,0 +1,61 @@
+"""One Ray Serve replica: one nano-vLLM engine, serving the single server's app in-process.
+
+The ingress (deploy/ingress.py) forwards each HTTP request here through a deployment handle;
+the replica runs it through api/app.py exactly as `server.py` would and streams the ASGI
+messages back, tagged with the replica's id (`X-Nano-Vllm-Replica`) and process id
+(`X-Nano-Vllm-Replica-Pid`) so a client or test can see where a request ran. Ray Serve calls
+`check_health` every few seconds: a replica whose engine thread has stopped reports itself
+unhealthy and is replaced, which also ends its in-flight requests with an error at the
+ingress.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import AsyncIterator
+from typing import Any
+
+from ray import serve
+
+from api.app import create_app
+from deploy.asgi_call import ForwardedRequest, call_asgi
+from engine.batch_engine import load_engine
+from engine.config import EngineConfig
+
+REPLICA_HEADER = "x-nano-vllm-replica"
+REPLICA_PID_HEADER = "x-nano-vllm-replica-pid"
+
+log = logging.getLogger("nano_vllm.deploy")
+
+
+class EngineReplica:
+    """The deployment's class (deploy/app.py wraps it in `serve.deployment`)."""
+
+    def __init__(self, config: EngineConfig, model_name: str) -> None:
+        self.engine = load_engine(config)
+        self.app = create_app(self.engine, model_name)
+        self.engine.start()
+        self.replica_id = serve.get_replica_context().replica_id.unique_id
+        log.info("replica %s (pid %d): %s", self.replica_id, os.getpid(),
+                 self.engine.describe())
+
+    async def forward(self, request: ForwardedRequest) -> AsyncIterator[dict[str, Any]]:
+        """The app's ASGI response messages for one request, the start tagged with us."""
+        async for message in call_asgi(self.app, request):
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [
+                    *message.get("headers", []),
+                    (REPLICA_HEADER.encode(), self.replica_id.encode()),
+                    (REPLICA_PID_HEADER.encode(), str(os.getpid()).encode())]}
+            yield message
+
+    def check_health(self) -> None:
+        """Ray Serve replaces the replica when this raises."""
+        if not self.engine.is_alive:
+            raise RuntimeError(f"replica {self.replica_id}: the engine thread has stopped")
+
+    def __del__(self) -> None:
+        engine = getattr(self, "engine", None)
+        if engine is not None:
+            engine.shutdown()
