@@ -2,8 +2,9 @@
 
 1. 30 users at once, each with a JSON schema (a small object with nested fields, enums and
    arrays): every answer must parse and validate against the schema;
-2. throughput of those 30 constrained users beside 30 free users (the same prompts, the
-   free ones asking for as many tokens as the constrained answers had on average);
+2. throughput of those 30 constrained users beside 30 free users (the same prompts, each
+   free user asking for exactly as many tokens as the constrained user of its prompt got,
+   so both runs have the same lengths and the same tail);
 3. 10 free users streaming, alone and then while a schema with a 1,000-value enum (new to
    the server, so it compiles) is sent: their inter-token latency p99 with and without.
 
@@ -112,14 +113,14 @@ async def level(client: httpx.AsyncClient, url: str, payloads: list[dict[str, An
 
 async def throughput(client: httpx.AsyncClient, url: str, args: argparse.Namespace
                      ) -> tuple[LevelResult, LevelResult]:
-    """Part 2: 30 constrained users, then 30 free ones asking for the same mean length."""
+    """Part 2: 30 constrained users, then 30 free ones, each as long as its constrained twin."""
     constrained, wall = await level(client, url, [
         payload(prompt_for(u), args.max_tokens, SCHEMA, args) for u in range(args.users)],
         args.timeout)
     with_schema = summarize(args.users, constrained, wall)
-    mean = max(1, round(with_schema.total_tokens / args.users))
     free, wall = await level(client, url, [
-        payload(prompt_for(u), mean, None, args) for u in range(args.users)], args.timeout)
+        payload(prompt_for(u), max(1, r.tokens), None, args)
+        for u, r in enumerate(constrained)], args.timeout)
     return with_schema, summarize(args.users, free, wall)
 
 
@@ -138,7 +139,7 @@ async def compile_beside_streams(client: httpx.AsyncClient, url: str,
     async def enum_request() -> tuple[float, int, str]:
         await asyncio.sleep(1.0)
         start = time.perf_counter()
-        r = await client.post(url, json=payload("Pick one word:", 16, enum_schema(), args,
+        r = await client.post(url, json=payload("Pick one word:", 40, enum_schema(), args,
                                                 stream=False))
         return time.perf_counter() - start, r.status_code, r.text[:200]
 
@@ -169,7 +170,7 @@ def main() -> int:
     p.add_argument("--url", default="http://127.0.0.1:8080")
     p.add_argument("--label", default="structured")
     p.add_argument("--users", type=int, default=30)
-    p.add_argument("--max-tokens", type=int, default=200, help="cap for constrained answers")
+    p.add_argument("--max-tokens", type=int, default=400, help="cap for constrained answers")
     p.add_argument("--stream-users", type=int, default=10)
     p.add_argument("--stream-tokens", type=int, default=100)
     p.add_argument("--timeout", type=float, default=600.0)
