@@ -38,7 +38,8 @@ RESPONSE_GRACE_SECONDS = 10
 def serve(engine: BatchEngine, args: argparse.Namespace, model_name: str,
           access: AccessConfig) -> int:
     """Serve until SIGTERM/SIGINT (drained, then 0) or an engine failure; the exit status."""
-    app = create_app(engine, model_name, access)
+    app = create_app(engine, model_name, access,
+                     engine.config.grammar_compile_timeout)
     server = lifecycle.ServingProcess(
         uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
                        timeout_graceful_shutdown=RESPONSE_GRACE_SECONDS),

@@ -37,6 +37,7 @@ from api.serving import REQUEST_ID_HEADER
 from api.serving_chat import ChatServing
 from api.serving_completion import CompletionServing
 from api.tokenization import DetokenizeRequest, TokenizationServing, TokenizeRequest
+from engine.structured.compiler import DEFAULT_COMPILE_TIMEOUT_S, GrammarCompiler
 
 log = logging.getLogger("nano_vllm.api")
 
@@ -76,8 +77,9 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(Exception, on_unexpected_error)
 
 
-def create_app(engine: EngineClient, model_name: str,
-               access: AccessConfig | None = None) -> FastAPI:
+def create_app(engine: EngineClient, model_name: str, access: AccessConfig | None = None,
+               grammar_timeout: float = DEFAULT_COMPILE_TIMEOUT_S) -> FastAPI:
+    """The app; structured outputs' grammars must compile within `grammar_timeout` s."""
     app = FastAPI(title="nano-vLLM", version="1", docs_url=None, redoc_url=None,
                   description="An OpenAI-compatible server. Errors come as OpenAI's envelope "
                               "{\"error\": {message, type, param, code}}.")
@@ -85,8 +87,9 @@ def create_app(engine: EngineClient, model_name: str,
                                                ChatCompletionStreamResponse])
     install_access(app, access or AccessConfig())
     install_error_handlers(app)
-    completion_serving = CompletionServing(engine, model_name)
-    chat_serving = ChatServing(engine, model_name)
+    grammars = GrammarCompiler(engine.tokenizer, grammar_timeout)  # one cache for both
+    completion_serving = CompletionServing(engine, model_name, grammars)
+    chat_serving = ChatServing(engine, model_name, grammars)
     tokenization = TokenizationServing(engine, completion_serving.accepted_model_names)
     created = int(time.time())
     guarded = guard(app)

@@ -15,8 +15,10 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from api.errors import APIError
+from api.structured import grammar_spec
 from engine.logprobs import DEFAULT_LOGPROBS_MODE, MAX_TOP_LOGPROBS, LogprobsMode
 from engine.request import SamplingParams
+from engine.structured.grammar import GrammarSpec
 
 # Below this a temperature is greedy (as in vLLM): dividing logits by a tinier one overflows.
 GREEDY_TEMPERATURE = 1e-5
@@ -64,21 +66,27 @@ class SamplingFields(APIModel):
     logprobs_mode: LogprobsMode | None = None  # ours: "raw" (default) or "processed"
     user: str | None = None
     priority: int = 0  # lower is seated first (vLLM's convention); needs --scheduling-policy
-    # Accepted only so that asking for them is an explicit 400 (UNSUPPORTED), not ignored.
+    # Logits processors (engine/logits_processors.py).
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
-    repetition_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
+    repetition_penalty: float | None = None  # vLLM's
+    logit_bias: dict[str, float] | None = None  # token id (as a string) -> bias
+    min_p: float | None = None  # vLLM's
+    allowed_token_ids: list[int] | None = None  # vLLM's
+    # Structured outputs (api/structured.py): OpenAI's response_format, on both endpoints;
+    # vLLM's structured_outputs and its older guided_* fields.
     response_format: dict | None = None
+    structured_outputs: dict | None = None
+    guided_json: dict | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    # Accepted only so that asking for them is an explicit 400 (UNSUPPORTED), not ignored.
+    bad_words: list[str] | None = None
 
     # Checked in this order; the first field asked for gives the 400.
     UNSUPPORTED: ClassVar[dict[str, Unsupported]] = {
-        "presence_penalty": Unsupported(lambda body: body.presence_penalty not in (None, 0)),
-        "frequency_penalty": Unsupported(lambda body: body.frequency_penalty not in (None, 0)),
-        "repetition_penalty": Unsupported(lambda body: body.repetition_penalty not in (None, 1)),
-        "logit_bias": Unsupported(lambda body: bool(body.logit_bias)),
-        "response_format": Unsupported(
-            lambda body: body.response_format not in (None, {"type": "text"})),
+        "bad_words": Unsupported(lambda body: bool(body.bad_words), "bad_words is not "
+                                 "supported by this server; logit_bias with -100 bans tokens."),
     }
 
     @property
@@ -156,7 +164,60 @@ class SamplingFields(APIModel):
             stop=self._stop(), stop_token_ids=self._stop_token_ids(vocab_size),
             ignore_eos=self.ignore_eos, logprobs=logprobs,
             prompt_logprobs=self.prompt_logprobs(), n=self.num_samples(),
-            logprobs_mode=self.logprobs_mode or DEFAULT_LOGPROBS_MODE)
+            logprobs_mode=self.logprobs_mode or DEFAULT_LOGPROBS_MODE,
+            presence_penalty=self._penalty("presence_penalty"),
+            frequency_penalty=self._penalty("frequency_penalty"),
+            repetition_penalty=self._repetition_penalty(),
+            logit_bias=self._logit_bias(vocab_size), min_p=self._min_p(),
+            allowed_token_ids=self._allowed_token_ids(vocab_size))
+
+    def grammar_spec(self) -> GrammarSpec | None:
+        """The structured output asked for, if any; APIError if it is malformed."""
+        return grammar_spec(self)
+
+    def _penalty(self, field: str) -> float:
+        value = getattr(self, field)
+        value = 0.0 if value is None else value
+        if not -2 <= value <= 2:
+            raise APIError(f"{field} must be between -2 and 2.", field)
+        return value
+
+    def _repetition_penalty(self) -> float:
+        value = 1.0 if self.repetition_penalty is None else self.repetition_penalty
+        if not (math.isfinite(value) and value > 0):
+            raise APIError("repetition_penalty must be a finite number above 0 (1 = off).",
+                           "repetition_penalty")
+        return value
+
+    def _logit_bias(self, vocab_size: int) -> dict[int, float]:
+        bias: dict[int, float] = {}
+        for key, value in (self.logit_bias or {}).items():
+            try:
+                token = int(key)
+            except ValueError:
+                token = -1
+            if not 0 <= token < vocab_size:
+                raise APIError(f"logit_bias keys must be token ids in [0, {vocab_size}); got "
+                               f"{key!r}.", "logit_bias")
+            if not -100 <= value <= 100:
+                raise APIError("logit_bias values must be between -100 and 100.", "logit_bias")
+            bias[token] = value
+        return bias
+
+    def _min_p(self) -> float:
+        value = 0.0 if self.min_p is None else self.min_p
+        if not 0 <= value <= 1:
+            raise APIError("min_p must be between 0 and 1.", "min_p")
+        return value
+
+    def _allowed_token_ids(self, vocab_size: int) -> list[int] | None:
+        ids = self.allowed_token_ids
+        if ids is None:
+            return None
+        if not ids or any(not 0 <= t < vocab_size for t in ids):
+            raise APIError(f"allowed_token_ids must be a non-empty list of token ids in "
+                           f"[0, {vocab_size}).", "allowed_token_ids")
+        return list(ids)
 
     def _max_tokens(self, num_prompt_tokens: int, max_model_len: int) -> int:
         max_tokens = self.requested_max_tokens()

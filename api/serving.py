@@ -16,6 +16,7 @@ import uuid
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 from contextlib import aclosing
+from dataclasses import replace
 from typing import ClassVar, Generic, TypeVar
 
 from fastapi import Request
@@ -31,6 +32,8 @@ from api.protocol import SamplingFields
 from engine.batch_engine import ENGINE_FAILED, SHUTDOWN, EngineUnavailableError, QueueFullError
 from engine.request import FinishReason, RequestOutput, SamplingParams
 from engine.request import Request as EngineRequest
+from engine.structured.compiler import GrammarCompiler
+from engine.structured.grammar import CompiledGrammar, GrammarError, GrammarSpec
 
 # A client that left is noticed within this long, also while outputs keep coming.
 DISCONNECT_CHECK_SECONDS = 1.0
@@ -62,8 +65,10 @@ class OpenAIServing(ABC, Generic[Body]):
 
     request_id_prefix: ClassVar[str]
 
-    def __init__(self, engine: EngineClient, model_name: str) -> None:
+    def __init__(self, engine: EngineClient, model_name: str,
+                 grammars: GrammarCompiler | None = None) -> None:
         self.engine = engine
+        self.grammars = grammars or GrammarCompiler(engine.tokenizer)
         self.tokenizer = engine.tokenizer
         self.formatter = LogprobFormatter(engine.tokenizer)
         self.model_name = model_name
@@ -78,6 +83,10 @@ class OpenAIServing(ABC, Generic[Body]):
         prompts = self.prompts(body)
         params = [body.to_sampling_params(len(p.token_ids), self.engine.max_tokens_per_request,
                                           len(self.tokenizer)) for p in prompts]
+        spec = body.grammar_spec()
+        if spec is not None:
+            grammar = await self.compile_grammar(spec)
+            params = [replace(p, grammar=grammar) for p in params]
         client_id = http_request.headers.get(REQUEST_ID_HEADER) or uuid.uuid4().hex
         job = Job(f"{self.request_id_prefix}-{client_id}", self.model_name, prompts, body.n,
                   body.num_samples())
@@ -87,6 +96,17 @@ class OpenAIServing(ABC, Generic[Body]):
             return EventSourceResponse(self.events(job, body, http_request),
                                        ping=SSE_PING_SECONDS, headers=headers)
         return await self.collect(job, body, http_request, headers)
+
+    async def compile_grammar(self, spec: GrammarSpec) -> CompiledGrammar:
+        """The spec compiled off the engine thread (or cached); a 400 naming the problem
+        when it is invalid, unsupported, too large or too slow to compile."""
+        field = spec.source or "response_format"
+        try:
+            return await self.grammars.compile(spec)
+        except GrammarError as exc:
+            raise APIError(f"The structured output in {field} cannot be used: "
+                           f"{str(exc).strip()}.",
+                           field) from exc
 
     def check_model(self, body: Body) -> None:
         if body.model is not None and body.model not in self.accepted_model_names:

@@ -34,7 +34,8 @@ class EngineReplica:
 
     def __init__(self, config: EngineConfig, model_name: str) -> None:
         self.engine = load_engine(config)
-        self.app = create_app(self.engine, model_name)
+        self.app = create_app(self.engine, model_name,
+                              grammar_timeout=config.grammar_compile_timeout)
         self.engine.start()
         self.replica_id = serve.get_replica_context().replica_id.unique_id
         log.info("replica %s (pid %d): %s", self.replica_id, os.getpid(),

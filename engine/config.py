@@ -29,6 +29,7 @@ class EngineConfig:
     max_num_queued_tokens: int | None = None  # prompt tokens waiting beyond this: 429
     scheduling_policy: str = "fcfs"  # "fcfs" or "priority" (lower `priority` first)
     priority_aging: float = 10.0  # priority: seconds of waiting worth one level; 0 = none
+    grammar_compile_timeout: float = 5.0  # structured outputs: seconds to compile a grammar
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> None:
@@ -80,6 +81,10 @@ class EngineConfig:
         parser.add_argument("--priority-aging", type=float, default=d.priority_aging,
                             help="with --scheduling-policy priority: seconds of waiting worth "
                                  "one priority level, so nothing starves (0: strict priority)")
+        parser.add_argument("--grammar-compile-timeout", type=float,
+                            default=d.grammar_compile_timeout,
+                            help="a structured output's grammar that takes longer to compile "
+                                 "gets HTTP 400")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> EngineConfig:
@@ -95,7 +100,8 @@ class EngineConfig:
                      request_timeout=args.request_timeout,
                      max_num_queued_tokens=args.max_num_queued_tokens,
                      scheduling_policy=args.scheduling_policy,
-                     priority_aging=args.priority_aging)
+                     priority_aging=args.priority_aging,
+                     grammar_compile_timeout=args.grammar_compile_timeout)
         config.validate()
         return config
 
@@ -119,3 +125,5 @@ class EngineConfig:
             raise ValueError("--scheduling-policy must be fcfs or priority")
         if not self.priority_aging >= 0:  # also refuses NaN
             raise ValueError("--priority-aging must be 0 or more seconds")
+        if not self.grammar_compile_timeout > 0:
+            raise ValueError("--grammar-compile-timeout must be above 0")

@@ -10,6 +10,7 @@ from enum import Enum, StrEnum
 import torch
 
 from engine.logprobs import DEFAULT_LOGPROBS_MODE, LogprobsMode, TokenLogprobs
+from engine.structured.grammar import CompiledGrammar, GrammarState
 from kvcache.kv_cache_manager import SequenceBlocks
 
 
@@ -37,10 +38,30 @@ class SamplingParams:
     prompt_logprobs: int | None = None  # of each prompt token but the first (always raw)
     logprobs_mode: LogprobsMode = DEFAULT_LOGPROBS_MODE
     n: int = 1  # samples of the prompt: it is prefilled once, and its blocks shared
+    # Logits processors (engine/logits_processors.py), applied before sampling.
+    presence_penalty: float = 0.0  # subtracted once from each token already generated
+    frequency_penalty: float = 0.0  # subtracted per time a token was generated
+    repetition_penalty: float = 1.0  # tokens of prompt or output: logit / p if > 0, else * p
+    logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to logit
+    allowed_token_ids: list[int] | None = None  # None: all
+    min_p: float = 0.0  # after temperature: drop tokens below min_p * the top probability
+    grammar: CompiledGrammar | None = None  # structured output; each request gets a matcher
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0 or self.top_k == 1
+
+    @property
+    def has_grammar(self) -> bool:
+        return self.grammar is not None
+
+    @property
+    def needs_logits_processing(self) -> bool:
+        """Anything beyond temperature / top-k / top-p changes the logits: penalties, bias,
+        allowed tokens, min_p or a grammar (a speculative step must then leave it alone)."""
+        return (self.presence_penalty != 0 or self.frequency_penalty != 0
+                or self.repetition_penalty != 1 or bool(self.logit_bias)
+                or self.allowed_token_ids is not None or self.min_p > 0 or self.has_grammar)
 
 
 class Status(Enum):
@@ -116,9 +137,14 @@ class Request:
     cumulative_logprob: float = 0.0  # of the sampled tokens, when params.logprobs is set
     # One entry per prompt token scored so far (None for the first), when asked for.
     prompt_logprobs: list[TokenLogprobs | None] | None = None
+    # Where the output stands in params.grammar. Kept through a preemption: it depends only
+    # on the output tokens, which a preempted request keeps.
+    grammar: GrammarState | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.prompt_token_ids)
+        if self.params.grammar is not None:
+            self.grammar = self.params.grammar.matcher()
         if self.params.prompt_logprobs is not None:
             self.prompt_logprobs = [None]
         if not self.params.greedy:
@@ -169,10 +195,13 @@ class Request:
         """Add one generated token; say whether it ends the request by a stop token or length.
 
         A stop token (EOS or stop_token_ids) ends the request only once min_tokens tokens came
-        before it; it is kept in token_ids but is not part of the text."""
+        before it; it is kept in token_ids but is not part of the text. A finished grammar
+        allows only EOS, which then ends the request whatever min_tokens or ignore_eos say."""
         self.token_ids.append(token)
         if logprobs is not None:
             self.cumulative_logprob += logprobs.logprob
+        if self.grammar is not None and self.grammar.accept(token):
+            return FinishReason.STOP
         p = self.params
         if self.num_output_tokens > p.min_tokens and (
                 token in p.stop_token_ids or (not p.ignore_eos and token in eos_token_ids)):

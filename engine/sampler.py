@@ -1,5 +1,6 @@
-"""Choosing the next token from a batch of logits: greedy, or temperature / top-k / top-p;
-and the chosen tokens' logprobs for the rows that ask for them.
+"""Choosing the next token from a batch of logits: greedy, or temperature / min-p / top-k /
+top-p, after the logits processors (engine/logits_processors.py); and the chosen tokens'
+logprobs for the rows that ask for them (raw: before any processing).
 
 Everything is done on the whole batch at once; the only per-row work is drawing each
 sampled row's random numbers from its own generator (seeded requests must not depend on
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from engine.logits_processors import apply_logits_processors, apply_min_p
 from engine.logprobs import TokenLogprobs, gather_logprobs, raw_logprobs
 from engine.request import Request
 
@@ -34,12 +36,13 @@ class Sampler:
 
     def sample(self, logits: Tensor, requests: list[Request]) -> SamplerOutput:
         """One token per row, and its logprobs where the row's request asks for them."""
-        tokens = argmax_rows(logits)  # greedy for everyone; sampled rows overwrite
+        adjusted = apply_logits_processors(logits, requests)
+        tokens = argmax_rows(adjusted)  # greedy for everyone; sampled rows overwrite
         # Rows whose processed distribution is needed: to draw from, or for its logprobs.
         rows = [i for i, r in enumerate(requests) if not r.params.greedy or wants_processed(r)]
         processed = None
         if rows:
-            processed = self.processed_logits(logits[rows], [requests[i] for i in rows])
+            processed = self.processed_logits(adjusted[rows], [requests[i] for i in rows])
             drawn = [j for j, i in enumerate(rows) if not requests[i].params.greedy]
             if drawn:
                 probs = torch.softmax(processed[drawn], dim=-1)
@@ -74,11 +77,14 @@ class Sampler:
 
     @staticmethod
     def processed_logits(logits: Tensor, requests: list[Request]) -> Tensor:
-        """Each row's logits after temperature (none for greedy rows), then top-k and top-p
-        (-inf outside): the distribution a sampled row is drawn from."""
+        """Each row's logits after temperature (none for greedy rows), then min-p, top-k and
+        top-p (-inf outside): the distribution a sampled row is drawn from."""
         logits = logits.float()
         temperature = logits.new_tensor([r.params.temperature or 1.0 for r in requests])
         logits = logits / temperature[:, None]
+        min_p = [r.params.min_p for r in requests]
+        if any(min_p):
+            logits = apply_min_p(logits, logits.new_tensor(min_p))
         top_k = [r.params.top_k for r in requests]
         top_p = [r.params.top_p for r in requests]
         if not any(top_k) and all(p >= 1.0 for p in top_p):
@@ -88,7 +94,7 @@ class Sampler:
 
     @classmethod
     def probabilities(cls, logits: Tensor, requests: list[Request]) -> Tensor:
-        """Each row's distribution after temperature, top-k, then top-p."""
+        """Each row's distribution after temperature, min-p, top-k, then top-p."""
         return torch.softmax(cls.processed_logits(logits, requests), dim=-1)
 
     @staticmethod

@@ -132,7 +132,7 @@ def test_models(server: RunningServer, schemas: OpenAISchemas):
     ("/v1/completions", {"prompt": "Hi", "max_tokens": 0}, 400),
     ("/v1/completions", b'{"prompt": ', 400),
     ("/v1/chat/completions", {"messages": CHAT_HI, "model": "gpt-4"}, 404),
-    ("/v1/chat/completions", {"messages": CHAT_HI, "presence_penalty": 1.0}, 400),
+    ("/v1/chat/completions", {"messages": CHAT_HI, "bad_words": ["x"]}, 400),
     ("/v1/nothing", {}, 404),
 ], ids=["out of range", "malformed JSON", "unknown model", "unsupported", "unknown route"])
 def test_errors(server: RunningServer, schemas: OpenAISchemas, path: str, body: Any,

@@ -427,8 +427,16 @@ BAD_REQUESTS = [
     ("an empty prompt in a list", COMPLETIONS, {**GOOD, "prompt": ["Hi", ""]}, "prompt"),
     ("echo with max_tokens -1", COMPLETIONS, {**GOOD, "max_tokens": -1, "echo": True},
      "max_tokens"),
-    ("presence_penalty", COMPLETIONS, {**GOOD, "presence_penalty": 0.5}, "presence_penalty"),
-    ("logit_bias", COMPLETIONS, {**GOOD, "logit_bias": {"42": 5.0}}, "logit_bias"),
+    ("presence_penalty 3", COMPLETIONS, {**GOOD, "presence_penalty": 3}, "presence_penalty"),
+    ("frequency_penalty -2.5", CHAT, {**GOOD_CHAT, "frequency_penalty": -2.5},
+     "frequency_penalty"),
+    ("repetition_penalty 0", COMPLETIONS, {**GOOD, "repetition_penalty": 0}, "repetition_penalty"),
+    ("logit_bias 500", COMPLETIONS, {**GOOD, "logit_bias": {"42": 500.0}}, "logit_bias"),
+    ("logit_bias not a token", COMPLETIONS, {**GOOD, "logit_bias": {"cat": 1.0}}, "logit_bias"),
+    ("min_p 2", COMPLETIONS, {**GOOD, "min_p": 2.0}, "min_p"),
+    ("allowed_token_ids empty", COMPLETIONS, {**GOOD, "allowed_token_ids": []},
+     "allowed_token_ids"),
+    ("bad_words", COMPLETIONS, {**GOOD, "bad_words": ["cat"]}, "bad_words"),
 ]
 
 

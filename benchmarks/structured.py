@@ -1,0 +1,209 @@
+"""Structured outputs under load, against a running nano-vLLM server, in one run:
+
+1. 30 users at once, each with a JSON schema (a small object with nested fields, enums and
+   arrays): every answer must parse and validate against the schema;
+2. throughput of those 30 constrained users beside 30 free users (the same prompts, each
+   free user asking for exactly as many tokens as the constrained user of its prompt got,
+   so both runs have the same lengths and the same tail);
+3. 10 free users streaming, alone and then while a schema with a 1,000-value enum (new to
+   the server, so it compiles) is sent: their inter-token latency p99 with and without.
+
+Saves {results_dir}/{label}.json (a BenchRun per part, levels named by users) and prints
+a summary. Example:
+    python3 benchmarks/structured.py --url http://127.0.0.1:8080 --label structured
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shlex
+import sys
+import time
+import uuid
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # see benchmarks/__init__.py
+
+import httpx
+import jsonschema
+
+from benchmarks.bench import QUESTIONS, UserResult, stream_completion, summarize
+from benchmarks.results import BenchRun, LevelResult, Machine, result_path
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "title": {"type": "string", "maxLength": 40},
+        "rating": {"type": "integer", "minimum": 1, "maximum": 5},
+        "mood": {"type": "string", "enum": ["happy", "sad", "calm", "excited"]},
+        "place": {"type": "object", "properties": {
+            "city": {"type": "string", "maxLength": 20},
+            "country": {"type": "string", "maxLength": 20}},
+            "required": ["city", "country"], "additionalProperties": False},
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 12},
+                 "minItems": 1, "maxItems": 4},
+        "summary": {"type": "string", "minLength": 120, "maxLength": 240},
+    },
+    "required": ["title", "rating", "mood", "place", "tags", "summary"],
+    "additionalProperties": False,
+}
+
+
+def enum_schema() -> dict[str, Any]:
+    """1,000 values, with a fresh suffix so the server has never compiled this schema."""
+    tag = uuid.uuid4().hex[:6]
+    return {"type": "object", "properties": {"word": {
+        "type": "string", "enum": [f"word_{i:04d}_{tag}" for i in range(1000)]}},
+        "required": ["word"], "additionalProperties": False}
+
+
+def payload(prompt: str, max_tokens: int, schema: dict | None, args: argparse.Namespace,
+            stream: bool = True) -> dict[str, Any]:
+    body: dict[str, Any] = {"prompt": prompt, "max_tokens": max_tokens, "stream": stream,
+                            "temperature": 0, "stream_options": {"include_usage": True}}
+    if not stream:
+        del body["stream_options"]
+    if schema is None:
+        body["ignore_eos"] = True
+    else:
+        body["response_format"] = {"type": "json_schema",
+                                   "json_schema": {"name": "answer", "schema": schema}}
+    if args.model:
+        body["model"] = args.model
+    return body
+
+
+def prompt_for(user: int) -> str:
+    return (f"Request {user}. {QUESTIONS[user % len(QUESTIONS)]}\n"
+            "Answer as JSON with a title, a rating, a mood, a place, tags and a summary:\n")
+
+
+async def validity(client: httpx.AsyncClient, url: str, args: argparse.Namespace
+                   ) -> dict[str, Any]:
+    """Part 1: every answer of 30 concurrent constrained users, parsed and validated."""
+    async def one(user: int) -> str | None:
+        r = await client.post(url, json=payload(prompt_for(user), args.max_tokens, SCHEMA,
+                                                args, stream=False))
+        if r.status_code != 200:
+            return f"HTTP {r.status_code}: {r.text[:200]}"
+        choice = r.json()["choices"][0]
+        try:
+            jsonschema.validate(json.loads(choice["text"]), SCHEMA)
+        except (ValueError, jsonschema.ValidationError) as exc:
+            return f"{choice['finish_reason']}: {exc.__class__.__name__}: {str(exc)[:120]}"
+        return None
+
+    problems = await asyncio.gather(*(one(u) for u in range(args.users)))
+    bad = [p for p in problems if p is not None]
+    return {"users": args.users, "valid": args.users - len(bad), "first_problem":
+            bad[0] if bad else None}
+
+
+async def level(client: httpx.AsyncClient, url: str, payloads: list[dict[str, Any]],
+                timeout: float) -> tuple[list[UserResult], float]:
+    start = time.perf_counter()
+    results = await asyncio.gather(*(stream_completion(client, url, p, timeout)
+                                     for p in payloads))
+    return list(results), time.perf_counter() - start
+
+
+async def throughput(client: httpx.AsyncClient, url: str, args: argparse.Namespace
+                     ) -> tuple[LevelResult, LevelResult]:
+    """Part 2: 30 constrained users, then 30 free ones, each as long as its constrained twin."""
+    constrained, wall = await level(client, url, [
+        payload(prompt_for(u), args.max_tokens, SCHEMA, args) for u in range(args.users)],
+        args.timeout)
+    with_schema = summarize(args.users, constrained, wall)
+    free, wall = await level(client, url, [
+        payload(prompt_for(u), max(1, r.tokens), None, args)
+        for u, r in enumerate(constrained)], args.timeout)
+    return with_schema, summarize(args.users, free, wall)
+
+
+async def compile_beside_streams(client: httpx.AsyncClient, url: str,
+                                 args: argparse.Namespace) -> dict[str, Any]:
+    """Part 3: 10 free users alone, then with a 1,000-value enum schema sent 1 s in."""
+    users = args.stream_users
+
+    def free() -> list[dict[str, Any]]:
+        return [payload(prompt_for(100 + u), args.stream_tokens, None, args)
+                for u in range(users)]
+
+    alone, wall = await level(client, url, free(), args.timeout)
+    without = summarize(users, alone, wall)
+
+    async def enum_request() -> tuple[float, int, str]:
+        await asyncio.sleep(1.0)
+        start = time.perf_counter()
+        r = await client.post(url, json=payload("Pick one word:", 40, enum_schema(), args,
+                                                stream=False))
+        return time.perf_counter() - start, r.status_code, r.text[:200]
+
+    start = time.perf_counter()
+    streams = asyncio.gather(*(stream_completion(client, url, p, args.timeout)
+                               for p in free()))
+    beside, (enum_s, status, body) = await asyncio.gather(streams, enum_request())
+    with_enum = summarize(users, list(beside), time.perf_counter() - start)
+    return {"without": without, "with": with_enum, "enum_request_s": round(enum_s, 3),
+            "enum_status": status, "enum_body": body}
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    url = args.url.rstrip("/") + "/v1/completions"
+    limits = httpx.Limits(max_connections=args.users * 2 + 8, max_keepalive_connections=None)
+    async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(args.timeout)) as client:
+        warm = await client.post(url, json=payload("Warm up:", 8, SCHEMA, args, stream=False))
+        print("warmup (compiles the schema):", warm.status_code, file=sys.stderr)
+        valid = await validity(client, url, args)
+        print("validity:", valid, file=sys.stderr)
+        with_schema, free = await throughput(client, url, args)
+        compile_part = await compile_beside_streams(client, url, args)
+    return {"validity": valid, "constrained": with_schema, "free": free, **compile_part}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--url", default="http://127.0.0.1:8080")
+    p.add_argument("--label", default="structured")
+    p.add_argument("--users", type=int, default=30)
+    p.add_argument("--max-tokens", type=int, default=400, help="cap for constrained answers")
+    p.add_argument("--stream-users", type=int, default=10)
+    p.add_argument("--stream-tokens", type=int, default=100)
+    p.add_argument("--timeout", type=float, default=600.0)
+    p.add_argument("--model", default=None)
+    p.add_argument("--results-dir", default="results")
+    args = p.parse_args()
+    started_at = datetime.now().astimezone().isoformat(timespec="seconds")
+    out = asyncio.run(run(args))
+    command = "python3 " + shlex.join(sys.argv)
+    c, f = out["constrained"], out["free"]
+    print(f"1. {out['validity']['valid']}/{out['validity']['users']} constrained answers "
+          f"valid (first problem: {out['validity']['first_problem']})")
+    print(f"2. constrained {c.throughput_tok_s} tok/s ({c.total_tokens} tokens, {c.wall_s} s), "
+          f"free {f.throughput_tok_s} tok/s ({f.total_tokens} tokens, {f.wall_s} s): "
+          f"{100 * (c.throughput_tok_s or 0) / (f.throughput_tok_s or 1):.0f}%")
+    w, wo = out["with"], out["without"]
+    print(f"3. {args.stream_users} free streams, ITL p50/p99: alone {wo.itl_p50_ms}/"
+          f"{wo.itl_p99_ms} ms, beside the 1,000-value enum {w.itl_p50_ms}/{w.itl_p99_ms} ms; "
+          f"the enum request took {out['enum_request_s']} s (HTTP {out['enum_status']}: "
+          f"{out['enum_body']})")
+    folder = Path(args.results_dir)
+    for part, levels in (("throughput", [c, f]), ("enum-compile", [wo, w])):
+        BenchRun(label=f"{args.label}-{part}", url=args.url, max_tokens=args.max_tokens,
+                 system_repeats=0, machine=Machine.this_one(), started_at=started_at,
+                 command=command, levels=levels).save(
+            result_path(folder, f"{args.label}-{part}"))
+    extra = {"validity": out["validity"], "enum_request_s": out["enum_request_s"],
+             "enum_status": out["enum_status"], "enum_body": out["enum_body"],
+             "levels_order": {"throughput": ["constrained", "free"],
+                              "enum-compile": ["without", "with"]}, "command": command}
+    (folder / f"{args.label}-summary.json").write_text(json.dumps(extra, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
