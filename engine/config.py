@@ -6,6 +6,8 @@ import argparse
 import os
 from dataclasses import dataclass
 
+from engine.spec_decode import SpeculativeConfig
+
 
 @dataclass
 class EngineConfig:
@@ -26,6 +28,7 @@ class EngineConfig:
     weights: str = "default"  # "default" (the folder's, in --dtype), "q4_1" or "int8" (CPU)
     max_waiting: int = 256  # beyond this, new requests are refused with 429
     request_timeout: float | None = None  # seconds from arrival; None = no limit
+    speculative: SpeculativeConfig | None = None  # n-gram speculative decoding; None = off
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> None:
@@ -67,6 +70,12 @@ class EngineConfig:
                             help="queued requests beyond this get HTTP 429")
         parser.add_argument("--request-timeout", type=float, default=None,
                             help="abort a request this many seconds after it arrived")
+        parser.add_argument("--speculative-config", default=None,
+                            help="speculative decoding by n-gram prompt lookup, as JSON with "
+                                 "vLLM's keys, e.g. '{\"method\": \"ngram\", "
+                                 "\"num_speculative_tokens\": 4, \"prompt_lookup_max\": 4, "
+                                 "\"prompt_lookup_min\": 2}' (also disable_by_batch_size: "
+                                 "no drafts while more requests are seated; default 4)")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> EngineConfig:
@@ -79,7 +88,9 @@ class EngineConfig:
                      attention=args.attention, matmul=args.matmul, weights=args.weights,
                      threads=args.threads, single_thread_below=args.single_thread_below,
                      max_waiting=args.max_waiting,
-                     request_timeout=args.request_timeout)
+                     request_timeout=args.request_timeout,
+                     speculative=(None if args.speculative_config is None
+                                  else SpeculativeConfig.from_json(args.speculative_config)))
         config.validate()
         return config
 
