@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 
 from engine.logprobs import TokenLogprobs
 from engine.request import FinishReason, Request, RequestUpdate, Status
-from engine.spec_decode import SpeculativeConfig, can_speculate, propose_ngram
+from engine.spec_decode import SpeculativeConfig, can_speculate, note_drafts, propose_ngram
 from kvcache.kv_cache_manager import KVCacheManager, blocks_for
 from kvcache.pool import BLOCK_SIZE
 
@@ -133,6 +133,9 @@ class Scheduler:
         assert self.speculative is not None
         if request.num_tokens - request.num_computed_tokens != 1 or not can_speculate(request):
             return False
+        if request.draft_pause:
+            request.draft_pause -= 1
+            return False
         # No drafts past max_tokens (the verified step adds one token of its own).
         room = min(request.params.max_tokens - request.num_output_tokens - 1, budget - 1)
         drafts = propose_ngram(request.token_ids, self.speculative, room)
@@ -217,6 +220,8 @@ class Scheduler:
             drafts = scheduled.draft_token_ids.get(i, [])
             # Drafts after the first rejected one were computed in vain: not counted.
             rejected = len(drafts) - (len(output.sampled_token_ids[i]) - 1) if drafts else 0
+            if drafts:
+                note_drafts(request, accepted=len(drafts) - rejected)
             request.num_computed_tokens += n - rejected
             request.num_computed_prompt_tokens += max(
                 min(request.num_computed_tokens, request.num_prompt_tokens) - computed, 0)

@@ -20,7 +20,8 @@ distribution for the token after draft j. The drafts are then checked in order:
 Rows past a rejection are dropped, and so are their K/V: the scheduler counts only the
 accepted tokens as computed, so their slots are written again by the next step.
 
-When: a step speculates only while few requests are seated (`disable_by_batch_size`).
+When: a step speculates only while few requests are seated (`disable_by_batch_size`), and a
+request whose drafts all failed pauses drafting for a few steps (`note_drafts`).
 For one user a step reads all the weights for one row, so 5 rows cost about as much as
 one; with 30 seated the step is compute-bound and drafts that fail would cost real time.
 """
@@ -95,6 +96,20 @@ def can_speculate(request: Request) -> bool:
     logprobs (each verified row would need its own): extend here for anything else that
     must see every row's logits one token at a time."""
     return request.params.logprobs is None
+
+
+MAX_DRAFT_PAUSE = 16  # steps
+
+
+def note_drafts(request: Request, accepted: int) -> None:
+    """After drafts that all failed, pause drafting for 1, 2, 4, ... steps (each failed
+    verification costs a step of k + 1 tokens for one token); any accepted draft resets it.
+    Free writing finds n-gram matches now and then, rarely right ones."""
+    if accepted:
+        request.draft_failures = 0
+        return
+    request.draft_pause = min(2 ** request.draft_failures, MAX_DRAFT_PAUSE)
+    request.draft_failures += 1
 
 
 def propose_ngram(token_ids: list[int], config: SpeculativeConfig, max_drafts: int) -> list[int]:

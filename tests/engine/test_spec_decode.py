@@ -204,3 +204,19 @@ def test_drafts_stop_at_max_tokens_and_a_stop_token_inside_them_ends_the_request
     s.update_from_output(out, RunnerOutput([[*drafts, 50]]))
     assert r.status is Status.FINISHED and r.token_ids[-1] == EOS  # nothing after the EOS
     assert s.kv.allocator.num_used == 0
+
+
+def test_drafting_pauses_longer_after_each_failed_draft_and_resumes_on_success():
+    s = make(num_blocks=40)
+    r = copying("a", length=20, max_tokens=60)
+    s.add(r)
+    step(s, accept=0)
+    drafted = []
+    for accept in [0] * 10 + [2, 0]:
+        r.token_ids[-2:] = [100, 101]  # a match every step
+        drafted.append(bool(step(s, accept=accept)["a"][1]))
+    print("drafted per step:", drafted)
+    # Failures pause 1, 2, 4 steps; the draft after the third pause is accepted, so the
+    # next one is tried at once.
+    assert drafted == [True, False, True, False, False, True, False, False, False, False,
+                       True, True]
