@@ -10,6 +10,7 @@ from dataclasses import replace
 import uvicorn
 
 from api.app import create_app
+from api.security import AccessConfig
 from engine.batch_engine import BatchEngine, load_engine
 from engine.config import EngineConfig
 from engine.core import EngineCore, PagedEngineCore
@@ -24,11 +25,13 @@ def build_parser(description: str | None) -> argparse.ArgumentParser:
     parser.add_argument("--served-model-name", default=None,
                         help="name clients use in 'model' (default: the model folder's name)")
     EngineConfig.add_cli_args(parser)
+    AccessConfig.add_cli_args(parser)
     return parser
 
 
-def serve(engine: BatchEngine, args: argparse.Namespace, model_name: str) -> None:
-    app = create_app(engine, model_name)
+def serve(engine: BatchEngine, args: argparse.Namespace, model_name: str,
+          access: AccessConfig) -> None:
+    app = create_app(engine, model_name, access)
     engine.start()
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
@@ -51,13 +54,14 @@ def run_server(description: str | None, title: str = "nano-vLLM",
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     try:
         config = replace(EngineConfig.from_args(args), **(fixed or {}))
+        access = AccessConfig.from_args(args)
         engine = load_engine(config, core_class)
     except (ModelPreparationError, ValueError, QuantizedKernelUnavailable) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     print(f"{title}: {served_name(args)} on {engine.describe()}; "
           f"serving on http://{args.host}:{args.port}/v1", flush=True)
-    serve(engine, args, served_name(args))
+    serve(engine, args, served_name(args), access)
     return 0
 
 

@@ -2,7 +2,8 @@
 
 The generating endpoints are api/serving.py's; request bodies are api/protocol.py's,
 response bodies api/responses.py's, and every error leaves as OpenAI's envelope
-(api/errors.py).
+(api/errors.py). Who may call which route is api/security.py's; what /openapi.json says,
+api/openapi.py's.
 """
 
 from __future__ import annotations
@@ -17,8 +18,20 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api.engine_client import EngineClient
 from api.errors import APIError, describe_validation_error, error_body, error_response
+from api.openapi import error_responses, generation_responses, honest_openapi, text_response
 from api.protocol import ChatCompletionRequest, CompletionRequest
-from api.responses import DetokenizeResponse, ModelCard, ModelList, TokenizeResponse
+from api.responses import (
+    ChatCompletionResponse,
+    ChatCompletionStreamResponse,
+    CompletionResponse,
+    CompletionStreamResponse,
+    DetokenizeResponse,
+    HealthStatus,
+    ModelCard,
+    ModelList,
+    TokenizeResponse,
+)
+from api.security import AccessConfig, guard, install_access
 from api.serving import REQUEST_ID_HEADER
 from api.serving_chat import ChatServing
 from api.serving_completion import CompletionServing
@@ -29,6 +42,7 @@ log = logging.getLogger("nano_vllm.api")
 
 async def on_api_error(request: Request, exc: APIError) -> JSONResponse:
     response = error_response(exc)
+    response.headers.update(exc.headers)  # e.g. a 401's WWW-Authenticate
     if REQUEST_ID_HEADER in request.headers:  # echoed back, as on a success
         response.headers[REQUEST_ID_HEADER] = request.headers[REQUEST_ID_HEADER]
     return response
@@ -40,9 +54,11 @@ async def on_validation_error(_: Request, exc: RequestValidationError) -> JSONRe
 
 
 async def on_http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    """Starlette's own errors (404 unknown path, 405 wrong method) in the envelope, with the
+    exception's headers (a 405's Allow)."""
     err_type = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
     return JSONResponse(error_body(str(exc.detail), err_type).model_dump(),
-                        status_code=exc.status_code)
+                        status_code=exc.status_code, headers=exc.headers)
 
 
 async def on_unexpected_error(_: Request, exc: Exception) -> JSONResponse:
@@ -51,46 +67,69 @@ async def on_unexpected_error(_: Request, exc: Exception) -> JSONResponse:
                         status_code=500)
 
 
-def create_app(engine: EngineClient, model_name: str) -> FastAPI:
-    app = FastAPI(title="nano-vLLM", docs_url=None, redoc_url=None)
+def install_error_handlers(app: FastAPI) -> None:
+    """Every error leaves as OpenAI's envelope, whoever raised it."""
     app.add_exception_handler(APIError, on_api_error)
     app.add_exception_handler(RequestValidationError, on_validation_error)
     app.add_exception_handler(StarletteHTTPException, on_http_error)
     app.add_exception_handler(Exception, on_unexpected_error)
+
+
+def create_app(engine: EngineClient, model_name: str,
+               access: AccessConfig | None = None) -> FastAPI:
+    app = FastAPI(title="nano-vLLM", version="1", docs_url=None, redoc_url=None,
+                  description="An OpenAI-compatible server. Errors come as OpenAI's envelope "
+                              "{\"error\": {message, type, param, code}}.")
+    app.openapi = lambda: honest_openapi(app, [CompletionStreamResponse,
+                                               ChatCompletionStreamResponse])
+    install_access(app, access or AccessConfig())
+    install_error_handlers(app)
     completion_serving = CompletionServing(engine, model_name)
     chat_serving = ChatServing(engine, model_name)
     tokenization = TokenizationServing(engine, completion_serving.accepted_model_names)
     created = int(time.time())
+    guarded = guard(app)
+    probe = guard(app, guarded=bool(access and access.protect_health_metrics))
+    auth = (401,) if guarded else ()  # documented only where a key is asked for
+    probe_auth = (401,) if probe else ()
 
-    @app.get("/health")
+    @app.get("/health", dependencies=probe, response_model=HealthStatus,
+             responses=error_responses(503, *probe_auth))
     async def health() -> JSONResponse:
         if not engine.is_alive:
             body = error_body("The engine thread has stopped.", "server_error")
             return JSONResponse(body.model_dump(), status_code=503)
         return JSONResponse({"status": "ok"})
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", dependencies=guarded, responses=error_responses(*auth))
     async def models() -> ModelList:
         return ModelList(data=[ModelCard(id=model_name, created=created,
                                          max_model_len=engine.max_tokens_per_request)])
 
-    @app.get("/metrics")
+    @app.get("/metrics", dependencies=probe, response_class=Response,
+             responses={**text_response("Prometheus' text exposition format, version 0.0.4."),
+                        **error_responses(*probe_auth)})
     async def metrics() -> Response:
         return Response(engine.metrics.render(), media_type="text/plain; version=0.0.4")
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", dependencies=guarded, response_model=None,
+              responses=generation_responses(CompletionResponse, CompletionStreamResponse,
+                                             *auth))
     async def completions(http_request: Request, body: CompletionRequest) -> Response:
         return await completion_serving.create(body, http_request)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", dependencies=guarded, response_model=None,
+              responses=generation_responses(ChatCompletionResponse,
+                                             ChatCompletionStreamResponse, *auth))
     async def chat_completions(http_request: Request, body: ChatCompletionRequest) -> Response:
         return await chat_serving.create(body, http_request)
 
-    @app.post("/tokenize")
+    @app.post("/tokenize", dependencies=guarded, responses=error_responses(400, 404, *auth))
     async def tokenize(body: TokenizeRequest) -> TokenizeResponse:
         return tokenization.tokenize(body)
 
-    @app.post("/detokenize")
+    @app.post("/detokenize", dependencies=guarded,
+              responses=error_responses(400, 404, *auth))
     async def detokenize(body: DetokenizeRequest) -> DetokenizeResponse:
         return tokenization.detokenize(body)
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from itertools import takewhile
+from typing import ClassVar
 
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -14,6 +16,8 @@ RETRY_AFTER_SECONDS = 1
 
 class APIError(Exception):
     """Raised anywhere in a handler; app.py turns it into the envelope with its status."""
+
+    headers: ClassVar[Mapping[str, str]] = {}  # sent with the envelope (set by subclasses)
 
     def __init__(self, message: str, param: str | None = None, status: int = 400,
                  code: str | None = None, err_type: str = "invalid_request_error") -> None:

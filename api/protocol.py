@@ -45,6 +45,10 @@ class SamplingFields(APIModel):
     model: str | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
+    # Ours (vLLM has none): seconds from arrival this request may take; on top of the
+    # server's --request-timeout, the shorter wins. Past it: 504, or an error event once
+    # streaming.
+    request_timeout: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     max_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None

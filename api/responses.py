@@ -179,6 +179,10 @@ class ModelList(BaseModel):
     data: list[ModelCard]
 
 
+class HealthStatus(BaseModel):
+    status: Literal["ok"]
+
+
 class ErrorDetail(BaseModel):
     message: str
     type: str

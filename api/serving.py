@@ -24,13 +24,13 @@ from pydantic import BaseModel
 from sse_starlette.sse import EventSourceResponse
 
 from api.engine_client import EngineClient
-from api.errors import RETRY_AFTER_SECONDS, APIError, error_body
+from api.errors import RETRY_AFTER_SECONDS, APIError
 from api.job import Job, Prompt, SampleResult
 from api.logprobs import LogprobFormatter
 from api.protocol import SamplingFields
 from engine.batch_engine import QueueFullError
+from engine.request import FinishReason, RequestOutput, SamplingParams
 from engine.request import Request as EngineRequest
-from engine.request import RequestOutput, SamplingParams
 
 # A client that left is noticed within this long, also while outputs keep coming.
 DISCONNECT_CHECK_SECONDS = 1.0
@@ -42,6 +42,15 @@ Body = TypeVar("Body", bound=SamplingFields)
 
 def sse(message: BaseModel) -> dict[str, str]:
     return {"data": message.model_dump_json()}
+
+
+def failure(output: RequestOutput) -> APIError:
+    """The error a failed output ends its request with: 504 if its deadline passed (before
+    any token was sent, as a non-streamed answer has sent none), else 500."""
+    if output.finish_reason is FinishReason.TIMEOUT:
+        return APIError(output.error or "request timed out", status=504,
+                        code="request_timeout", err_type="timeout_error")
+    return APIError(output.error or "internal error", status=500, err_type="server_error")
 
 
 class OpenAIServing(ABC, Generic[Body]):
@@ -67,7 +76,7 @@ class OpenAIServing(ABC, Generic[Body]):
         client_id = http_request.headers.get(REQUEST_ID_HEADER) or uuid.uuid4().hex
         job = Job(f"{self.request_id_prefix}-{client_id}", self.model_name, prompts, body.n,
                   body.num_samples())
-        self.submit(job, params)
+        self.submit(job, params, body.request_timeout)
         headers = {REQUEST_ID_HEADER: client_id}
         if body.stream:
             return EventSourceResponse(self.events(job, body, http_request),
@@ -77,11 +86,13 @@ class OpenAIServing(ABC, Generic[Body]):
     def check_model(self, body: Body) -> None:
         if body.model is not None and body.model not in self.accepted_model_names:
             raise APIError(f"The model '{body.model}' does not exist; this server serves "
-                           f"'{self.model_name}'.", "model", code="model_not_found")
+                           f"'{self.model_name}'.", "model", status=404, code="model_not_found")
 
-    def submit(self, job: Job, params: list[SamplingParams]) -> None:
+    def submit(self, job: Job, params: list[SamplingParams],
+               timeout: float | None = None) -> None:
         """One engine request per prompt (unique ids, whatever the client's id); outputs go
-        to job.queue tagged with their prompt's index. All or none are submitted."""
+        to job.queue tagged with their prompt's index. All or none are submitted. `timeout`:
+        the request's own deadline, seconds from now."""
         loop = asyncio.get_running_loop()
         engine_id = f"{self.request_id_prefix}-{uuid.uuid4().hex}"
         for i, (prompt, prompt_params) in enumerate(zip(job.prompts, params, strict=True)):
@@ -91,7 +102,7 @@ class OpenAIServing(ABC, Generic[Body]):
             request_id = f"{engine_id}-{i}"
             try:
                 self.engine.add_request(EngineRequest(request_id, prompt.token_ids,
-                                                      prompt_params, deliver))
+                                                      prompt_params, deliver, timeout=timeout))
             except QueueFullError as exc:
                 for submitted in job.request_ids:
                     self.engine.abort(submitted)
@@ -132,7 +143,7 @@ class OpenAIServing(ABC, Generic[Body]):
         async with aclosing(self.outputs(job, http_request)) as outputs:
             async for prompt_index, output in outputs:
                 if output.error:
-                    raise APIError(output.error, status=500, err_type="server_error")
+                    raise failure(output)
                 job.record(prompt_index, output)
         if not job.done:
             return Response(status_code=499)  # the client is gone; nobody reads this
@@ -150,7 +161,7 @@ class OpenAIServing(ABC, Generic[Body]):
         async with aclosing(self.outputs(job, http_request)) as outputs:
             async for prompt_index, output in outputs:
                 if output.error:
-                    yield sse(error_body(output.error, "server_error"))
+                    yield sse(failure(output).body())
                     break
                 sample = job.record(prompt_index, output)
                 chunk = self.chunk(job, body, prompt_index, output, sample)

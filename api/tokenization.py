@@ -6,6 +6,8 @@ template, as chat completions would); /detokenize turns token ids back into text
 
 from __future__ import annotations
 
+from pydantic import Field
+
 from api.engine_client import EngineClient
 from api.errors import APIError
 from api.protocol import APIModel, ChatMessage, template_messages
@@ -15,7 +17,7 @@ from api.responses import DetokenizeResponse, TokenizeResponse
 class TokenizeRequest(APIModel):
     model: str | None = None
     prompt: str | None = None
-    messages: list[ChatMessage] | None = None
+    messages: list[ChatMessage] | None = Field(default=None, min_length=1)
     add_special_tokens: bool | None = None  # default: True for a prompt, False for messages
     add_generation_prompt: bool = True  # messages only
     return_token_strs: bool = False
@@ -35,7 +37,7 @@ class TokenizationServing:
     def check_model(self, model: str | None) -> None:
         if model is not None and model not in self.accepted_model_names:
             raise APIError(f"The model '{model}' does not exist.", "model",
-                           code="model_not_found")
+                           status=404, code="model_not_found")
 
     def tokenize(self, body: TokenizeRequest) -> TokenizeResponse:
         self.check_model(body.model)

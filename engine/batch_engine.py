@@ -85,12 +85,22 @@ class BatchEngine:
             raise ValueError(f"n={request.params.n} samples need more than the "
                              f"{self.config.max_num_seqs} seats")
         with self._lock:
-            waiting = len(self._inbox) + self.core.stats()["waiting"]
-            if waiting >= self.config.max_waiting:
+            if self._num_waiting_for_a_seat() >= self.config.max_waiting:
                 raise QueueFullError(
                     f"the server is at capacity ({self.config.max_waiting} requests waiting)")
             self._inbox.append(request)
         self._wakeup.set()
+
+    def _num_waiting_for_a_seat(self) -> int:
+        """Requests in the intake line or the core's waiting line that no free seat awaits.
+
+        The intake line is emptied only at the next step, so a burst that arrives between
+        two steps sits there even while seats are free: counting all of it as waiting would
+        refuse requests that are about to be seated. Each request counts as one seat (a
+        request with n samples needs n, so this errs towards admitting)."""
+        stats = self.core.stats()
+        free_seats = max(0, self.config.max_num_seqs - stats["running"])
+        return max(0, len(self._inbox) + stats["waiting"] - free_seats)
 
     def abort(self, request_id: str) -> None:
         """Cancel a request and all its samples (e.g. its client went away); their blocks are
@@ -150,13 +160,17 @@ class BatchEngine:
             for sample in self._groups.get(request_id, []):
                 if sample.request_id in self._requests:
                     self._finish(sample, FinishReason.ABORT)
-        timeout = self.config.request_timeout
-        if timeout is not None:
-            now = time.monotonic()
-            for request in list(self._requests.values()):
-                if now - request.arrival_time > timeout:
-                    self._finish(request, FinishReason.ERROR,
-                                 f"request timed out after {timeout:g} s")
+        now = time.monotonic()
+        for request in list(self._requests.values()):
+            limit = self._time_limit(request)
+            if (limit is not None and now - request.arrival_time > limit
+                    and request.request_id in self._requests):  # not ended with its parent
+                self._finish(request, FinishReason.TIMEOUT, f"request timed out after {limit:g} s")
+
+    def _time_limit(self, request: Request) -> float | None:
+        """The shorter of --request-timeout and the request's own deadline (None: none)."""
+        limits = [t for t in (self.config.request_timeout, request.timeout) if t is not None]
+        return min(limits, default=None)
 
     def _process(self, result: StepResult) -> None:
         for request in result.failed:

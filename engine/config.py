@@ -104,5 +104,7 @@ class EngineConfig:
                                           or self.device not in (None, "cpu")):
             raise ValueError(f"--weights {self.weights} runs on the CPU with float32 "
                              "activations: drop --dtype / --device")
+        if self.request_timeout is not None and not self.request_timeout > 0:
+            raise ValueError("--request-timeout must be a positive number of seconds")
         if self.max_waiting < 1:
             raise ValueError("--max-waiting must be at least 1")

@@ -18,6 +18,7 @@ class FinishReason(StrEnum):
     LENGTH = "length"  # max_tokens reached
     ABORT = "abort"  # the client went away
     ERROR = "error"  # the engine failed this request (see RequestOutput.error)
+    TIMEOUT = "timeout"  # its deadline passed (see Request.timeout); RequestOutput.error says
 
 
 @dataclass
@@ -99,6 +100,7 @@ class Request:
     blocks: SequenceBlocks = field(default_factory=SequenceBlocks)
     generator: torch.Generator | None = None
     finish_reason: FinishReason | None = None
+    timeout: float | None = None  # seconds from arrival, on top of --request-timeout
     scheduled_time: float | None = None  # first seated
     first_token_time: float | None = None
     last_token_time: float | None = None
@@ -153,6 +155,7 @@ class Request:
                          self.on_output, self.arrival_time)
         sample.sample_index, sample.parent_id = index, self.request_id
         sample.prompt_logprobs = None  # the prompt's are the first sample's
+        sample.timeout = self.timeout
         return sample
 
     def prefix_cache_limit(self) -> int:

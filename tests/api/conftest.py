@@ -18,6 +18,7 @@ import pytest
 import uvicorn
 
 from api.app import create_app
+from api.security import AccessConfig
 from engine.batch_engine import BatchEngine
 from engine.config import EngineConfig
 
@@ -34,9 +35,9 @@ class RunningServer:
         return f"http://127.0.0.1:{self.port}"
 
 
-def serve(engine: BatchEngine) -> Iterator[RunningServer]:
+def serve(engine: BatchEngine, access: AccessConfig | None = None) -> Iterator[RunningServer]:
     """Start the engine and uvicorn on a free port; stop both afterwards."""
-    app = create_app(engine, MODEL_NAME)
+    app = create_app(engine, MODEL_NAME, access)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))  # bound here, handed to uvicorn: no race for the port
@@ -52,7 +53,8 @@ def serve(engine: BatchEngine) -> Iterator[RunningServer]:
         deadline = time.monotonic() + 30
         while True:
             try:
-                if httpx.get(f"{running.url}/health", timeout=2).status_code == 200:
+                if httpx.get(f"{running.url}/health", timeout=2,
+                             headers=probe_headers(access)).status_code == 200:
                     break
             except httpx.TransportError:
                 pass
@@ -65,6 +67,13 @@ def serve(engine: BatchEngine) -> Iterator[RunningServer]:
         thread.join(timeout=10)
         engine.shutdown()
         sock.close()
+
+
+def probe_headers(access: AccessConfig | None) -> dict[str, str]:
+    """What /health needs: a key, if the server asks one there."""
+    if access and access.protect_health_metrics:
+        return {"Authorization": f"Bearer {access.api_keys[0]}"}
+    return {}
 
 
 @pytest.fixture(scope="session")

@@ -131,7 +131,7 @@ def test_models(server: RunningServer, schemas: OpenAISchemas):
 @pytest.mark.parametrize(("path", "body", "status"), [
     ("/v1/completions", {"prompt": "Hi", "max_tokens": 0}, 400),
     ("/v1/completions", b'{"prompt": ', 400),
-    ("/v1/chat/completions", {"messages": CHAT_HI, "model": "gpt-4"}, 400),
+    ("/v1/chat/completions", {"messages": CHAT_HI, "model": "gpt-4"}, 404),
     ("/v1/chat/completions", {"messages": CHAT_HI, "presence_penalty": 1.0}, 400),
     ("/v1/nothing", {}, 404),
 ], ids=["out of range", "malformed JSON", "unknown model", "unsupported", "unknown route"])

@@ -391,8 +391,6 @@ BAD_REQUESTS = [
      "messages.0.content"),
     ("unknown role", CHAT, {"messages": [{"role": "wizard", "content": "Hi"}]},
      "messages.0.role"),
-    ("unknown model", COMPLETIONS, {**GOOD, "model": "gpt-4"}, "model"),
-    ("unknown model (chat)", CHAT, {**GOOD_CHAT, "model": "gpt-4"}, "model"),
     ("empty prompt", COMPLETIONS, {**GOOD, "prompt": ""}, "prompt"),
     ("empty token list", COMPLETIONS, {**GOOD, "prompt": []}, "prompt"),
     ("token id out of vocab", COMPLETIONS, {**GOOD, "prompt": [1, 10**6]}, "prompt"),

@@ -1,0 +1,104 @@
+"""The OpenAPI document at /openapi.json, made to say what the server does.
+
+FastAPI's own document promises a 422 with its `detail` list for a body it cannot validate;
+we answer 400 in OpenAI's envelope (api/errors.py). The routes declare what they answer
+with the helpers here (`error_responses`, `generation_responses`, `text_response`), and
+`honest_openapi` drops the 422s FastAPI adds on its own. Streams are documented as
+text/event-stream whose events carry the chunk model or an error envelope (OpenAPI 3.2's
+`itemSchema`, which schemathesis checks each event against).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+from pydantic import BaseModel
+
+from api.responses import ErrorResponse
+
+ERROR_DESCRIPTIONS = {
+    400: "Invalid request: OpenAI's error envelope, naming the field (`param`).",
+    401: "No API key, or a wrong one (the server was started with --api-key).",
+    404: "Not found.",
+    405: "Method not allowed; the `Allow` header lists the ones that are.",
+    429: "The waiting line is full; retry after `Retry-After` seconds.",
+    500: "The engine failed this request.",
+    503: "The server cannot take requests (its engine has stopped, or it is shutting down).",
+    504: "The request's deadline (--request-timeout or its `request_timeout`) passed before "
+         "its answer was complete.",
+}
+HEADER_DESCRIPTIONS = {
+    401: {"WWW-Authenticate": "Bearer"},
+    405: {"Allow": "The methods this path accepts."},
+    429: {"Retry-After": "Seconds to wait before retrying."},
+}
+SSE_DESCRIPTION = ("with `stream: true`: Server-Sent Events, one `data:` line per event, each "
+                   "a JSON chunk ({chunk}); then `data: [DONE]`. An error after the stream "
+                   "has begun comes as one event holding OpenAI's error envelope (code "
+                   "`request_timeout` when the deadline passed).")
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """The error statuses a route can answer with, each in OpenAI's envelope."""
+    out: dict[int | str, dict[str, Any]] = {}
+    for status in statuses:
+        out[status] = {"model": ErrorResponse, "description": ERROR_DESCRIPTIONS[status]}
+        if status in HEADER_DESCRIPTIONS:
+            out[status]["headers"] = {
+                name: {"description": text, "schema": {"type": "string"}}
+                for name, text in HEADER_DESCRIPTIONS[status].items()}
+    return out
+
+
+def generation_responses(response: type[BaseModel], chunk: type[BaseModel],
+                         *statuses: int) -> dict[int | str, dict[str, Any]]:
+    """A generating route: one JSON body, or an SSE stream of chunks; and its errors (those
+    every generating route has, and `statuses`)."""
+    stream = {"itemSchema": sse_event(chunk)}
+    return {200: {"model": response,
+                  "description": "The answer as one JSON body; or, " + SSE_DESCRIPTION.format(
+                      chunk=chunk.__name__),
+                  "content": {"text/event-stream": stream}},
+            **error_responses(400, 404, 429, 500, 503, 504, *statuses)}
+
+
+def sse_event(chunk: type[BaseModel]) -> dict[str, Any]:
+    """One event of a stream (OpenAPI 3.2's way): its data is a JSON chunk, an error
+    envelope, or the closing [DONE]."""
+    def json_of(model: type[BaseModel]) -> dict[str, Any]:
+        return {"type": "string", "contentMediaType": "application/json",
+                "contentSchema": {"$ref": f"#/components/schemas/{model.__name__}"}}
+
+    return {"type": "object", "required": ["data"],
+            "properties": {"data": {"anyOf": [{"const": "[DONE]"}, json_of(chunk),
+                                              json_of(ErrorResponse)]}}}
+
+
+def text_response(description: str) -> dict[int | str, dict[str, Any]]:
+    """A route that answers plain text (/metrics: Prometheus' text format)."""
+    return {200: {"description": description,
+                  "content": {"text/plain": {"schema": {"type": "string"}}}}}
+
+
+def honest_openapi(app: FastAPI, extra_models: list[type[BaseModel]]) -> dict[str, Any]:
+    """FastAPI's document without the 422s it adds, with `extra_models` (the stream chunks,
+    which no route returns as JSON) among its schemas. Built once, then cached."""
+    if app.openapi_schema is not None:
+        return app.openapi_schema
+    doc = get_openapi(title=app.title, version=app.version, routes=app.routes,
+                      description=app.description)
+    for path in doc.get("paths", {}).values():
+        for operation in path.values():
+            operation.get("responses", {}).pop("422", None)
+    schemas = doc.setdefault("components", {}).setdefault("schemas", {})
+    for name in ("HTTPValidationError", "ValidationError"):
+        schemas.pop(name, None)
+    for model in extra_models:
+        schema = model.model_json_schema(ref_template="#/components/schemas/{model}",
+                                         mode="serialization")
+        schemas.update(schema.pop("$defs", {}))
+        schemas[model.__name__] = schema
+    app.openapi_schema = doc
+    return doc

@@ -1,0 +1,156 @@
+"""The server under bursts, deadlines and wrong methods (fixtures in conftest.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import httpx
+import pytest
+
+from engine.batch_engine import BatchEngine, QueueFullError
+from engine.config import EngineConfig
+from engine.request import Request, SamplingParams
+from tests.api.conftest import RunningServer
+
+COMPLETIONS = "/v1/completions"
+LONG = {"prompt": "Tell me a long story.", "max_tokens": 300, "ignore_eos": True,
+        "temperature": 0}
+
+
+def envelope(r: httpx.Response, status: int) -> dict:
+    assert r.status_code == status, f"{r.status_code} {r.text}"
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}, error
+    return error
+
+
+def idle_blocks(server: RunningServer) -> int:
+    """blocks_used once every request has left (waits up to 10 s)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        stats = server.engine.stats()
+        if stats["running"] == stats["waiting"] == 0:
+            break
+        time.sleep(0.05)
+    return server.engine.stats()["blocks_used"]
+
+
+# --- 405 and 404 ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("method", "path", "allowed"), [
+    ("POST", "/health", "GET"), ("GET", "/v1/completions", "POST"),
+    ("DELETE", "/v1/chat/completions", "POST"), ("PUT", "/metrics", "GET"),
+])
+def test_wrong_method_405_with_allow(server, method, path, allowed):
+    r = httpx.request(method, server.url + path, timeout=10)
+    print(method, path, r.status_code, r.headers.get("allow"), r.text)
+    assert envelope(r, 405)["type"] == "invalid_request_error"
+    assert r.headers["Allow"] == allowed
+
+
+def test_unknown_model_404(server):
+    r = httpx.post(server.url + COMPLETIONS, json={"prompt": "Hi", "model": "gpt-4"},
+                   timeout=10)
+    error = envelope(r, 404)
+    print(error)
+    assert error["code"] == "model_not_found" and error["param"] == "model"
+
+
+# --- deadlines ------------------------------------------------------------------------------
+
+
+def test_deadline_non_streamed_504(server):
+    start = time.monotonic()
+    r = httpx.post(server.url + COMPLETIONS, json={**LONG, "request_timeout": 0.5}, timeout=30)
+    took = time.monotonic() - start
+    error = envelope(r, 504)
+    print(f"{took:.2f} s: {error}")
+    assert error["type"] == "timeout_error" and error["code"] == "request_timeout"
+    assert "0.5 s" in error["message"]
+    assert took < 10  # ended by the deadline, not by its 300 tokens
+    assert idle_blocks(server) == 0
+
+
+def test_deadline_streamed_error_event(server):
+    events = []
+    with httpx.stream("POST", server.url + COMPLETIONS,
+                      json={**LONG, "stream": True, "request_timeout": 0.7}, timeout=30) as r:
+        assert r.status_code == 200
+        events = [line[len("data: "):] for line in r.iter_lines() if line.startswith("data: ")]
+    tokens = [json.loads(e) for e in events[:-2]]
+    print(f"{len(tokens)} token events, then {events[-2:]}")
+    assert events[-1] == "[DONE]"
+    error = json.loads(events[-2])["error"]
+    assert error["type"] == "timeout_error" and error["code"] == "request_timeout"
+    assert all("choices" in t for t in tokens) and len(tokens) < 300
+    assert idle_blocks(server) == 0
+
+
+@pytest.mark.parametrize("value", [0, -1, "soon", float("nan")], ids=str)
+def test_bad_deadline_400(server, value):
+    body = json.dumps({"prompt": "Hi", "request_timeout": value}, allow_nan=True)
+    r = httpx.post(server.url + COMPLETIONS, content=body,
+                   headers={"content-type": "application/json"}, timeout=10)
+    error = envelope(r, 400)
+    print(value, error)
+    assert error["param"] == "request_timeout"
+
+
+def test_engine_deadline_shorter_wins(model, tokenizer):
+    """--request-timeout and a request's own deadline: whichever is shorter ends it."""
+    engine = BatchEngine(EngineConfig(num_blocks=32, request_timeout=0.2), model, tokenizer)
+    outputs: dict[str, list] = {"server": [], "own": []}
+    params = SamplingParams(max_tokens=10_000, temperature=0, ignore_eos=True)
+    ids = tokenizer("Hello").input_ids
+    engine.add_request(Request("server", ids, params, outputs["server"].append, timeout=5.0))
+    engine.add_request(Request("own", ids, params, outputs["own"].append, timeout=0.05))
+    while engine.core.has_work() or engine._inbox:
+        engine.step()
+    for name, outs in outputs.items():
+        print(name, outs[-1].finish_reason, outs[-1].error, len(outs), "outputs")
+        assert outs[-1].finish_reason == "timeout"
+    assert "0.2 s" in outputs["server"][-1].error and "0.05 s" in outputs["own"][-1].error
+    assert engine.stats()["blocks_used"] == 0
+
+
+# --- admission under a burst ----------------------------------------------------------------
+
+
+def test_burst_admitted_up_to_free_seats_plus_waiting(model, tokenizer):
+    """Before any step runs, a burst sits in the intake line: free seats + --max-waiting of
+    it get in (here 2 + 2), the rest are refused."""
+    engine = BatchEngine(EngineConfig(num_blocks=32, max_num_seqs=2, max_waiting=2), model,
+                         tokenizer)
+    admitted, refused = 0, 0
+    for i in range(20):
+        try:
+            engine.add_request(Request(str(i), [1, 2, 3], SamplingParams(max_tokens=1),
+                                       lambda _: None))
+            admitted += 1
+        except QueueFullError:
+            refused += 1
+    print(f"admitted {admitted}, refused {refused}")
+    assert (admitted, refused) == (4, 16)
+
+
+def test_burst_over_http(small_server):
+    """One seat and a waiting line of two: at least 3 of a burst of 12 are served (all of
+    them if requests ended before the burst did), the rest get 429 at once."""
+    async def burst() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=small_server.url, timeout=60) as client:
+            return await asyncio.gather(*(client.post(COMPLETIONS, json={
+                "prompt": f"Count to ten, take {i}:", "max_tokens": 8, "ignore_eos": True,
+                "temperature": 0}) for i in range(12)))
+
+    results = asyncio.run(burst())
+    statuses = [r.status_code for r in results]
+    print("statuses", statuses)
+    assert set(statuses) <= {200, 429}
+    assert statuses.count(200) >= 3
+    for r in results:
+        if r.status_code == 200:
+            assert r.json()["usage"]["completion_tokens"] == 8
+    assert idle_blocks(small_server) == 0

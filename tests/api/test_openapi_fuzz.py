@@ -1,0 +1,83 @@
+"""/openapi.json says what the server does, checked by reading it and by fuzzing against it.
+
+The fuzz is schemathesis (its settings and why: tests/api/schemathesis.toml) run against a
+real server with an API key and a short --request-timeout, so that no generated max_tokens
+runs long: ~800 requests, every response checked against the document (status, content
+type, headers, body schema, each SSE event), none may be a server error. The same run
+against any server:
+
+    schemathesis --config-file tests/api/schemathesis.toml run \\
+        http://127.0.0.1:8080/openapi.json -H "Authorization: Bearer KEY" --max-examples 10
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from api.security import AccessConfig
+from engine.batch_engine import BatchEngine
+from engine.config import EngineConfig
+from tests.api.conftest import RunningServer, serve
+
+CONFIG = Path(__file__).with_name("schemathesis.toml")
+KEY = "fuzz-key"
+FUZZ_TIME_LIMIT = 240  # seconds; it takes ~25 here
+
+
+@pytest.fixture(scope="module")
+def fuzz_server(model, tokenizer) -> Iterator[RunningServer]:
+    config = EngineConfig(num_blocks=128, max_num_seqs=4, max_waiting=8, request_timeout=0.5)
+    yield from serve(BatchEngine(config, model, tokenizer), AccessConfig(api_keys=(KEY,)))
+
+
+def test_document_is_honest(fuzz_server):
+    doc = httpx.get(fuzz_server.url + "/openapi.json", timeout=10).json()
+    text = json.dumps(doc)
+    assert '"422"' not in text and "HTTPValidationError" not in text
+    paths = doc["paths"]
+    completions = paths["/v1/completions"]["post"]["responses"]
+    print(sorted(completions), sorted(completions["200"]["content"]))
+    assert {"200", "400", "401", "404", "429", "503", "504"} <= set(completions)
+    assert set(completions["200"]["content"]) == {"application/json", "text/event-stream"}
+    for status in ("400", "401", "429"):
+        schema = completions[status]["content"]["application/json"]["schema"]
+        assert schema == {"$ref": "#/components/schemas/ErrorResponse"}
+    assert "Retry-After" in completions["429"]["headers"]
+    assert set(paths["/metrics"]["get"]["responses"]["200"]["content"]) == {"text/plain"}
+    assert "401" not in paths["/metrics"]["get"]["responses"]  # open without the flag
+    assert doc["components"]["securitySchemes"]["APIKey"]["scheme"] == "bearer"
+    assert paths["/v1/models"]["get"]["security"] == [{"APIKey": []}]
+
+
+def test_schemathesis_finds_nothing(fuzz_server):
+    cli = shutil.which("schemathesis")
+    if cli is None:
+        pytest.fail("schemathesis is not installed (requirements.txt has it)")
+    command = [cli, "--config-file", str(CONFIG), "run", f"{fuzz_server.url}/openapi.json",
+               "-H", f"Authorization: Bearer {KEY}", "--max-examples", "10"]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=FUZZ_TIME_LIMIT,
+                         env={**os.environ, "NO_COLOR": "1"})
+    summary = run.stdout[run.stdout.rfind("SUMMARY"):] or run.stdout[-3000:]
+    print(summary)
+    assert run.returncode == 0, run.stdout[-8000:] + run.stderr[-2000:]
+    assert "No issues found" in run.stdout
+    assert idle(fuzz_server), "blocks still in use after the fuzz"
+
+
+def idle(server: RunningServer) -> bool:
+    """True once the server's engine has freed every block (waits up to 10 s)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if server.engine.stats()["blocks_used"] == 0:
+            return True
+        time.sleep(0.05)
+    return False
