@@ -106,6 +106,7 @@ class UserResult:
     token_times: list[float] = field(default_factory=list)
     tokens: int = 0
     error: str | None = None
+    text: str = ""  # what was streamed
 
 
 @dataclass
@@ -154,7 +155,11 @@ async def stream_completion(
                             res.error = f"stream error: {msg}"
                             break
                         choices = chunk.get("choices") or []
-                        if choices and choices[0].get("text"):
+                        # A completion's chunk has text, a chat completion's a delta.
+                        text = choices and (choices[0].get("text")
+                                            or (choices[0].get("delta") or {}).get("content"))
+                        if text:
+                            res.text += text
                             res.token_times.append(now)
                             if progress:
                                 progress.tokens += 1

@@ -96,6 +96,42 @@ class BenchRun(JsonFile):
 
 
 @dataclass
+class SpecDecodeWorkload:
+    """One workload of spec_decode.py, on the same server without and with speculation."""
+
+    name: str
+    users: int
+    without: LevelResult
+    with_speculation: LevelResult
+    identical_text: bool  # every request's streamed text the same (greedy)
+    draft_tokens: int  # counted by the speculating server's /metrics during the workload
+    accepted_tokens: int
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else None
+
+
+@dataclass
+class SpecDecodeRun(JsonFile):
+    """spec_decode.py's A/B run: the server's flags each way and the workloads' results."""
+
+    started_at: str
+    machine: Machine
+    command: str
+    server_flags: str
+    speculative_config: str
+    workloads: list[SpecDecodeWorkload]
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> SpecDecodeRun:
+        return cls(**{**raw, "machine": Machine(**raw["machine"]), "workloads": [
+            SpecDecodeWorkload(**{**w, "without": LevelResult(**w["without"]),
+                                  "with_speculation": LevelResult(**w["with_speculation"])})
+            for w in raw["workloads"]]})
+
+
+@dataclass
 class OpTime:
     """One PyTorch op's own time (the ops it calls not counted), per decode step."""
 

@@ -6,6 +6,8 @@ import argparse
 import os
 from dataclasses import dataclass
 
+from engine.spec_decode import SpeculativeConfig
+
 
 @dataclass
 class EngineConfig:
@@ -30,6 +32,7 @@ class EngineConfig:
     scheduling_policy: str = "fcfs"  # "fcfs" or "priority" (lower `priority` first)
     priority_aging: float = 10.0  # priority: seconds of waiting worth one level; 0 = none
     grammar_compile_timeout: float = 5.0  # structured outputs: seconds to compile a grammar
+    speculative: SpeculativeConfig | None = None  # n-gram speculative decoding; None = off
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> None:
@@ -85,6 +88,12 @@ class EngineConfig:
                             default=d.grammar_compile_timeout,
                             help="a structured output's grammar that takes longer to compile "
                                  "gets HTTP 400")
+        parser.add_argument("--speculative-config", default=None,
+                            help="speculative decoding by n-gram prompt lookup, as JSON with "
+                                 "vLLM's keys, e.g. '{\"method\": \"ngram\", "
+                                 "\"num_speculative_tokens\": 4, \"prompt_lookup_max\": 4, "
+                                 "\"prompt_lookup_min\": 2}' (also disable_by_batch_size: "
+                                 "no drafts while more requests are seated; default 4)")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> EngineConfig:
@@ -101,7 +110,9 @@ class EngineConfig:
                      max_num_queued_tokens=args.max_num_queued_tokens,
                      scheduling_policy=args.scheduling_policy,
                      priority_aging=args.priority_aging,
-                     grammar_compile_timeout=args.grammar_compile_timeout)
+                     grammar_compile_timeout=args.grammar_compile_timeout,
+                     speculative=(None if args.speculative_config is None
+                                  else SpeculativeConfig.from_json(args.speculative_config)))
         config.validate()
         return config
 

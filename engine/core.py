@@ -18,6 +18,7 @@ from engine.config import EngineConfig
 from engine.model_runner import ModelRunner, ThreadPolicy
 from engine.request import FinishReason, Request, RequestUpdate
 from engine.scheduler import Scheduler
+from engine.spec_decode import describe_speculation
 from kvcache.block_allocator import BlockAllocator
 from kvcache.kv_cache_manager import KVCacheManager
 from kvcache.pool import BLOCK_SIZE, KVCachePool, parse_memory
@@ -47,6 +48,8 @@ class StepResult:
     num_preempted: int = 0
     prefix_queried_tokens: int = 0
     prefix_hit_tokens: int = 0
+    # Speculative decoding: (drafted, accepted) for each request that verified drafts.
+    drafts: list[tuple[int, int]] = field(default_factory=list)
     failed: list[Request] = field(default_factory=list)  # the model run failed for these
     error: str | None = None
 
@@ -86,7 +89,8 @@ class PagedEngineCore:
         self.kv = KVCacheManager(self.allocator)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens,
                                    config.max_prefills_per_step, eos_token_ids,
-                                   config.scheduling_policy, config.priority_aging)
+                                   config.scheduling_policy, config.priority_aging,
+                                   config.speculative)
         threads = ThreadPolicy(config.threads or len(os.sched_getaffinity(0)),
                                config.single_thread_below)
         self.runner = ModelRunner(model, self.pool, config.attention, threads)
@@ -124,6 +128,8 @@ class PagedEngineCore:
             result.failed = [r for r, _ in scheduled.scheduled]
             result.error = f"internal error in the engine: {exc}"
             return result
+        result.drafts = [(len(drafts), len(output.sampled_token_ids[i]) - 1)
+                         for i, drafts in scheduled.draft_token_ids.items()]
         result.updates = self.scheduler.update_from_output(scheduled, output)
         return result
 
@@ -139,4 +145,6 @@ class PagedEngineCore:
                 f"tokens, prefix cache {'on' if self.config.enable_prefix_cache else 'off'}, "
                 f"{self.runner.attention_backend} attention, {self.runner.matmul_path} matmuls, "
                 f"up to {self.runner.threads.max_threads} threads (1 below "
-                f"{self.runner.threads.single_below} tokens a step)")
+                f"{self.runner.threads.single_below} tokens a step)"
+                + (f", {describe_speculation(self.config.speculative)}"
+                   if self.config.speculative else ""))

@@ -31,6 +31,7 @@ class EngineMetrics:
         self.prefix_cache_hits = Counter(
             P + "prefix_cache_hits", "Prompt tokens found in the prefix cache.", registry=r)
         self.preemptions = Counter(P + "num_preemptions", "Requests preempted.", registry=r)
+        self.spec_decode = SpecDecodeMetrics(r)
         self.request_success = Counter(P + "request_success", "Finished requests.",
                                        ["finished_reason"], registry=r)
         self.ttft = Histogram(P + "time_to_first_token_seconds", "Time to first token.",
@@ -74,6 +75,7 @@ class EngineMetrics:
         self.prefix_cache_queries.inc(step.prefix_queried_tokens)
         self.prefix_cache_hits.inc(step.prefix_hit_tokens)
         self.prompt_tokens.inc(step.num_prompt_tokens)
+        self.spec_decode.observe(step.drafts)
 
     def on_token(self, request: Request, now: float) -> None:
         self.generation_tokens.inc()
@@ -89,3 +91,37 @@ class EngineMetrics:
         self.e2e.observe(now - request.arrival_time)
         if request.scheduled_time is not None:
             self.queue_time.observe(request.scheduled_time - request.arrival_time)
+
+
+class SpecDecodeMetrics:
+    """vLLM's speculative-decoding counters: drafts (verified steps of one request), draft
+    tokens, accepted tokens, and accepted tokens by draft position (the acceptance rate is
+    accepted / draft tokens; kept also as a gauge, vLLM v0's draft_acceptance_rate)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        r = registry
+        self.num_drafts = Counter(P + "spec_decode_num_drafts",
+                                  "Requests whose drafts were verified, summed over steps.",
+                                  registry=r)
+        self.num_draft_tokens = Counter(P + "spec_decode_num_draft_tokens",
+                                        "Drafted tokens verified.", registry=r)
+        self.num_accepted_tokens = Counter(P + "spec_decode_num_accepted_tokens",
+                                           "Drafted tokens accepted.", registry=r)
+        self.accepted_per_pos = Counter(P + "spec_decode_num_accepted_tokens_per_pos",
+                                        "Drafted tokens accepted, by position in the draft.",
+                                        ["position"], registry=r)
+        self.acceptance_rate = Gauge(P + "spec_decode_draft_acceptance_rate",
+                                     "Accepted / drafted tokens so far.", registry=r)
+        self._drafted = self._accepted = 0
+        self.acceptance_rate.set_function(lambda: self._accepted / max(self._drafted, 1))
+
+    def observe(self, drafts: list[tuple[int, int]]) -> None:
+        """drafts: (drafted, accepted) per request that verified drafts this step."""
+        for drafted, accepted in drafts:
+            self.num_drafts.inc()
+            self.num_draft_tokens.inc(drafted)
+            self.num_accepted_tokens.inc(accepted)
+            self._drafted += drafted
+            self._accepted += accepted
+            for position in range(accepted):
+                self.accepted_per_pos.labels(str(position)).inc()

@@ -16,9 +16,12 @@ from engine.logprobs import TokenLogprobs, gather_logprobs, raw_logprobs
 from engine.request import Request
 from engine.sampler import Sampler
 from engine.scheduler import SchedulerOutput
+from engine.spec_decode import verify
 from kvcache.pool import KVCachePool
 from model.attention import create_backend
 from model.llama import LlamaModel
+
+SHORT_CHUNK_ROWS = 8  # a chunk of at most this many tokens after cached ones attends row by row
 
 
 @dataclass
@@ -103,20 +106,28 @@ class ModelRunner:
 
     def execute(self, scheduled: SchedulerOutput) -> RunnerOutput:
         """Compute every scheduled token, sample for each request that reaches its end (a
-        sample forked this step, with no tokens of its own, uses its parent's last row), and
-        score the prompt rows of requests that asked for prompt logprobs."""
+        sample forked this step, with no tokens of its own, uses its parent's last row),
+        verify the drafts of speculating requests (spec_decode.verify), and score the prompt
+        rows of requests that asked for prompt logprobs."""
         self.pool.copy_blocks(scheduled.block_copies)
         steps: list[SequenceStep] = []
         step_of: dict[int, int] = {}  # scheduled index -> index in steps
         for i, (request, n) in enumerate(scheduled.scheduled):
             if n > 0:
                 start = request.num_computed_tokens
+                drafts = scheduled.draft_token_ids.get(i, [])
                 step_of[i] = len(steps)
-                steps.append(SequenceStep(request.token_ids[start:start + n], start,
-                                          request.blocks.block_table, need_logits=False))
+                steps.append(SequenceStep(
+                    request.token_ids[start:start + n - len(drafts)] + drafts, start,
+                    request.blocks.block_table, need_logits=False))
         rows = LogitsRows()
         sampling: list[tuple[int, int]] = []  # (scheduled index, logits row)
+        verifying: list[tuple[int, list[int]]] = []  # (scheduled index, its k + 1 rows)
         for i, (request, n) in enumerate(scheduled.scheduled):
+            if i in scheduled.draft_token_ids:
+                k = len(scheduled.draft_token_ids[i])
+                verifying.append((i, [rows.add(step_of[i], j) for j in range(n - k - 1, n)]))
+                continue
             samples = request.params.max_tokens > 0  # 0: only the prompt's logprobs
             if samples and request.num_computed_tokens + n == request.num_tokens:
                 source = step_of[scheduled.forks.get(i, i)]
@@ -132,6 +143,11 @@ class ModelRunner:
                                                strict=True):
                 output.sampled_token_ids[i] = [token]
                 output.logprobs[i] = [logprobs] if logprobs is not None else []
+        for i, verified_rows in verifying:
+            assert logits is not None
+            output.sampled_token_ids[i] = verify(logits[verified_rows],
+                                                 scheduled.draft_token_ids[i],
+                                                 scheduled.scheduled[i][0])
         if scoring:
             assert logits is not None
             self._score_prompts(logits, scoring, output)
@@ -170,9 +186,14 @@ class ModelRunner:
         without rows, the last row of each step that needs logits, in the order of steps."""
         if rows is None:
             rows = [(i, len(s.token_ids) - 1) for i, s in enumerate(steps) if s.need_logits]
-        # One-token sequences go first: they attend together in one batched call.
-        single = [i for i, s in enumerate(steps) if len(s.token_ids) == 1]
-        chunks = [i for i, s in enumerate(steps) if len(s.token_ids) > 1]
+        # One-token sequences go first: they attend together in one batched call. So do the
+        # rows of a short chunk after cached tokens (a speculative step's last token and
+        # drafts): row j is a query over the first start_pos + j + 1 tokens, all of whose
+        # K/V are written before attention runs, which is causal attention without
+        # gathering the whole context (measured on the CPU kernel: README).
+        single = [i for i, s in enumerate(steps) if len(s.token_ids) == 1
+                  or (s.start_pos > 0 and len(s.token_ids) <= SHORT_CHUNK_ROWS)]
+        chunks = sorted(set(range(len(steps))) - set(single))
         input_ids: list[int] = []
         positions: list[int] = []
         first_row = [0] * len(steps)  # step index -> its first row in the flat batch
@@ -184,7 +205,8 @@ class ModelRunner:
         if self.threads is not None:
             self.threads.apply(len(input_ids))
         self.attention.step = self.attention.build_metadata(
-            [(steps[i].block_table, steps[i].context_len) for i in single],
+            [(steps[i].block_table, steps[i].start_pos + j + 1) for i in single
+             for j in range(len(steps[i].token_ids))],
             [(steps[i].block_table, steps[i].context_len, len(steps[i].token_ids))
              for i in chunks])
         try:

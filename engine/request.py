@@ -135,6 +135,9 @@ class Request:
     parent_id: str | None = None
     pending_forks: list[Request] = field(default_factory=list)
     cumulative_logprob: float = 0.0  # of the sampled tokens, when params.logprobs is set
+    # Speculative decoding: after drafts that all failed, none are tried for a few steps.
+    draft_failures: int = 0  # drafts rejected whole in a row
+    draft_pause: int = 0  # steps left without drafting
     # One entry per prompt token scored so far (None for the first), when asked for.
     prompt_logprobs: list[TokenLogprobs | None] | None = None
     # Where the output stands in params.grammar. Kept through a preemption: it depends only

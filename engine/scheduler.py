@@ -19,6 +19,10 @@ Several samples of one prompt (params.n) are one request until the step that com
 its prompt's end: then the others fork from it, taking its blocks by reference and its
 last logits row for their first token, and run as requests of their own (a request
 holds a seat for each sample it will fork).
+
+With speculative decoding (spec_decode.py), a decoding request may also be scheduled with
+drafted tokens after its last one, if slots for them are free without preempting anyone;
+the drafts it rejects are not counted as computed, and blocks holding only them are freed.
 """
 
 from __future__ import annotations
@@ -30,8 +34,9 @@ from typing import TYPE_CHECKING
 
 from engine.logprobs import TokenLogprobs
 from engine.request import FinishReason, Request, RequestUpdate, Status
+from engine.spec_decode import SpeculativeConfig, can_speculate, note_drafts, propose_ngram
 from engine.waiting_queue import make_waiting_queue
-from kvcache.kv_cache_manager import KVCacheManager
+from kvcache.kv_cache_manager import KVCacheManager, blocks_for
 from kvcache.pool import BLOCK_SIZE
 
 if TYPE_CHECKING:
@@ -48,6 +53,9 @@ class SchedulerOutput:
     # whose prompt it shares and whose last logits row it samples from.
     forks: dict[int, int] = field(default_factory=dict)
     block_copies: list[tuple[int, int]] = field(default_factory=list)  # before the run
+    # Speculative decoding: scheduled index -> the drafts computed after the request's last
+    # token (they are the last of its scheduled tokens).
+    draft_token_ids: dict[int, list[int]] = field(default_factory=dict)
     prefix_queried_tokens: int = 0  # prompt tokens looked up in the prefix cache this step
     prefix_hit_tokens: int = 0  # ... and found there
 
@@ -66,7 +74,8 @@ class Scheduler:
     def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
                  max_prefills_per_step: int = 0,
                  eos_token_ids: Collection[int] = (), scheduling_policy: str = "fcfs",
-                 priority_aging: float = 10.0) -> None:
+                 priority_aging: float = 10.0,
+                 speculative: SpeculativeConfig | None = None) -> None:
         self.kv = kv
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -74,6 +83,7 @@ class Scheduler:
         self.eos_token_ids = frozenset(eos_token_ids)
         # fcfs: a deque; priority: the same operations, ordered (engine/waiting_queue.py)
         self.waiting = make_waiting_queue(scheduling_policy, priority_aging)
+        self.speculative = speculative
         self.running: list[Request] = []
 
     def add(self, request: Request) -> None:
@@ -92,11 +102,16 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
+        speculate = (self.speculative is not None
+                     and self.seats_taken() <= self.speculative.disable_by_batch_size)
         for request in list(self.running):
             if budget == 0:
                 break
             if request.status is not Status.RUNNING:
                 continue  # preempted earlier in this loop
+            if speculate and self._schedule_drafts(request, budget, out):
+                budget -= out.scheduled[-1][1]
+                continue
             n = min(request.num_tokens - request.num_computed_tokens, budget)
             if self._make_room(request, request.num_computed_tokens + n, out):
                 self._schedule(request, n, out)
@@ -113,6 +128,31 @@ class Scheduler:
             seated += 1
         out.block_copies = self.kv.take_block_copies()
         return out
+
+    def _schedule_drafts(self, request: Request, budget: int, out: SchedulerOutput) -> bool:
+        """Schedule a decoding request with its last token and drafts, if it has drafts and
+        they fit in the budget and in free blocks (never preempting for them)."""
+        assert self.speculative is not None
+        if request.num_tokens - request.num_computed_tokens != 1 or not can_speculate(request):
+            return False
+        if request.draft_pause:
+            request.draft_pause -= 1
+            return False
+        # No drafts past max_tokens (the verified step adds one token of its own).
+        room = min(request.params.max_tokens - request.num_output_tokens - 1, budget - 1)
+        drafts = propose_ngram(request.token_ids, self.speculative, room)
+        if not drafts:
+            return False
+        # Leave a block per seated request (each may need one this step), so that drafts
+        # never make another request wait or be preempted.
+        needed = blocks_for(request.num_tokens + len(drafts)) - len(request.blocks.block_table)
+        if (self.kv.allocator.num_free - needed - 1 < len(self.running)
+                or not self.kv.allocate_slots(request.blocks, request.num_tokens + len(drafts),
+                                              write_from=request.num_computed_tokens)):
+            return False
+        out.draft_token_ids[len(out.scheduled)] = drafts
+        self._schedule(request, 1 + len(drafts), out)
+        return True
 
     def _seat(self, request: Request, budget: int, out: SchedulerOutput) -> int:
         """Seat the front of the line after its cached prefix; tokens scheduled (0: no room)."""
@@ -179,12 +219,18 @@ class Scheduler:
         updates = []
         for i, (request, n) in enumerate(scheduled.scheduled):
             computed = request.num_computed_tokens
-            request.num_computed_tokens += n
+            drafts = scheduled.draft_token_ids.get(i, [])
+            # Drafts after the first rejected one were computed in vain: not counted.
+            rejected = len(drafts) - (len(output.sampled_token_ids[i]) - 1) if drafts else 0
+            if drafts:
+                note_drafts(request, accepted=len(drafts) - rejected)
+            request.num_computed_tokens += n - rejected
             request.num_computed_prompt_tokens += max(
                 min(request.num_computed_tokens, request.num_prompt_tokens) - computed, 0)
-            # Only computed tokens are final; sampled ones have no K/V yet.
+            # Only computed tokens are final; sampled ones have no K/V yet (and accepted
+            # drafts are not in token_ids yet: their blocks are made findable next step).
             self.kv.cache_full_blocks(request.blocks, request.token_ids,
-                                      request.num_computed_tokens)
+                                      min(request.num_computed_tokens, request.num_tokens))
             if output.prompt_logprobs[i]:
                 assert request.prompt_logprobs is not None
                 request.prompt_logprobs.extend(output.prompt_logprobs[i])
@@ -195,6 +241,8 @@ class Scheduler:
             elif output.sampled_token_ids[i]:
                 updates.append(self._append(request, output.sampled_token_ids[i],
                                             output.logprobs[i]))
+            if rejected and request.status is Status.RUNNING:
+                self.kv.free_blocks_after(request.blocks, request.num_tokens)
         return updates
 
     def _append(self, request: Request, new_tokens: list[int],

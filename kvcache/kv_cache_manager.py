@@ -117,6 +117,15 @@ class KVCacheManager:
             blocks.hashes.append(block_hash)
             parent = block_hash
 
+    def free_blocks_after(self, blocks: SequenceBlocks, num_tokens: int) -> None:
+        """Give back the blocks past the first num_tokens tokens' (taken for drafted tokens
+        that were then rejected). They were never full of computed tokens, so never cached."""
+        keep = blocks_for(num_tokens)
+        assert keep >= len(blocks.hashes)
+        for block_id in reversed(blocks.block_table[keep:]):
+            self.allocator.free(block_id)
+        del blocks.block_table[keep:]
+
     def release(self, blocks: SequenceBlocks) -> None:
         """Give back every block; the tail first, so it is also evicted first (a prefix's
         early blocks are the ones other sequences are most likely to share)."""
