@@ -27,6 +27,8 @@ class FakeEngine:
         self.max_tokens_per_request = 2048
         self.max_num_seqs = 4
         self.is_alive = True
+        self.unavailable_reason = None
+        self.scheduling_policy = "fcfs"
 
     def add_request(self, request) -> None:
         raise AssertionError("an unauthenticated request reached the engine")
