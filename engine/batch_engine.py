@@ -262,6 +262,8 @@ class BatchEngine:
             joined, self._joined, self._line = self._joined, LineSize(), line
         self.drain_rate.observe(time.monotonic(), line, joined)
         if result.num_scheduled_tokens == 0:
+            if self.snapshots is not None:  # aborts still change what the dashboard shows
+                self.snapshots.note_change()
             time.sleep(0.001)  # nothing fits yet (can only be momentary)
             return
         self._process(result)

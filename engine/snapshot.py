@@ -173,6 +173,11 @@ class SnapshotBoard:
         self.steps.append(record)
         self._dirty = True
 
+    def note_change(self) -> None:
+        """Something changed without a step (requests aborted or arrived in a round that
+        computed nothing): the next look takes a snapshot."""
+        self._dirty = True
+
     def maybe_snapshot(self, scheduler: Scheduler, idle: bool = False) -> None:
         """Take a snapshot if someone watches and the latest is stale (after a step: older
         than min_interval; when idle: anything changed since)."""
