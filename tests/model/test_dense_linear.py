@@ -7,6 +7,8 @@ import copy
 
 import pytest
 import torch
+import torch.nn.functional as F
+from torch import nn
 
 from model.dense_linear import (
     PackedLinear,
@@ -245,28 +247,86 @@ def test_packed_model_logits_match_unpacked_and_hf(unpacked, packed_fp32, hf_mod
         assert torch.equal(ours.argmax(-1), theirs.argmax(-1))
 
 
+class RoundingBug(nn.Module):
+    """A bf16 Linear with a plausible kernel bug, for the criterion below to catch: the exact
+    fp32 product truncated to bf16 instead of rounded ("truncate"), or the sum rounded to bf16
+    after every 64 k instead of once at the end ("bf16_accumulate")."""
+
+    def __init__(self, weight_t: torch.Tensor, bug: str) -> None:
+        super().__init__()
+        self.weight_t, self.bug = weight_t.float(), bug
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.float()
+        if self.bug == "truncate":
+            y = x @ self.weight_t
+            return (y.view(torch.int32) & -65536).view(torch.float32).to(torch.bfloat16)
+        acc = torch.zeros(*x.shape[:-1], self.weight_t.shape[1], dtype=torch.bfloat16)
+        for k in range(0, self.weight_t.shape[0], 64):
+            acc = (acc.float() + x[..., k:k + 64] @ self.weight_t[k:k + 64]).to(torch.bfloat16)
+        return acc
+
+
+def with_rounding_bug(model, bug: str):
+    broken = copy.deepcopy(model)
+    for module in list(broken.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, Linear):
+                setattr(module, name, RoundingBug(child.weight_t.detach(), bug))
+    return broken
+
+
+def pooled_bf16_error(bf16_model, fp32_model, prompts, tokenizer) -> tuple[float, float]:
+    """Mean KL(fp32 || bf16) of the next-token distributions over every position of every
+    prompt, and the share of positions with the same top token."""
+    kls, agree = [], []
+    for prompt in prompts:
+        ids = tokenizer(prompt, return_tensors="pt").input_ids
+        exact, other = logits(fp32_model, ids)[0], logits(bf16_model, ids)[0].float()
+        kls.append(F.kl_div(other.log_softmax(-1), exact.log_softmax(-1), log_target=True,
+                            reduction="none").sum(-1))
+        agree.append(other.argmax(-1) == exact.argmax(-1))
+    return torch.cat(kls).mean().item(), torch.cat(agree).float().mean().item()
+
+
+# How much further from fp32 than torch's own bf16 matmuls the packed bf16 model may be.
+BF16_KL_RATIO = 1.25
+
+
 @needs_bf16
 def test_packed_bf16_model_is_as_close_to_fp32_as_torchs_bf16(unpacked, tokenizer):
     """bfloat16 rounds every activation and weight (8 significant bits), so its logits stand
     ~0.1-1 off the fp32 ones whatever the matmul. The fair bar: the packed bf16 model is no
     further from our fp32 logits than the same bf16 model run through torch's matmuls (we
-    accumulate in fp32 and round once, as torch does), and picks the same next tokens."""
+    accumulate in fp32 and round once, as torch does), and picks the same next tokens.
+
+    The statistic is the mean KL(fp32 || bf16) pooled over every position of every prompt,
+    not one prompt's largest logit difference. A bf16 pass is chaotic: one activation that
+    rounds the other way early on moves later logits by up to ~1, so a single prompt's max
+    |diff| is set by where one such flip lands, and it moves with torch's kernel choice per
+    CPU (measured on the same weights: 0.765 on an AMD EPYC Zen 5, 0.709 on an Intel Xeon
+    model 207 for one 18-token prompt, while our kernel gave 1.150 on both). It also misses
+    real bugs: a matmul that truncates to bf16 instead of rounding scored a *smaller* max
+    than ours on three of the four prompts. The pooled KL is an average over ~50 positions x
+    49,152 tokens; measured on the Zen 5: packed 0.00227, torch 0.00236 nats; truncating
+    0.00577 (2.5x torch), rounding to bf16 every 64 k 0.00389 (1.65x). The bar of 1.25x torch
+    leaves room for torch's per-CPU kernels and fails both bugs, which the last part checks.
+    """
     model = unpacked
     plain_bf16 = copy.deepcopy(model).to(torch.bfloat16)
     packed_bf16 = copy.deepcopy(plain_bf16)
     pack_model_linears(packed_bf16)
     assert isinstance(packed_bf16.lm_head, PackedLinear) and packed_bf16.lm_head.uses_kernel
-    agree = total = 0
-    for prompt in PROMPTS:
-        ids = tokenizer(prompt, return_tensors="pt").input_ids
-        exact = logits(model, ids)
-        ours, torchs = logits(packed_bf16, ids).float(), logits(plain_bf16, ids).float()
-        ours_err = (ours - exact).abs().max().item()
-        torch_err = (torchs - exact).abs().max().item()
-        print(f"{ids.shape[1]:3d} tokens: bf16 logits max |diff| from fp32: packed "
-              f"{ours_err:.3f}, torch matmul {torch_err:.3f}")
-        assert ours_err < 1.5 * torch_err + 0.05
-        agree += (ours.argmax(-1) == exact.argmax(-1)).sum().item()
-        total += ids.shape[1]
-    print(f"greedy next-token agreement with fp32 over every position: {agree}/{total}")
-    assert agree >= 0.9 * total
+    ours_kl, ours_top1 = pooled_bf16_error(packed_bf16, model, PROMPTS, tokenizer)
+    torch_kl, torch_top1 = pooled_bf16_error(plain_bf16, model, PROMPTS, tokenizer)
+    print(f"bf16 vs fp32, mean KL over every position: packed {ours_kl:.5f} "
+          f"(top-1 {ours_top1:.1%}), torch matmuls {torch_kl:.5f} (top-1 {torch_top1:.1%}); "
+          f"bar {BF16_KL_RATIO} x torch")
+    assert ours_kl < BF16_KL_RATIO * torch_kl
+    assert ours_top1 >= 0.9
+    for bug in ("truncate", "bf16_accumulate"):
+        bug_kl, _ = pooled_bf16_error(with_rounding_bug(plain_bf16, bug), model, PROMPTS,
+                                      tokenizer)
+        print(f"a matmul with the bug '{bug}': mean KL {bug_kl:.5f} "
+              f"({bug_kl / torch_kl:.2f} x torch)")
+        assert bug_kl > BF16_KL_RATIO * torch_kl, f"the criterion misses the bug '{bug}'"
