@@ -51,6 +51,9 @@ def subtitle(runs: list[BenchRun]) -> str:
     if len(repeats) == 1:
         n = repeats.pop()
         parts.append(f"system prompt ~{n * 10} tokens" if n else "no system prompt")
+    cpus = {run.machine.cpu for run in runs}
+    if len(cpus) == 1:
+        parts.append(cpus.pop())
     return ", ".join(parts)
 
 
@@ -82,17 +85,25 @@ def plot_metric(runs: list[BenchRun], chart: Chart, path: Path) -> None:
     fig.savefig(path)
 
 
+def draw_charts(runs: list[BenchRun], out: Path, prefix: str = "") -> list[Path]:
+    """One PNG per chart in CHARTS, named {prefix}{file name}, in folder `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for chart in CHARTS:
+        path = out / f"{prefix}{chart.file_name}"
+        plot_metric(runs, chart, path)
+        paths.append(path)
+    return paths
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("files", type=Path, nargs="+", help="JSON files written by bench.py")
     p.add_argument("--out", type=Path, default=Path("docs/charts"), help="output folder")
     p.add_argument("--prefix", default="", help="string prepended to each PNG file name")
     args = p.parse_args()
-    runs = [BenchRun.load(path) for path in args.files]
-    args.out.mkdir(parents=True, exist_ok=True)
-    for chart in CHARTS:
-        path = args.out / f"{args.prefix}{chart.file_name}"
-        plot_metric(runs, chart, path)
+    for path in draw_charts([BenchRun.load(path) for path in args.files], args.out,
+                            args.prefix):
         print(path)
 
 

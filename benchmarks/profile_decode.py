@@ -27,6 +27,7 @@ everywhere.
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 import time
 from collections import defaultdict
@@ -43,8 +44,8 @@ from torch import nn
 from torch.autograd.profiler_util import FunctionEvent
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from benchmarks.report import profile_table, top_ops_table
-from benchmarks.results import OpTime, ProfileCell, ProfileRun
+from benchmarks.results import Machine, OpTime, ProfileCell, ProfileRun
+from benchmarks.tables import profile_table, top_ops_table
 from engine.model_runner import ModelRunner, SequenceStep
 from engine.request import Request, SamplingParams
 from kvcache.block_allocator import BlockAllocator
@@ -234,7 +235,8 @@ def main() -> None:
         for context in args.contexts:
             print(f"profiling {users} users x {context} tokens of context ...", flush=True)
             cells.append(profile_cell(model, users, context, args.steps, args.attention))
-    run = ProfileRun(device=str(device), dtype=args.dtype, results=cells)
+    run = ProfileRun(device=str(device), dtype=args.dtype, machine=Machine.this_one(),
+                     command="python3 " + shlex.join(sys.argv), results=cells)
     print(f"\ndevice {device}, {args.dtype}, {torch.get_num_threads()} threads, "
           f"{cells[0].attention} attention; mean of {args.steps} steps\n")
     print("\n".join(profile_table(run)))

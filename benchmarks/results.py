@@ -60,17 +60,36 @@ class LevelResult:
     first_error: str | None
 
 
+def cpu_model() -> str:
+    """The CPU's name and x86 family/model from /proc/cpuinfo, e.g. 'AMD EPYC (family 26,
+    model 2)': figures differ by up to 2x between CPU kinds, so every result names its CPU."""
+    fields: dict[str, str] = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            fields.setdefault(key.strip(), value.strip())
+            if not line.strip():
+                break  # the first processor is enough
+    except OSError:
+        return host.processor() or host.machine()
+    name = fields.get("model name", host.machine())
+    if "cpu family" in fields and "model" in fields:
+        return f"{name} (family {fields['cpu family']}, model {fields['model']})"
+    return name
+
+
 @dataclass
 class Machine:
     platform: str
     python: str
     processor: str
     cpu_count: int | None
+    cpu: str  # cpu_model(): what every table of a run names
 
     @classmethod
     def this_one(cls) -> Machine:
         return cls(host.platform(), host.python_version(), host.processor() or host.machine(),
-                   os.cpu_count())
+                   os.cpu_count(), cpu_model())
 
 
 @dataclass
@@ -158,13 +177,15 @@ class ProfileCell:
 class ProfileRun(JsonFile):
     device: str
     dtype: str
+    machine: Machine
+    command: str
     results: list[ProfileCell]
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> ProfileRun:
         cells = [ProfileCell(**{**cell, "top_ops": [OpTime(**op) for op in cell["top_ops"]]})
                  for cell in raw["results"]]
-        return cls(**{**raw, "results": cells})
+        return cls(**{**raw, "machine": Machine(**raw["machine"]), "results": cells})
 
 
 @dataclass

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -18,7 +19,6 @@ from benchmarks.profile_decode import (
     own_times_us,
     part_scopes,
 )
-from benchmarks.report import PROFILES, profile_table, side_by_side
 from benchmarks.results import (
     BenchRun,
     DashboardOverheadRun,
@@ -26,24 +26,68 @@ from benchmarks.results import (
     SpecDecodeRun,
     result_path,
 )
+from benchmarks.results_page import build_page
+from benchmarks.tables import profile_table, side_by_side
 from model.config import ModelConfig
 from model.llama import LlamaModel, causal_attention
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 
 
+# Result files kept as plain JSON (no dataclass): structured.py's notes and soak.py's report.
+PLAIN_JSON = {"structured-summary", "soak-600s"}
+
+
+def result_kind(path: Path) -> type | None:
+    if path.stem in PLAIN_JSON:
+        return None
+    if path.stem.startswith("profile_decode"):
+        return ProfileRun
+    if path.stem == "spec-decode":
+        return SpecDecodeRun
+    return DashboardOverheadRun if path.parent.name == "dashboard" else BenchRun
+
+
 def test_result_files_load_and_save_unchanged() -> None:
-    files = sorted(RESULTS.glob("*.json"))
+    """Every result file, in results/ and its subfolders, loads through its own type and saves
+    back byte for byte (so no key is missing or unknown), and names the CPU it ran on."""
+    files = sorted(RESULTS.rglob("*.json"))
+    typed = 0
     for path in files:
-        if path.stem == "structured-summary":  # benchmarks/structured.py's notes, plain JSON
-            summary = json.loads(path.read_text())
-            assert summary["validity"]["valid"] <= summary["validity"]["users"]
-            continue
-        kind = (ProfileRun if path.stem in PROFILES
-                else SpecDecodeRun if path.stem == "spec-decode" else BenchRun)
-        assert kind.load(path).to_json() == path.read_text(), path
-    print(f"{len(files)} files in results/ load and save back byte for byte")
-    assert len(files) >= 2
+        kind = result_kind(path)
+        if kind is None:
+            raw = json.loads(path.read_text())
+        else:
+            loaded = kind.load(path)
+            assert loaded.to_json() == path.read_text(), path
+            raw, typed = json.loads(path.read_text()), typed + 1
+        machine = raw.get("machine")
+        assert path.stem == "structured-summary" or (machine and machine["cpu"]), path
+    print(f"{len(files)} files under results/, {typed} through their types, byte for byte")
+    assert typed >= 30
+
+
+def test_structured_summary_counts_the_constrained_users() -> None:
+    summary = json.loads((RESULTS / "structured-summary.json").read_text())
+    constrained = BenchRun.load(RESULTS / "structured-throughput.json").levels[
+        summary["levels_order"]["throughput"].index("constrained")]
+    print(summary["validity"], f"constrained level: {constrained.users} users")
+    assert summary["validity"]["users"] == constrained.users
+    assert 0 <= summary["validity"]["valid"] <= constrained.users
+
+
+def test_results_page_is_what_the_result_files_give() -> None:
+    """docs/results.md is generated (python3 benchmarks/report.py); it must not drift from the
+    JSON, every section names its CPU, and every chart it shows exists."""
+    page = build_page(RESULTS)
+    path = RESULTS.parent / "docs" / "results.md"
+    assert path.read_text() == page, "docs/results.md is stale: run python3 benchmarks/report.py"
+    sections = page.split("\n## ")[1:]
+    assert len(sections) >= 10
+    for section in sections:
+        assert "\nCPU: " in section, section.splitlines()[0]
+    for chart in re.findall(r"\]\((charts/[^)]+)\)", page):
+        assert (path.parent / chart).is_file(), chart
 
 
 def test_dashboard_overhead_summary_comes_from_its_trials() -> None:
