@@ -56,8 +56,9 @@ class EngineConfig:
                                  "1 = one-at-a-time prefill, for comparison)")
         parser.add_argument("--attention", default=d.attention,
                             choices=["auto", "cpu-kernel", "torch"],
-                            help="decode attention: compiled CPU kernel reading blocks in place, "
-                                 "or PyTorch gather + SDPA (auto: the kernel on CPU in fp32)")
+                            help="decode attention: compiled CPU kernel reading blocks in place "
+                                 "(fp32 or bf16), or PyTorch gather + SDPA (auto: the kernel "
+                                 "on CPU in fp32 or bf16)")
         parser.add_argument("--matmul", default=d.matmul, choices=["auto", "torch"],
                             help="linear layers: our AVX-512 kernel over weights packed once "
                                  "at load (auto: where the CPU has it), or PyTorch's matmul")
