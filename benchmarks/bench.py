@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import shlex
 import sys
 import time
@@ -27,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # see benchmarks/_
 import httpx
 import numpy as np
 
+from benchmarks.live_server import DONE, async_sse_events
 from benchmarks.results import BenchRun, LevelResult, Machine, result_path
 
 # Each user's own question: chosen by user index, so prompts differ after the shared prefix.
@@ -141,33 +141,7 @@ async def stream_completion(
                     body = (await resp.aread()).decode(errors="replace")[:300]
                     res.error = f"HTTP {resp.status_code}: {body}"
                 else:
-                    got_done = False
-                    async for line in resp.aiter_lines():
-                        if not line.startswith("data:"):
-                            continue
-                        data = line[5:].strip()
-                        if data == "[DONE]":
-                            got_done = True
-                            break
-                        now = time.perf_counter()
-                        chunk = json.loads(data)
-                        if (msg := stream_error(chunk)) is not None:
-                            res.error = f"stream error: {msg}"
-                            break
-                        choices = chunk.get("choices") or []
-                        # A completion's chunk has text, a chat completion's a delta.
-                        text = choices and (choices[0].get("text")
-                                            or (choices[0].get("delta") or {}).get("content"))
-                        if text:
-                            res.text += text
-                            res.token_times.append(now)
-                            if progress:
-                                progress.tokens += 1
-                        usage = chunk.get("usage")
-                        if usage and usage.get("completion_tokens") is not None:
-                            usage_tokens = int(usage["completion_tokens"])
-                    if res.error is None and not got_done:
-                        res.error = "stream ended without data: [DONE]"
+                    usage_tokens = await read_stream(resp, res, progress)
     except TimeoutError:
         res.error = f"timeout after {timeout:g} s"
     except Exception as exc:
@@ -178,6 +152,34 @@ async def stream_completion(
         progress.done += 1
         progress.errors += res.error is not None
     return res
+
+
+async def read_stream(resp: httpx.Response, res: UserResult,
+                      progress: Progress | None) -> int | None:
+    """Record the text and arrival time of each token event of a 200 stream in `res` (or
+    its error); return the completion tokens its usage chunk counted, if it sent one."""
+    usage_tokens: int | None = None
+    async for chunk in async_sse_events(resp.aiter_lines()):
+        if chunk == DONE:
+            return usage_tokens
+        now = time.perf_counter()
+        if (msg := stream_error(chunk)) is not None:
+            res.error = f"stream error: {msg}"
+            return usage_tokens
+        choices = chunk.get("choices") or []
+        # A completion's chunk has text, a chat completion's a delta.
+        text = choices and (choices[0].get("text")
+                            or (choices[0].get("delta") or {}).get("content"))
+        if text:
+            res.text += text
+            res.token_times.append(now)
+            if progress:
+                progress.tokens += 1
+        usage = chunk.get("usage")
+        if usage and usage.get("completion_tokens") is not None:
+            usage_tokens = int(usage["completion_tokens"])
+    res.error = "stream ended without data: [DONE]"
+    return usage_tokens
 
 
 def make_payload(args: argparse.Namespace, prompt: str, max_tokens: int) -> dict[str, Any]:

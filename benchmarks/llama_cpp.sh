@@ -192,46 +192,26 @@ cmd_serve() {  # cmd_serve KIND PORT [EXTRA llama-server ARGS...]
   exec "$BIN" $args "${@:3}"
 }
 
-wait_healthy() {  # wait_healthy URL PID LOG
-  local _
-  for _ in $(seq 300); do
-    curl -sf "$1/health" > /dev/null && return
-    kill -0 "$2" 2> /dev/null || { tail -30 "$3" >&2; die "server exited; log: $3"; }
-    sleep 1
-  done
-  die "$1 not healthy after 300 s; log: $3"
-}
-
-PIDS=()
-stop_servers() {
-  local pid
-  for pid in "${PIDS[@]}"; do
-    kill "$pid" 2> /dev/null || true
-    wait "$pid" 2> /dev/null || true
-  done
-  PIDS=()
-}
-trap stop_servers EXIT
-
-start_llama() {  # start_llama KIND PORT LOG
-  local args
-  args=$(server_args "$1" "$2")
-  # shellcheck disable=SC2086
-  "$BIN" $args > "$3" 2>&1 &
-  PIDS+=($!)
-  wait_healthy "http://127.0.0.1:$2" $! "$3"
+with_server() {  # with_server PORT LOG [OPTIONS] SERVER COMMAND... -- CLIENT COMMAND...
+  # benchmarks/live_server.py: start, wait for /health (or stop with the log's tail), run the
+  # client, stop the server (SIGTERM, then SIGKILL).
+  local port=$1 log=$2; shift 2
+  "$PYTHON" "$ROOT/benchmarks/live_server.py" --port "$port" --log "$log" "$@"
 }
 
 cmd_check() {  # F32 GGUF == dequantized Q4_1, and greedy tokens of llama-server == our server
   local port=${PORT:-8124} ours_port=$((${PORT:-8124} + 1)) log_dir=${TMPDIR:-/tmp}
+  local args
   converter_env
   "$PYTHON" "$ROOT/benchmarks/llama_cpp_check.py" weights "$(gguf_path f32)" "$(gguf_path q4_1)"
-  start_llama f32 "$port" "$log_dir/llama-cpp-f32.log"
-  (cd "$ROOT" && exec "$PYTHON" server.py --port "$ours_port" --model "$HF_DIR") \
-    > "$log_dir/nano-vllm-check.log" 2>&1 &
-  PIDS+=($!)
-  wait_healthy "http://127.0.0.1:$ours_port" $! "$log_dir/nano-vllm-check.log"
-  "$PYTHON" "$ROOT/benchmarks/llama_cpp_check.py" tokens --llama "http://127.0.0.1:$port" \
+  args=$(server_args f32 "$port")
+  # llama-server, and while it is up our server.py, and while both are up the check.
+  # shellcheck disable=SC2086
+  with_server "$port" "$log_dir/llama-cpp-f32.log" "$BIN" $args -- \
+    "$PYTHON" "$ROOT/benchmarks/live_server.py" --port "$ours_port" --cwd "$ROOT" \
+    --log "$log_dir/nano-vllm-check.log" "$PYTHON" server.py --port "$ours_port" \
+    --model "$HF_DIR" -- \
+    "$PYTHON" "$ROOT/benchmarks/llama_cpp_check.py" tokens --llama "http://127.0.0.1:$port" \
     --ours "http://127.0.0.1:$ours_port" --model-dir "$HF_DIR" --max-tokens "${MAX_TOKENS:-30}"
 }
 
@@ -241,13 +221,14 @@ cmd_bench() {  # cmd_bench [OUT]: each kind in turn, one server at a time
   local -a users
   read -r -a users <<< "${USERS:-1 30}"
   for kind in ${KINDS:-f32 bf16 q4_1}; do
-    local log=${TMPDIR:-/tmp}/llama-cpp-$kind.log
-    log "=== llama-cpp-$kind: llama-server $(server_args "$kind" "$port")"
-    start_llama "$kind" "$port" "$log"
-    "$PYTHON" "$bench" --url "http://127.0.0.1:$port" --label "llama-cpp-$kind" \
+    local log=${TMPDIR:-/tmp}/llama-cpp-$kind.log args
+    args=$(server_args "$kind" "$port")
+    log "=== llama-cpp-$kind: llama-server $args"
+    # shellcheck disable=SC2086
+    with_server "$port" "$log" --allow-client-failure "$BIN" $args -- \
+      "$PYTHON" "$bench" --url "http://127.0.0.1:$port" --label "llama-cpp-$kind" \
       --users "${users[@]}" --max-tokens "${MAX_TOKENS:-100}" --rounds "${ROUNDS:-2}" \
-      --results-dir "$out" || true
-    stop_servers
+      --results-dir "$out"
   done
 }
 

@@ -5,7 +5,7 @@
 # as its `hf` model scores it on the same model folder, with tokenized_requests true and
 # false, batch size above 1.
 #
-#   bash benchmarks/lm_eval_check.sh        # on a shared machine: heavy bash benchmarks/...
+#   bash benchmarks/lm_eval_check.sh
 #
 # Needs lm-eval (requirements-eval.txt), in .venv-eval/ or wherever LM_EVAL points.
 # Results go to results/tmp/lm_eval/; the last lines compare them and the exit status says
@@ -21,25 +21,29 @@ OUT=results/tmp/lm_eval
 TASKS=nano_mc,nano_gen
 export HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
-rm -rf "$OUT" && mkdir -p "$OUT"
-python3 server.py --model "$MODEL_DIR" --port "$PORT" > "$OUT/server.log" 2>&1 &
-SERVER=$!
-trap 'kill $SERVER 2>/dev/null || true' EXIT
-for _ in $(seq 120); do
-    curl -sf "http://127.0.0.1:$PORT/health" > /dev/null && break
-    sleep 1
-done
-
 run() {  # name, model, model_args
     "$LM_EVAL" run --model "$2" --model_args "$3" --tasks "$TASKS" \
         --include_path benchmarks/lm_eval_task --batch_size "$BATCH" --seed 1234 --device cpu \
         --output_path "$OUT/$1" --log_samples > "$OUT/$1.log" 2>&1
     echo "$1: done"
 }
+
+local_runs() {  # against the server on $PORT, which benchmarks/live_server.py started
+    for tokenized in True False; do
+        run "local-tokenized-$tokenized" local-completions \
+            "model=default,base_url=http://127.0.0.1:$PORT/v1/completions,tokenizer=$MODEL_DIR,tokenized_requests=$tokenized,num_concurrent=1,max_retries=1"
+    done
+}
+
+if [[ ${1:-} == --local-runs ]]; then  # this script again, as the client of the server
+    local_runs
+    exit
+fi
+
+rm -rf "$OUT" && mkdir -p "$OUT"
 run hf hf "pretrained=$MODEL_DIR,dtype=float32"
-for tokenized in True False; do
-    run "local-tokenized-$tokenized" local-completions \
-        "model=default,base_url=http://127.0.0.1:$PORT/v1/completions,tokenizer=$MODEL_DIR,tokenized_requests=$tokenized,num_concurrent=1,max_retries=1"
-done
+python3 benchmarks/live_server.py --port "$PORT" --log "$OUT/server.log" \
+    python3 server.py --model "$MODEL_DIR" --port {port} -- \
+    bash benchmarks/lm_eval_check.sh --local-runs
 
 python3 benchmarks/lm_eval_compare.py "$OUT"

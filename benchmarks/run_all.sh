@@ -1,50 +1,43 @@
 #!/usr/bin/env bash
 # Every benchmark in the README, side by side in one session, one server at a time.
-#   bash benchmarks/run_all.sh [results-dir]        (about 30 minutes on 2 CPU cores)
+#   bash benchmarks/run_all.sh [results-dir]        (about 5 minutes on 2 CPU cores)
 # Needs llama.cpp built once (bash benchmarks/llama_cpp.sh build && ... models), and the
 # first engine's checkout for the before/after row: git worktree add --detach
 # /tmp/first-engine bd9fa3b (FIRST_ENGINE=path overrides; skipped if absent).
 # Results go to results/<label>.json, charts to docs/charts/, the decode profiles to
 # results/profile_decode*.json, start-up times to results/startup.txt. Run nothing else
-# heavy meanwhile: the numbers are ratios measured in this one run.
+# meanwhile: the numbers are ratios measured in this one run. Each server is started, waited
+# for and stopped by benchmarks/live_server.py.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-results}
 PORT=${PORT:-8123}
-URL=http://127.0.0.1:$PORT
 FIRST_ENGINE=${FIRST_ENGINE:-/tmp/first-engine}
 mkdir -p "$OUT"
 
-wait_healthy() {  # wait_healthy PID LOG
-  for _ in $(seq 600); do
-    curl -sf "$URL/health" > /dev/null && return 0
-    kill -0 "$1" 2> /dev/null || { cat "$2" >&2; exit 1; }
-    sleep 0.2
-  done
+with_server() {  # with_server LOG TREE SERVER COMMAND... -- CLIENT COMMAND...
+  local log=$1 tree=$2; shift 2
+  python3 benchmarks/live_server.py --port "$PORT" --log "$log" --cwd "$tree" "$@"
 }
 
 bench_server() {  # bench_server LABEL TREE SCRIPT "SERVER FLAGS" BENCH FLAGS...
   local label=$1 tree=$2 script=$3 flags=$4; shift 4
   echo "=== $label: $tree/$script $flags" >&2
+  # A failed load is recorded in its JSON; only a server that does not come up stops the run.
   # shellcheck disable=SC2086
-  (cd "$tree" && exec python3 "$script" --port "$PORT" $flags) > "/tmp/nano-vllm-$label.log" 2>&1 &
-  local pid=$!
-  wait_healthy "$pid" "/tmp/nano-vllm-$label.log"
-  python3 benchmarks/bench.py --url "$URL" --label "$label" --results-dir "$OUT" "$@" || true
-  kill "$pid"; wait "$pid" 2> /dev/null || true
+  with_server "/tmp/nano-vllm-$label.log" "$tree" --allow-client-failure \
+    python3 "$script" --port {port} $flags -- \
+    python3 benchmarks/bench.py --url {url} --label "$label" --results-dir "$OUT" "$@"
 }
 
 # 0. Start-up: a first start (empty kernel cache: the kernels compile) and a later one.
 KERNELS=$(mktemp -d)
 for start in first later; do
-  t0=$(python3 -c "import time; print(time.time())")
-  TORCH_EXTENSIONS_DIR=$KERNELS python3 server.py --port "$PORT" > /tmp/nano-vllm-start.log 2>&1 &
-  pid=$!
-  wait_healthy "$pid" /tmp/nano-vllm-start.log
-  echo "$start start (kernels $([ $start = first ] && echo compiled || echo cached)):" \
-    "$(python3 -c "import time; print(round(time.time() - $t0, 1))") s to /health" \
+  kernels=$([[ $start == first ]] && echo compiled || echo cached)
+  TORCH_EXTENSIONS_DIR=$KERNELS with_server /tmp/nano-vllm-start.log . \
+    python3 server.py --port {port} -- \
+    bash -c 'echo "$1 start (kernels $2): $SERVER_STARTUP_S s to /health"' _ "$start" "$kernels" \
     | tee -a "$OUT/startup.txt"
-  kill "$pid"; wait "$pid" 2> /dev/null || true
 done
 rm -rf "$KERNELS"
 
@@ -81,12 +74,10 @@ python3 benchmarks/plot.py "$OUT/prefill-batched.json" "$OUT/prefill-one-at-a-ti
 python3 benchmarks/report.py "$OUT" > "$OUT/tables.md"
 # 6. Preemption: 30 users in a pool of 64 blocks (1,024 tokens, about a third of what they
 #    need at once). Every request must still finish; /metrics counts the preemptions.
-python3 server.py --port "$PORT" --num-blocks 64 > /tmp/nano-vllm-preemption.log 2>&1 &
-PID=$!
-wait_healthy "$PID" /tmp/nano-vllm-preemption.log
-python3 benchmarks/bench.py --url "$URL" --label preemption-64-blocks --results-dir "$OUT" \
-  --users 30 --max-tokens 100 || true
-curl -s "$URL/metrics" | grep -E '^nano_vllm:(num_preemptions_total|request_success_total)' \
-  > "$OUT/preemption_metrics.txt"
-kill "$PID"; wait "$PID" 2> /dev/null || true
+with_server /tmp/nano-vllm-preemption.log . python3 server.py --port {port} --num-blocks 64 -- \
+  bash -c 'python3 benchmarks/bench.py --url "$SERVER_URL" --label preemption-64-blocks \
+             --results-dir "$1" --users 30 --max-tokens 100 || true
+           curl -s "$SERVER_URL/metrics" \
+             | grep -E "^nano_vllm:(num_preemptions_total|request_success_total)" \
+             > "$1/preemption_metrics.txt"' _ "$OUT"
 cat "$OUT/preemption_metrics.txt"

@@ -15,7 +15,8 @@ Then, once the server is idle, it checks:
 - /metrics agrees with the client: finished requests by reason equal the client's counts
   (length = completed, abort = dropped streams, error = errors seen);
 - the server's resident memory grew less than --rss-bound-mib from the end of the warm-up
-  (the first --warmup seconds of traffic) to the end;
+  (the first --warmup seconds of traffic) to the end; traffic that ends within the warm-up
+  measures nothing, which fails;
 - SIGTERM then drains it and it exits 0 with nothing in flight.
 
     python3 -m benchmarks.soak --duration 600 --out results/soak/soak-600s.json
@@ -28,16 +29,19 @@ import asyncio
 import json
 import random
 import re
-import signal
-import socket
-import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # see benchmarks/__init__.py
+
 import httpx
+
+from benchmarks.live_server import DONE, LiveServer, async_sse_events
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_WAIT = 10  # seconds a refused client waits at most before its next request
@@ -131,6 +135,59 @@ async def plain(client: httpx.AsyncClient, rng: random.Random, tally: Tally, cha
     tally.tokens += max_tokens
 
 
+@dataclass
+class StreamSeen:
+    """What one stream sent: its finish reasons, [DONE] events, error event and usage."""
+
+    finishes: list[str] = field(default_factory=list)
+    done: int = 0
+    error: dict | None = None
+    usage: dict | None = None
+    tokens: int = 0  # token events
+    after_done: bool = False  # an event came after [DONE]
+
+
+async def read_stream(r: httpx.Response, drop_after: int | None) -> StreamSeen | None:
+    """The stream's events, or None once it was dropped after `drop_after` token events."""
+    seen = StreamSeen()
+    async for event in async_sse_events(r.aiter_lines()):
+        if event == DONE:
+            seen.done += 1
+            continue
+        seen.after_done |= seen.done > 0
+        if "error" in event:
+            seen.error = event
+            continue
+        seen.usage = event.get("usage") or seen.usage
+        for choice in event["choices"]:
+            seen.tokens += choice.get("text") is not None or "content" in choice.get("delta", {})
+            if choice["finish_reason"] is not None:
+                seen.finishes.append(choice["finish_reason"])
+        if drop_after is not None and seen.tokens >= drop_after:
+            return None  # leaving the caller's block closes the connection mid-stream
+    return seen
+
+
+def judge_stream(path: str, seen: StreamSeen, max_tokens: int, tally: Tally) -> None:
+    """Count a stream read to its end; a violation unless it kept every promise."""
+    if seen.after_done:
+        tally.violation(f"{path} stream: an event after [DONE]")
+    if seen.done != 1:
+        tally.violation(f"{path} stream: {seen.done} [DONE] events")
+    usage = seen.usage
+    if seen.error is not None:
+        tally.counts["errors"] += 1
+        if not is_envelope(seen.error) or seen.finishes:
+            tally.violation(f"{path} stream: unclear error {seen.error} after {seen.finishes}")
+    elif (seen.finishes != ["length"] or usage is None
+          or usage["completion_tokens"] != max_tokens):
+        tally.violation(f"{path} stream: finishes {seen.finishes}, usage {usage} "
+                        f"(asked {max_tokens})")
+    else:
+        tally.counts["completed"] += 1
+        tally.tokens += max_tokens
+
+
 async def streamed(client: httpx.AsyncClient, rng: random.Random, tally: Tally, chat: bool,
                    words: int, max_tokens: int, drop_after: int | None = None) -> None:
     """A stream, read to its end, or dropped after `drop_after` token events."""
@@ -145,39 +202,11 @@ async def streamed(client: httpx.AsyncClient, rng: random.Random, tally: Tally, 
             if not is_envelope(json.loads(await r.aread())):
                 tally.violation(f"{path} stream: {r.status_code} without an envelope")
             return
-        finishes, done, error, usage, tokens = [], 0, None, None, 0
-        async for line in r.aiter_lines():
-            if not line.startswith("data:"):
-                continue
-            data = line.removeprefix("data:").strip()
-            if data == "[DONE]":
-                done += 1
-                continue
-            if done:
-                tally.violation(f"{path} stream: an event after [DONE]")
-            event = json.loads(data)
-            if "error" in event:
-                error = event
-                continue
-            usage = event.get("usage") or usage
-            for choice in event["choices"]:
-                tokens += choice.get("text") is not None or "content" in choice.get("delta", {})
-                if choice["finish_reason"] is not None:
-                    finishes.append(choice["finish_reason"])
-            if drop_after is not None and tokens >= drop_after:
-                tally.counts["dropped"] += 1
-                return  # leaving the block closes the connection mid-stream
-    if done != 1:
-        tally.violation(f"{path} stream: {done} [DONE] events")
-    if error is not None:
-        tally.counts["errors"] += 1
-        if not is_envelope(error) or finishes:
-            tally.violation(f"{path} stream: unclear error {error} after {finishes}")
-    elif finishes != ["length"] or usage is None or usage["completion_tokens"] != max_tokens:
-        tally.violation(f"{path} stream: finishes {finishes}, usage {usage} (asked {max_tokens})")
-    else:
-        tally.counts["completed"] += 1
-        tally.tokens += max_tokens
+        seen = await read_stream(r, drop_after)
+        if seen is None:
+            tally.counts["dropped"] += 1
+            return
+    judge_stream(path, seen, max_tokens, tally)
 
 
 async def bad(client: httpx.AsyncClient, rng: random.Random, tally: Tally) -> None:
@@ -208,10 +237,9 @@ async def one_request(client: httpx.AsyncClient, rng: random.Random, tally: Tall
 
 
 async def traffic(url: str, duration: float, max_requests: int, clients: int, seed: int,
-                  tally: Tally, on_warm: Any, warmup: float) -> None:
+                  tally: Tally, on_warm: Callable[[], None], warmup: float) -> None:
     rng = random.Random(seed)
     deadline = time.monotonic() + duration
-    warm_at = time.monotonic() + warmup
     started = 0
     limits = httpx.Limits(max_connections=200)
     async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as client:
@@ -236,12 +264,20 @@ async def traffic(url: str, duration: float, max_requests: int, clients: int, se
                 started += len(burst)
                 await asyncio.gather(*burst)
 
-        async def warm() -> None:
-            await asyncio.sleep(max(warm_at - time.monotonic(), 0))
-            on_warm()
-
-        await asyncio.gather(*(worker(rng.random()) for _ in range(clients)), bursts(), warm())
+        load = asyncio.gather(*(worker(rng.random()) for _ in range(clients)), bursts())
+        await sample_when_warm(load, warmup, on_warm)
     tally.counts["requests_started"] = started
+
+
+async def sample_when_warm(load: Awaitable[Any], warmup: float,
+                           on_warm: Callable[[], None]) -> None:
+    """Await `load`, calling `on_warm` once it has run for `warmup` seconds; a load that
+    ends sooner leaves no warm-up sample."""
+    load = asyncio.ensure_future(load)
+    finished, _ = await asyncio.wait({load}, timeout=warmup)
+    if not finished:
+        on_warm()
+    await load
 
 
 def scrape(url: str) -> dict[str, float]:
@@ -258,28 +294,6 @@ def rss_mib(pid: int) -> float:
     return int(re.search(r"VmRSS:\s+(\d+) kB", status)[1]) / 1024
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def start_server(log_path: Path) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "server.py", "--port", str(port), *SERVER_FLAGS],
-                            cwd=ROOT, stdout=log_path.open("w"), stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            time.sleep(0.3)
-    proc.kill()
-    raise RuntimeError(f"the server did not start:\n{log_path.read_text()}")
-
-
 def wait_idle(url: str, timeout: float = 60) -> dict[str, float]:
     deadline = time.monotonic() + timeout
     while True:
@@ -289,6 +303,12 @@ def wait_idle(url: str, timeout: float = 60) -> dict[str, float]:
         if idle or time.monotonic() > deadline:
             return m
         time.sleep(0.2)
+
+
+def rss_grew_less_than(rss: dict[str, float], bound_mib: float) -> bool:
+    """Growth from the warm-up sample to the end; without a warm-up sample nothing was
+    measured, which fails."""
+    return "warm" in rss and rss["end"] - rss["warm"] < bound_mib
 
 
 def reasons(m: dict[str, float], before: dict[str, float]) -> dict[str, int]:
@@ -303,22 +323,19 @@ def run(duration: float, max_requests: int = 100_000, clients: int = 10, seed: i
         warmup: float = 20.0, rss_bound_mib: float = 100.0,
         log_path: Path = Path("/tmp/nano_vllm_soak_server.log")) -> dict[str, Any]:
     """The soak; returns the report (report["passed"] says whether every check held)."""
-    proc, url = start_server(log_path)
     tally = Tally()
-    rss: dict[str, float] = {"start": rss_mib(proc.pid)}
-    try:
+    command = [sys.executable, "server.py", "--port", "{port}", *SERVER_FLAGS]
+    with LiveServer(command, log_path, cwd=ROOT) as server:
+        url, pid = server.url, server.pid
+        rss: dict[str, float] = {"start": rss_mib(pid)}
         before = scrape(url)
         began = time.monotonic()
         asyncio.run(traffic(url, duration, max_requests, clients, seed, tally,
-                            lambda: rss.setdefault("warm", rss_mib(proc.pid)), warmup))
+                            lambda: rss.setdefault("warm", rss_mib(pid)), warmup))
         elapsed = time.monotonic() - began
         after = wait_idle(url)
-        rss["end"] = rss_mib(proc.pid)
-        proc.send_signal(signal.SIGTERM)
-        exit_code = proc.wait(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+        rss["end"] = rss_mib(pid)
+        exit_code = server.stop(grace=60)  # SIGTERM: it drains, then exits
     log = log_path.read_text()
     stopped = re.search(r"stopped: (\d+) requests in flight; KV blocks used (\d+), free (\d+), "
                         r"cached-free (\d+) of (\d+)", log)
@@ -335,7 +352,7 @@ def run(duration: float, max_requests: int = 100_000, clients: int = 10, seed: i
         "/metrics error == client's errors": by_reason["error"] == c["errors"],
         "/metrics stop == 0 (ignore_eos everywhere)": by_reason["stop"] == 0,
         f"RSS growth after warm-up < {rss_bound_mib:g} MiB":
-            rss["end"] - rss.get("warm", rss["end"]) < rss_bound_mib,
+            rss_grew_less_than(rss, rss_bound_mib),
         "SIGTERM: exit 0, nothing in flight, no block held": exit_code == 0 and bool(stopped)
             and stopped[1] == "0" and stopped[2] == "0",
         "traffic really was mixed": all(c[k] > 0 for k in ("completed", "dropped", "bad_4xx",

@@ -10,19 +10,16 @@ client and statistics):
 Greedy, so both servers must stream identical text; the speculating server's /metrics give
 the drafted and accepted tokens of each workload. Run it alone on the machine:
 
-    heavy timeout 1800 python3 benchmarks/spec_decode.py
+    timeout 1800 python3 benchmarks/spec_decode.py
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import random
 import re
 import shlex
-import subprocess
 import sys
-import time
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -32,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # see benchmarks/_
 import httpx
 
 from benchmarks.bench import QUESTIONS, UserResult, stream_completion, summarize, user_prompt
+from benchmarks.live_server import LiveServer, free_port
 from benchmarks.results import LevelResult, Machine, SpecDecodeRun, SpecDecodeWorkload, result_path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -133,32 +131,14 @@ async def measure(url: str, args: argparse.Namespace
     return out
 
 
-def start_server(port: int, flags: list[str], log: Path) -> subprocess.Popen:
-    command = [sys.executable, "server.py", "--port", str(port), *flags]
-    print("starting:", shlex.join(command), file=sys.stderr, flush=True)
-    server = subprocess.Popen(command, cwd=ROOT, stdout=log.open("w"), stderr=subprocess.STDOUT)
-    for _ in range(1200):
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                return server
-        except httpx.HTTPError:
-            pass
-        if server.poll() is not None:
-            raise RuntimeError(f"server exited: {log.read_text()[-2000:]}")
-        time.sleep(0.25)
-    server.kill()
-    raise RuntimeError("server did not become healthy")
-
-
 def run_server(flags: list[str], args: argparse.Namespace, label: str):
-    port = random.randint(20000, 60000)
-    log = Path(f"/tmp/nano-vllm-spec-{label}-{port}.log")
-    server = start_server(port, flags, log)
-    try:
-        return asyncio.run(measure(f"http://127.0.0.1:{port}", args))
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
+    port = free_port()
+    server = LiveServer([sys.executable, "server.py", "--port", "{port}", *flags],
+                        f"/tmp/nano-vllm-spec-{label}-{port}.log", port=port, cwd=ROOT,
+                        stop_grace=30)
+    print("starting:", shlex.join(server.command), file=sys.stderr, flush=True)
+    with server:
+        return asyncio.run(measure(server.url, args))
 
 
 def main() -> int:

@@ -5,7 +5,7 @@ through the weights, and the libraries here leave memory bandwidth on the table 
 (MKL's `x @ W` reads ~20 GB/s of the ~45 a plain sum reaches; bf16 matmuls ~16). The kernel
 (model/csrc/dense_linear.cpp) reads each weight matrix as column panels laid out K-major,
 one contiguous stream per thread, and register-blocks the rows so that 30 rows cost one
-pass over the weights from memory, not 30 (benchmarks/linear_microbench.py measures it).
+pass over the weights from memory, not 30 (benchmarks/studies/linear_microbench.py measures it).
 
 `PackedLinear` replaces `model.layers.Linear` module for module; `pack_model_linears`
 does it for a whole loaded model. Without the kernel (no compiler, no AVX-512 / AVX512_BF16,

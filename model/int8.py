@@ -2,7 +2,7 @@
 
 Quantized at load from the fp32 (or bf16, upcast) weights: w ≈ d_row * q with q in
 [-127, 127] and d_row = max |w_row| / 127. Unlike q4_1 this changes the model, so its
-accuracy is measured (benchmarks/quant_accuracy.py). The matmuls run on the Q8_0 kernel of
+accuracy is measured (benchmarks/studies/quant_accuracy.py). The matmuls run on the Q8_0 kernel of
 model/quantized.py, which takes a scale per 32 inputs: here each row repeats its one scale.
 Activations stay fp32.
 """

@@ -9,6 +9,8 @@ from contextlib import contextmanager
 
 import httpx
 
+from benchmarks.live_server import sse_events
+
 # ~115 tokens: seven full blocks of 16 in common before the questions differ.
 PREFIX = ("You are the assistant of a small town library. The library opens at nine and "
           "closes at five, except on Sundays. Books may be borrowed for three weeks and "
@@ -32,9 +34,8 @@ def shared_prefix_streams(url: str, max_tokens: int = 400) -> Iterator[None]:
                 "temperature": 0, "stream": True}
         with httpx.Client(timeout=120) as client, client.stream(
                 "POST", f"{url}/v1/completions", json=body) as response:
-            for line in response.iter_lines():
-                if line.startswith("data:"):
-                    started[i].set()
+            for _ in sse_events(response.iter_lines()):
+                started[i].set()
                 if stop.is_set():
                     break
         started[i].set()  # ended (or failed): never leave a waiter hanging

@@ -3,13 +3,13 @@ requests share a prefix, a block's tooltip details, and errors in OpenAI's envel
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from typing import Any
 
 import httpx
 
+from benchmarks.live_server import sse_events
 from tests.api.conftest import RunningServer
 from tests.api.dashboard_load import PREFIX, QUESTIONS, shared_prefix_streams
 
@@ -22,11 +22,9 @@ def frames(server: RunningServer, until: Callable[[dict[str, Any]], bool],
             "GET", f"{server.url}/dashboard/events") as response:
         assert response.status_code == 200
         assert response.headers["content-type"].startswith("text/event-stream")
-        for line in response.iter_lines():
-            if line.startswith("data:"):
-                message = json.loads(line[5:])
-                if until(message):
-                    return message
+        for message in sse_events(response.iter_lines()):
+            if until(message):
+                return message
             assert time.monotonic() < deadline, "no frame like that in time"
     raise AssertionError("the event stream ended")
 

@@ -9,6 +9,7 @@ import time
 import httpx
 import pytest
 
+from benchmarks.live_server import DONE, sse_events
 from engine.batch_engine import BatchEngine, QueueFullError
 from engine.config import EngineConfig
 from engine.request import Request, SamplingParams
@@ -79,11 +80,11 @@ def test_deadline_streamed_error_event(server):
     with httpx.stream("POST", server.url + COMPLETIONS,
                       json={**LONG, "stream": True, "request_timeout": 0.7}, timeout=30) as r:
         assert r.status_code == 200
-        events = [line[len("data: "):] for line in r.iter_lines() if line.startswith("data: ")]
-    tokens = [json.loads(e) for e in events[:-2]]
+        events = list(sse_events(r.iter_lines()))
+    tokens = events[:-2]
     print(f"{len(tokens)} token events, then {events[-2:]}")
-    assert events[-1] == "[DONE]"
-    error = json.loads(events[-2])["error"]
+    assert events[-1] == DONE
+    error = events[-2]["error"]
     assert error["type"] == "timeout_error" and error["code"] == "request_timeout"
     assert all("choices" in t for t in tokens) and len(tokens) < 300
     assert idle_blocks(server) == 0

@@ -3,11 +3,8 @@ a real server process), and an engine failure ends the process for its superviso
 
 from __future__ import annotations
 
-import json
 import re
 import signal
-import socket
-import subprocess
 import sys
 import threading
 import time
@@ -18,6 +15,7 @@ import httpx
 import pytest
 
 from api.lifecycle import ENGINE_FAILURE_EXIT_CODE
+from benchmarks.live_server import LiveServer, sse_events
 from engine.batch_engine import BatchEngine
 from engine.config import EngineConfig
 from tests.api.conftest import RunningServer, serve
@@ -56,10 +54,8 @@ class StreamReader(threading.Thread):
         with httpx.stream("POST", self.url + COMPLETIONS, json={**self.body, "stream": True},
                           timeout=120) as r:
             self.status = r.status_code
-            for line in r.iter_lines():
-                if line.startswith("data:"):
-                    data = line.removeprefix("data:").strip()
-                    self.events.append(data if data == "[DONE]" else json.loads(data))
+            for event in sse_events(r.iter_lines()):
+                self.events.append(event)
         self.ended = time.monotonic()
 
     def texts(self) -> list[str]:
@@ -109,30 +105,11 @@ def test_a_dead_engine_fails_its_requests_and_refuses_new_ones(doomed):
 # --- real server processes -----------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def start_server(log: Path, *flags: str, code: str | None = None) -> tuple[subprocess.Popen, str]:
-    """server.py (or `code`, which runs it) on a free loopback port, once /health is 200."""
-    port = free_port()
-    argv = [sys.executable, *(["-c", code] if code else ["server.py"]), "--port", str(port),
+def small_server(log: Path, *flags: str, code: str | None = None) -> LiveServer:
+    """server.py (or `code`, which runs it) on a free loopback port, with a small pool."""
+    argv = [sys.executable, *(["-c", code] if code else ["server.py"]), "--port", "{port}",
             "--num-blocks", "64", "--max-num-seqs", "4", *flags]
-    proc = subprocess.Popen(argv, cwd=ROOT, stdout=log.open("w"), stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + START_TIMEOUT
-    while True:
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError(f"the server did not come up:\n{log.read_text()}")
-        time.sleep(0.2)
+    return LiveServer(argv, log, cwd=ROOT, start_timeout=START_TIMEOUT)
 
 
 def running(url: str) -> float:
@@ -146,8 +123,8 @@ def test_sigterm_drains_then_exits_zero(tmp_path):
     request with a 503; meanwhile /health and new requests get 503. Exit status 0, no
     request left and no block held."""
     log = tmp_path / "server.log"
-    proc, url = start_server(log, "--shutdown-timeout", "6")
-    try:
+    with small_server(log, "--shutdown-timeout", "6") as server:
+        url, proc = server.url, server.proc
         short = StreamReader(url, {"prompt": "One", "max_tokens": 40, "ignore_eos": True})
         long = StreamReader(url, {"prompt": "Two", "max_tokens": 900, "ignore_eos": True})
         plain: dict[str, httpx.Response] = {}
@@ -173,9 +150,6 @@ def test_sigterm_drains_then_exits_zero(tmp_path):
             thread.join(timeout=60)
         rc = proc.wait(timeout=30)
         exited = time.monotonic()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     output = log.read_text()
     print(output)
     print(f"short: {len(short.texts())} chunks, ended {short.ended - sent:.2f} s after SIGTERM; "
@@ -215,16 +189,13 @@ def test_an_engine_failure_exits_non_zero_for_the_supervisor(tmp_path):
     """By default a dead engine ends the process (status 70) after failing what was in
     flight, so systemd or Kubernetes restarts it."""
     log = tmp_path / "server.log"
-    proc, url = start_server(log, code=CRASHING_SERVER)
-    try:
+    with small_server(log, code=CRASHING_SERVER) as server:
+        url, proc = server.url, server.proc
         bystander = StreamReader(url, {"prompt": "Hello", "max_tokens": 300, "ignore_eos": True})
         wait_for(lambda: len(bystander.texts()) >= 2)
         r = httpx.post(url + COMPLETIONS, json={"prompt": "Crash", "max_tokens": 777}, timeout=60)
         bystander.join(timeout=30)
         rc = proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     print(log.read_text())
     print(f"crasher: {r.status_code} {r.text}; bystander: {bystander.error()}; exit {rc}")
     assert check_error(r, 503, "server_error")["code"] == "engine_failed"

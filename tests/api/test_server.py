@@ -8,7 +8,6 @@ stop condition against without one.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from typing import Any
 
@@ -18,6 +17,7 @@ import pytest
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
+from benchmarks.live_server import DONE, sse_events
 from tests.api.conftest import MODEL_NAME, RunningServer
 
 PROMPT = "The cat sat on the"
@@ -45,18 +45,15 @@ def chat(server: RunningServer, **body: Any) -> dict:
 
 def stream(server: RunningServer, path: str, body: dict[str, Any]) -> list[dict]:
     """The JSON events of a streamed response, checking it is SSE and ends in [DONE]."""
-    payloads: list[str] = []
     with httpx.stream("POST", server.url + path, json={**body, "stream": True},
                       timeout=60) as r:
         assert r.status_code == 200, r.read()
         assert r.headers["content-type"].startswith("text/event-stream")
-        for line in r.iter_lines():
-            if line.startswith("data:"):
-                payloads.append(line.removeprefix("data:").strip())
-    assert payloads, "no events"
-    assert payloads[-1] == "[DONE]", f"last event: {payloads[-1]!r}"
-    assert "[DONE]" not in payloads[:-1]
-    return [json.loads(p) for p in payloads[:-1]]
+        events = list(sse_events(r.iter_lines()))
+    assert events, "no events"
+    assert events[-1] == DONE, f"last event: {events[-1]!r}"
+    assert DONE not in events[:-1]
+    return events[:-1]
 
 
 def stats_when_idle(server: RunningServer, within: float = 6.0) -> dict[str, int]:
@@ -484,8 +481,8 @@ def test_streaming_disconnect_frees_blocks(server):
     with httpx.Client(timeout=30) as c, c.stream("POST", server.url + COMPLETIONS,
                                                   json=body) as r:
         assert r.status_code == 200
-        for line in r.iter_lines():
-            events += line.startswith("data:")
+        for _ in sse_events(r.iter_lines()):
+            events += 1
             if events == 3:
                 break
         during = server.engine.stats()

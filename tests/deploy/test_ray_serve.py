@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import threading
 import time
 from collections import Counter
@@ -28,6 +27,7 @@ else:
     ray = pytest.importorskip("ray")
 from ray import serve
 
+from benchmarks.live_server import DONE, free_port, sse_events
 from deploy.app import build_app
 from deploy.ingress import routing_text
 from deploy.ray_serve import APP_NAME, REPO_ROOT
@@ -52,12 +52,6 @@ WAIT_S = 120  # bound on every wait for the cluster
 @dataclass
 class Endpoint:
     url: str
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def deploy(router: str, endpoint: Endpoint | None = None) -> None:
@@ -165,31 +159,28 @@ def test_killed_replica_fails_its_requests_and_comes_back(cluster: Endpoint) -> 
         r = complete(cluster, prompt, max_tokens=400)
         plain.update(status=r.status_code, body=r.json(), replica=r.headers.get(REPLICA_HEADER))
 
-    events: list[str] = []
+    events: list = []
     with httpx.stream("POST", cluster.url + "/v1/completions", json=body, timeout=60) as r:
         assert r.status_code == 200
         killed, pid = r.headers[REPLICA_HEADER], int(r.headers[REPLICA_PID_HEADER])
         thread = threading.Thread(target=non_streamed)
-        lines = r.iter_lines()
-        for line in lines:
-            if line.startswith("data:"):
-                events.append(line.removeprefix("data:").strip())
-                if len(events) == 1:
-                    thread.start()
-                if len(events) == 8:
-                    break
+        stream = sse_events(r.iter_lines())
+        for event in stream:
+            events.append(event)
+            if len(events) == 1:
+                thread.start()
+            if len(events) == 8:
+                break
         time.sleep(0.5)  # the non-streamed request is in flight on that replica too
         os.kill(pid, signal.SIGKILL)
         t0 = time.monotonic()
-        for line in lines:
-            if line.startswith("data:"):
-                events.append(line.removeprefix("data:").strip())
+        events.extend(stream)
         print(f"stream ended {time.monotonic() - t0:.1f} s after the kill; last events:",
               events[-2:])
     thread.join(WAIT_S)
     print("non-streamed:", plain)
-    assert events[-1] == "[DONE]"
-    error = json.loads(events[-2])["error"]
+    assert events[-1] == DONE
+    error = events[-2]["error"]
     assert error["type"] == "server_error" and "replica" in error["message"]
     assert len(events) < 400  # it did not finish
     if plain.get("replica") is None:  # it was on the killed replica: a clean 503

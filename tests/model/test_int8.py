@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from benchmarks.quant_accuracy import EVAL_TEXT
+from benchmarks.studies.quant_accuracy import EVAL_TEXT
 from model.int8 import int8_per_channel, load_int8_model, quantize_model_int8
 from model.llama import LlamaModel, causal_attention
 from model.loader import load_model

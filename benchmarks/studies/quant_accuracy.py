@@ -8,7 +8,7 @@ prompt + continuation once (teacher forcing) and is scored on
   there, so that is exactly where its own greedy text would part from fp32's);
 - perplexity on benchmarks/data/eval_text.txt, a short English text shipped with the project.
 
-Usage: `heavy python3 -m benchmarks.quant_accuracy [--weights q4_1 int8] [--model DIR]`
+Usage: `python3 -m benchmarks.studies.quant_accuracy [--weights q4_1 int8] [--model DIR]`
 (q4_1 exists for the default model only).
 """
 
@@ -27,7 +27,7 @@ from model.llama import LlamaModel, causal_attention
 from model.loader import load_model
 from model.prepare import resolve_model_dir
 
-EVAL_TEXT = Path(__file__).parent / "data" / "eval_text.txt"
+EVAL_TEXT = Path(__file__).resolve().parents[1] / "data" / "eval_text.txt"
 PROMPTS = [
     "The cat sat on the",
     "Paris is the capital of",

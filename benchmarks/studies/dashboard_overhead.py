@@ -8,14 +8,13 @@ process rather than a headless browser, whose drawing would compete for this mac
 CPU cores and measure the browser rather than the server.
 
 Example (a server on 127.0.0.1:8123, nothing else running):
-    python3 benchmarks/dashboard_overhead.py --url http://127.0.0.1:8123 --pairs 3
+    python3 benchmarks/studies/dashboard_overhead.py --url http://127.0.0.1:8123 --pairs 3
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import shlex
 import statistics
 import sys
@@ -23,11 +22,12 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # see benchmarks/__init__.py
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # see benchmarks/__init__.py
 
 import httpx
 
 from benchmarks import bench
+from benchmarks.live_server import async_sse_events
 from benchmarks.results import (
     DashboardOverheadRun,
     LevelResult,
@@ -42,10 +42,8 @@ async def watch(url: str, frames: list[float]) -> None:
     async with httpx.AsyncClient(timeout=None) as client, client.stream(
             "GET", f"{url}/dashboard/events") as response:
         response.raise_for_status()
-        async for line in response.aiter_lines():
-            if line.startswith("data:"):
-                json.loads(line[5:])
-                frames.append(time.perf_counter())
+        async for _ in async_sse_events(response.aiter_lines()):  # each frame parsed
+            frames.append(time.perf_counter())
 
 
 async def one_load(args: argparse.Namespace, page_open: bool) -> tuple[LevelResult, int]:

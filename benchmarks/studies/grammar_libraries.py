@@ -4,8 +4,8 @@ decode step's grammar work at batch 30 (fill 30 masks, apply them to random logi
 the argmax, advance the 30 matchers), median of 40 steps.
 
 xgrammar is not a dependency of nano-vLLM: `pip install xgrammar==0.2.8` before running.
-    python3 benchmarks/grammar_libraries.py xgrammar
-    python3 benchmarks/grammar_libraries.py llguidance
+    python3 benchmarks/studies/grammar_libraries.py xgrammar
+    python3 benchmarks/studies/grammar_libraries.py llguidance
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # see benchmarks/__init__.py
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # see benchmarks/__init__.py
 
 import numpy as np
 import torch

@@ -3,7 +3,7 @@
 All 30 layers' shapes (qkv 576->960, o 576->576, gate_up 576->3072, down 1536->576) with the
 default model's real weights, plus the LM head (576->49152), at 1 and 30 rows of x: fp32,
 q4_1 (the GGUF's codes; its LM head is Q8_0) and int8 (per output channel), in one run.
-Usage: `heavy python3 -m benchmarks.quantized_microbench [--repeats 30]`.
+Usage: `python3 -m benchmarks.studies.quantized_microbench [--repeats 30]`.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ Paths: ours (model/dense_linear.py's PackedLinear), `x @ weight_t` (what model/l
 Linear does), and oneDNN with its weights reordered once
 (`torch.ops.mkldnn._reorder_linear_weight` + `torch.ops.mkldnn._linear_pointwise`).
 
-    heavy python benchmarks/linear_microbench.py [--dtypes float32 bfloat16] [--rows 1 30]
+    python3 benchmarks/studies/linear_microbench.py [--dtypes float32 bfloat16] [--rows 1 30]
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # see benchmarks/__init__.py
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # see benchmarks/__init__.py
 
 import torch
 
