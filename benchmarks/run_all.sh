@@ -66,12 +66,7 @@ python3 benchmarks/profile_decode.py --users 1 30 --contexts 100 1000 \
 python3 benchmarks/profile_decode.py --dtype bfloat16 --users 1 30 --contexts 100 1000 \
   --out "$OUT/profile_decode_bf16.json"
 # 5. Charts and tables.
-python3 benchmarks/plot.py "$OUT/nano-vllm.json" "$OUT/baseline.json" --out docs/charts
-python3 benchmarks/plot.py "$OUT/prefix-cache-on.json" "$OUT/prefix-cache-off.json" \
-  --out docs/charts --prefix prefix_
-python3 benchmarks/plot.py "$OUT/prefill-batched.json" "$OUT/prefill-one-at-a-time.json" \
-  --out docs/charts --prefix prefill_
-python3 benchmarks/report.py "$OUT" > "$OUT/tables.md"
+python3 benchmarks/report.py --results "$OUT"   # docs/results.md and docs/charts/
 # 6. Preemption: 30 users in a pool of 64 blocks (1,024 tokens, about a third of what they
 #    need at once). Every request must still finish; /metrics counts the preemptions.
 with_server /tmp/nano-vllm-preemption.log . python3 server.py --port {port} --num-blocks 64 -- \

@@ -9,9 +9,9 @@ checkout) runs from its own folder with --port and FLAGS; this tree's benchmarks
 measures it with BENCH FLAGS and saves OUT/LABEL.json, or with --turns N above 1 the turns
 A B A B ... as OUT/LABEL-1.json ... OUT/LABEL-N.json. Run nothing else meanwhile.
 
-This tree against the baseline (results/round3-check/{nano,base}.json):
+This tree against the baseline (results/baseline-check/{nano,base}.json):
 
-    python3 benchmarks/side_by_side.py results/round3-check nano=server.py \\
+    python3 benchmarks/side_by_side.py results/baseline-check nano=server.py \\
         base=baseline_server.py -- --users 1 30 --max-tokens 100
 
 Two checkouts alternating, twice each (results/restructure/{before,after}-{1,2}.json):

@@ -32,7 +32,9 @@ FOREIGN_FLAGS = {
 
 # Our commands, as the docs invoke them: the way to ask each for --help.
 COMMAND = re.compile(r"python3\s+(?:-m\s+([\w.]+)|((?:[\w./-]+/)?[\w-]+\.py))")
-SHELL_BREAK = re.compile(r"\s(?:&&?|\|\|?|;|\))(?:\s|$)|\s#")
+# A shell separator ends a command's flags; so does a lone "--" (what follows is passed on to
+# another program, e.g. side_by_side.py's flags for bench.py).
+SHELL_BREAK = re.compile(r"\s(?:&&?|\|\|?|;|\)|--)(?:\s|$)|\s#")
 FLAG = re.compile(r"(?<![^\s`(\[=])(--[a-z][a-z0-9_-]*)")
 
 
