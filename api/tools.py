@@ -119,7 +119,8 @@ def tool_plan(body: Any) -> ToolPlan | None:
     if not tools and choice is None:
         return None
     mode, chosen = read_choice(choice, tools, choice_field)
-    parallel = body.parallel_tool_calls is not False
+    # The legacy form answers with one call, as OpenAI's did.
+    parallel = body.parallel_tool_calls is not False and source == "tools"
     return ToolPlan(tools, mode, chosen, parallel, source)
 
 

@@ -135,9 +135,10 @@ def test_history_with_a_tool_result(client: openai.OpenAI):
 
 def test_legacy_functions(client: openai.OpenAI):
     r = client.chat.completions.create(
-        model=MODEL_NAME, messages=ASK, temperature=0, max_tokens=80,
+        model=MODEL_NAME, messages=ASK, temperature=0, max_tokens=120,
         functions=[t["function"] for t in TOOLS], function_call={"name": "get_weather"})
     check_calls(r.choices[0], ("get_weather",))
+    assert len(r.choices[0].message.tool_calls) == 1  # the legacy form: one call
 
 
 @pytest.mark.parametrize("extra, param", [
