@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from api.responses import Timing, Usage
 from engine.logprobs import TokenLogprobs
@@ -58,6 +59,7 @@ class Job:
     created: int = field(default_factory=lambda: int(time.time()))
     samples: dict[tuple[int, int], SampleResult] = field(default_factory=dict)
     prompt_logprobs: dict[int, list[TokenLogprobs | None]] = field(default_factory=dict)
+    streams: dict[int, Any] = field(default_factory=dict)  # what a stream keeps per choice
     cached_tokens: dict[int, int] = field(default_factory=dict)  # per prompt
 
     def record(self, prompt_index: int, output: RequestOutput) -> SampleResult:

@@ -1,21 +1,22 @@
-"""OpenAI API request bodies, as far as we serve them: strict types, unknown fields ignored.
+"""OpenAI API request bodies, as far as we serve them: strict types for the fields we read.
 
 Each body translates itself into the engine's terms (`to_sampling_params`), and says what
-it asks for that this server does not do (`check_supported`, from one table per body).
+it asks for that this server does not do (`check_supported`, from api/field_policy.py's
+table of every field each endpoint may be sent).
 Both raise APIError, which becomes a 400 naming the field.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from api.errors import APIError
+from api.field_policy import CHAT, COMPLETIONS, check_fields
 from api.structured import grammar_spec
+from api.tools import ToolPlan, tool_plan
 from engine.logprobs import DEFAULT_LOGPROBS_MODE, MAX_TOP_LOGPROBS, LogprobsMode
 from engine.request import SamplingParams
 from engine.structured.grammar import GrammarSpec
@@ -23,14 +24,6 @@ from engine.structured.grammar import GrammarSpec
 # Below this a temperature is greedy (as in vLLM): dividing logits by a tinier one overflows.
 GREEDY_TEMPERATURE = 1e-5
 PRIORITY_BOUND = 2**31  # a 32-bit signed priority: room for any ordering, exact in a float key
-
-
-@dataclass(frozen=True)
-class Unsupported:
-    """A field we refuse when `asked(body)` says the request asks for it."""
-
-    asked: Callable[[Any], bool]
-    message: str | None = None  # None: "<field> is not supported by this server."
 
 
 class APIModel(BaseModel):
@@ -43,7 +36,11 @@ class StreamOptions(APIModel):
 
 
 class SamplingFields(APIModel):
-    """What completions and chat share: the model, streaming and the sampling fields."""
+    """What completions and chat share: the model, streaming and the sampling fields.
+    Fields not declared here are kept (in model_extra) for the field policy to judge."""
+
+    model_config = ConfigDict(strict=True, extra="allow")
+    ENDPOINT: ClassVar[str]
 
     model: str | None = None
     stream: bool = False
@@ -80,14 +77,6 @@ class SamplingFields(APIModel):
     guided_json: dict | str | None = None
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
-    # Accepted only so that asking for them is an explicit 400 (UNSUPPORTED), not ignored.
-    bad_words: list[str] | None = None
-
-    # Checked in this order; the first field asked for gives the 400.
-    UNSUPPORTED: ClassVar[dict[str, Unsupported]] = {
-        "bad_words": Unsupported(lambda body: bool(body.bad_words), "bad_words is not "
-                                 "supported by this server; logit_bias with -100 bans tokens."),
-    }
 
     @property
     def include_usage(self) -> bool:
@@ -144,11 +133,14 @@ class SamplingFields(APIModel):
                            "--scheduling-policy priority; this one serves first come first "
                            "served.", "priority")
 
+    def sent_fields(self) -> dict[str, Any]:
+        """Every field the body was sent with, declared or not, and its value."""
+        sent = {name: getattr(self, name) for name in self.model_fields_set}
+        return {**sent, **(self.model_extra or {})}
+
     def check_supported(self) -> None:
-        for field, rule in self.UNSUPPORTED.items():
-            if rule.asked(self):
-                raise APIError(rule.message or f"{field} is not supported by this server.",
-                               field)
+        """A 400 for a field this endpoint refuses; a logged warning for an unknown one."""
+        check_fields(self.ENDPOINT, self.sent_fields())
 
     def to_sampling_params(self, num_prompt_tokens: int, max_model_len: int,
                            vocab_size: int) -> SamplingParams:
@@ -286,6 +278,7 @@ def check_top_logprobs(value: int | None, field: str) -> None:
 
 
 class CompletionRequest(SamplingFields):
+    ENDPOINT: ClassVar[str] = COMPLETIONS
     # Text, token ids, or a list of either: each prompt gets n choices of its own.
     prompt: str | list[int] | list[str] | list[list[int]]
     max_tokens: int | None = 16
@@ -317,21 +310,50 @@ class TextPart(APIModel):
 
 
 class ChatMessage(APIModel):
-    role: Literal["system", "user", "assistant", "developer"]
-    content: str | list[TextPart]
+    role: Literal["system", "user", "assistant", "developer", "tool"]
+    content: str | list[TextPart] | None = None  # None: an assistant's tool calls only
     name: str | None = None
+    tool_calls: list[dict] | None = None  # an assistant's (api/tool_prompt.py checks them)
+    tool_call_id: str | None = None  # a tool message's: the call it answers
 
     def text(self) -> str:
+        if self.content is None:
+            return ""
         if isinstance(self.content, str):
             return self.content
         return "".join(part.text for part in self.content)
 
 
 class ChatCompletionRequest(SamplingFields):
+    ENDPOINT: ClassVar[str] = CHAT
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
+    # Function tools (api/tools.py), and their legacy form.
+    tools: list[dict] | None = None
+    tool_choice: str | dict | None = None
+    parallel_tool_calls: bool | None = None
+    functions: list[dict] | None = None
+    function_call: str | dict | None = None
+    _tool_plan: tuple[ToolPlan | None] | None = PrivateAttr(default=None)
+
+    def tool_plan(self) -> ToolPlan | None:
+        """The tools offered and the choice asked for (None: no tools); read once."""
+        if self._tool_plan is None:
+            self._tool_plan = (tool_plan(self),)
+        return self._tool_plan[0]
+
+    def grammar_spec(self) -> GrammarSpec | None:
+        """A tool call's grammar, or the structured output asked for; not both."""
+        plan = self.tool_plan()
+        spec = grammar_spec(self)
+        if plan is None or not plan.may_call:
+            return spec
+        if spec is not None:
+            raise APIError("A structured output cannot be combined with tools that may be "
+                           "called; send tool_choice 'none' to use it.", spec.source)
+        return plan.grammar_spec()
 
     def sampled_logprobs(self) -> int | None:
         check_top_logprobs(self.top_logprobs, "top_logprobs")
@@ -350,6 +372,12 @@ class ChatCompletionRequest(SamplingFields):
 
 
 def template_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
-    """The messages as the chat template takes them ('developer' is the new 'system')."""
-    return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-            for m in messages]
+    """The messages as the chat template takes them ('developer' is the new 'system'), each
+    with its name if it has one (a template may render it)."""
+    rendered = []
+    for m in messages:
+        message = {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+        if m.name is not None:
+            message["name"] = m.name
+        rendered.append(message)
+    return rendered

@@ -12,7 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-FinishReason = Literal["stop", "length"]  # "abort" and "error" never reach a response
+# "abort" and "error" never reach a response; "tool_calls": the answer is tool calls.
+FinishReason = Literal["stop", "length", "tool_calls"]
 
 
 def omitted_if_none() -> Any:
@@ -105,10 +106,22 @@ class ChatChoiceLogprobs(BaseModel):
     refusal: None = None
 
 
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str  # a JSON text
+
+
+class ToolCall(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatCompletionMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None  # None when the answer is tool calls only
     refusal: None = None  # OpenAI's schema requires the key
+    tool_calls: list[ToolCall] | None = omitted_if_none()
 
 
 class ChatCompletionChoice(BaseModel):
@@ -128,9 +141,22 @@ class ChatCompletionResponse(BaseModel):
     timing: list[Timing] | None = omitted_if_none()
 
 
+class DeltaFunctionCall(BaseModel):
+    name: str | None = omitted_if_none()  # in a call's first delta only
+    arguments: str | None = omitted_if_none()  # a piece of the arguments' JSON text
+
+
+class DeltaToolCall(BaseModel):
+    index: int  # which call of the choice
+    id: str | None = omitted_if_none()  # id and type in a call's first delta only
+    type: Literal["function"] | None = omitted_if_none()
+    function: DeltaFunctionCall
+
+
 class DeltaMessage(BaseModel):
     role: Literal["assistant"] | None = omitted_if_none()  # only in the first chunk
     content: str | None = omitted_if_none()
+    tool_calls: list[DeltaToolCall] | None = omitted_if_none()
 
 
 class ChatCompletionStreamChoice(BaseModel):

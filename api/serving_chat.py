@@ -1,4 +1,5 @@
-"""POST /v1/chat/completions: messages rendered with the model's chat template."""
+"""POST /v1/chat/completions: messages rendered with the model's chat template; with tools
+(api/tools.py), answers read back as tool calls."""
 
 from __future__ import annotations
 
@@ -14,9 +15,14 @@ from api.responses import (
     ChatCompletionStreamChoice,
     ChatCompletionStreamResponse,
     DeltaMessage,
+    DeltaToolCall,
     FinishReason,
+    FunctionCall,
+    ToolCall,
 )
 from api.serving import OpenAIServing
+from api.tool_calls import CallStream, is_call_text, new_call_id, scan
+from api.tool_prompt import render_messages, template_renders_tools
 from engine.logprobs import TokenLogprobs
 from engine.request import RequestOutput
 
@@ -25,8 +31,11 @@ class ChatServing(OpenAIServing[ChatCompletionRequest]):
     request_id_prefix = "chatcmpl"
 
     def prompts(self, body: ChatCompletionRequest) -> list[Prompt]:
-        text = self.tokenizer.apply_chat_template(body.template_messages(), tokenize=False,
-                                                  add_generation_prompt=True)
+        messages, tools = render_messages(body.messages, body.tool_plan(),
+                                          template_renders_tools(self.tokenizer))
+        extra = {"tools": tools} if tools else {}
+        text = self.tokenizer.apply_chat_template(messages, tokenize=False,
+                                                  add_generation_prompt=True, **extra)
         return [Prompt(self.tokenizer(text, add_special_tokens=False).input_ids)]
 
     def logprobs(self, body: ChatCompletionRequest,
@@ -35,14 +44,32 @@ class ChatServing(OpenAIServing[ChatCompletionRequest]):
             return None
         return ChatChoiceLogprobs(content=self.formatter.chat(entries or []))
 
+    @staticmethod
+    def may_call(body: ChatCompletionRequest) -> bool:
+        plan = body.tool_plan()
+        return plan is not None and plan.may_call
+
+    def tool_calls(self, body: ChatCompletionRequest, text: str) -> list[ToolCall] | None:
+        """The answer's tool calls, None if it is not (whole) calls."""
+        if not self.may_call(body) or not is_call_text(text):
+            return None
+        found = scan(text)
+        if not found.complete:  # cut off (max_tokens, a stop string): left as text
+            return None
+        return [ToolCall(id=new_call_id(), function=FunctionCall(name=call.name or "",
+                                                                 arguments=call.arguments))
+                for call in found.calls]
+
     def response(self, job: Job, body: ChatCompletionRequest) -> ChatCompletionResponse:
         choices = []
         for index, sample in job.ranked(0):
             assert sample.last is not None
+            calls = self.tool_calls(body, sample.text)
+            message = (ChatCompletionMessage(content=None, tool_calls=calls) if calls
+                       else ChatCompletionMessage(content=sample.text))
             choices.append(ChatCompletionChoice(
-                index=index, message=ChatCompletionMessage(content=sample.text),
-                logprobs=self.logprobs(body, sample.logprobs),
-                finish_reason=sample.last.finish_reason))
+                index=index, message=message, logprobs=self.logprobs(body, sample.logprobs),
+                finish_reason=finish(sample.last.finish_reason, calls is not None)))
         return ChatCompletionResponse(id=job.response_id, created=job.created, model=job.model,
                                       choices=choices, usage=job.usage())
 
@@ -53,11 +80,20 @@ class ChatServing(OpenAIServing[ChatCompletionRequest]):
 
     def chunk(self, job: Job, body: ChatCompletionRequest, prompt_index: int,
               output: RequestOutput, sample: SampleResult) -> ChatCompletionStreamResponse:
+        index = job.choice_index(prompt_index, output.sample_index)
+        logprobs = self.logprobs(body, output.logprobs)
+        if self.may_call(body) and is_call_text(sample.text) is not False:
+            # Calls, or nothing yet to tell: the calls' deltas so far, if any.
+            stream = job.streams.setdefault(index, CallStream())
+            entries = stream.deltas(sample.text)
+            calls = [DeltaToolCall.model_validate(e) for e in entries] or None
+            done = output.finish_reason is not None and scan(sample.text).complete
+            return self._chunk(job, index, DeltaMessage(tool_calls=calls),
+                               finish(output.finish_reason, done), logprobs)
         # The last chunk carries only finish_reason when no text came with it.
         content = output.text if output.text or output.finish_reason is None else None
-        return self._chunk(job, job.choice_index(prompt_index, output.sample_index),
-                           DeltaMessage(content=content), output.finish_reason,
-                           self.logprobs(body, output.logprobs))
+        return self._chunk(job, index, DeltaMessage(content=content), output.finish_reason,
+                           logprobs)
 
     def usage_chunk(self, job: Job) -> ChatCompletionStreamResponse:
         return ChatCompletionStreamResponse(id=job.response_id, created=job.created,
@@ -70,3 +106,8 @@ class ChatServing(OpenAIServing[ChatCompletionRequest]):
                                             finish_reason=finish_reason)
         return ChatCompletionStreamResponse(id=job.response_id, created=job.created,
                                             model=job.model, choices=[choice])
+
+
+def finish(reason: FinishReason | None, calls: bool) -> FinishReason | None:
+    """An answer that ended as whole tool calls finishes with "tool_calls"."""
+    return "tool_calls" if calls and reason == "stop" else reason

@@ -22,6 +22,7 @@ class GrammarKind(StrEnum):
     JSON_OBJECT = "json_object"  # value: None; any JSON object
     REGEX = "regex"  # value: the pattern
     CHOICE = "choice"  # value: the list of allowed answers
+    LARK = "lark"  # value: a grammar in llguidance's lark syntax (built by the server)
 
 
 class GrammarError(ValueError):
@@ -55,6 +56,8 @@ def grammar_text(spec: GrammarSpec) -> str:
             return matcher.grammar_from_json_schema({"type": "object"}, defaults=JSON_OPTIONS)
         if spec.kind is GrammarKind.REGEX:
             return matcher.grammar_from_regex(spec.value)
+        if spec.kind is GrammarKind.LARK:
+            return matcher.grammar_from_lark(spec.value)
     except (ValueError, RuntimeError, TypeError) as exc:
         raise GrammarError(str(exc)) from exc
     # Lark string literals take JSON's escapes, so json.dumps quotes any choice safely.

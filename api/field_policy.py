@@ -1,0 +1,230 @@
+"""What the generating endpoints do with each request field they may be sent.
+
+Every field that OpenAI's schema or vLLM's documented extensions define for
+/v1/completions or /v1/chat/completions is in one table per endpoint, with one of three
+statuses: implemented, accepted with no effect (and why), or refused (a 400 naming the
+field, unless its value asks for nothing: null, false, empty, or the one value that is
+this server's behaviour anyway). A field no API defines is accepted, as vLLM does, and
+named once per field name in a warning in the server log.
+
+`check_fields` applies the table to a request body; `render_markdown` writes it out for the
+API docs.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from api.errors import APIError
+
+log = logging.getLogger("nano_vllm.api")
+
+COMPLETIONS = "/v1/completions"
+CHAT = "/v1/chat/completions"
+
+
+class Status(StrEnum):
+    IMPLEMENTED = "implemented"
+    NO_EFFECT = "accepted, no effect"
+    REFUSED = "refused (400)"
+
+
+class Origin(StrEnum):
+    OPENAI = "OpenAI"
+    VLLM = "vLLM"
+    OURS = "nano-vLLM"
+
+
+# Values that ask for nothing, by default: a refused field sent with one is let through.
+EMPTY_VALUES: tuple[Any, ...] = (None, False, "", [], {})
+
+
+@dataclass(frozen=True)
+class FieldRule:
+    status: Status
+    origin: Origin
+    reason: str = ""  # what it does, or why it has no effect or is refused
+    # The values that ask for nothing, besides null: this server's behaviour anyway. When
+    # none are given, EMPTY_VALUES.
+    inert: tuple[Any, ...] = ()
+
+    def asks_for(self, value: Any) -> bool:
+        """Whether `value` asks for something."""
+        inert = (None, *self.inert) if self.inert else EMPTY_VALUES
+        return not any(value == v and type(value) is type(v) for v in inert)
+
+
+def done(reason: str, origin: Origin = Origin.OPENAI) -> FieldRule:
+    return FieldRule(Status.IMPLEMENTED, origin, reason)
+
+
+def no_effect(reason: str, origin: Origin = Origin.OPENAI) -> FieldRule:
+    return FieldRule(Status.NO_EFFECT, origin, reason)
+
+
+def refused(reason: str, origin: Origin = Origin.OPENAI, *inert: Any) -> FieldRule:
+    return FieldRule(Status.REFUSED, origin, reason, inert)
+
+
+V, OURS = Origin.VLLM, Origin.OURS
+
+# Fields both endpoints read the same way.
+SHARED: dict[str, FieldRule] = {
+    "model": done("The served model's name, or \"default\"; any other is a 404."),
+    "stream": done("Server-sent events, one per token and choice."),
+    "stream_options": done("include_usage; vLLM's continuous_usage_stats too."),
+    "max_tokens": done("Output tokens at most; default: as many as fit."),
+    "temperature": done("0 is greedy."),
+    "top_p": done("Nucleus sampling."),
+    "seed": done("Per-request generator: same seed, same answer."),
+    "stop": done("Stop strings, left out of the answer."),
+    "n": done("Choices per prompt, at most the server's seats."),
+    "presence_penalty": done("Logits processor, -2 to 2."),
+    "frequency_penalty": done("Logits processor, -2 to 2."),
+    "logit_bias": done("Token id -> bias, -100 to 100."),
+    "user": no_effect("An end-user id for the provider's abuse monitoring; not used here."),
+    "best_of": done("Samples run per prompt; the n of highest cumulative logprob are returned.",
+                    V),
+    "response_format": done("json_object or json_schema, through llguidance (on completions "
+                            "an extension)."),
+    "top_k": done("Top-k sampling; 0 or -1 is off.", V),
+    "min_p": done("Min-p sampling.", V),
+    "repetition_penalty": done("Logits processor; 1 is off.", V),
+    "stop_token_ids": done("Token ids that end the answer.", V),
+    "ignore_eos": done("Keep generating past the end-of-sequence token.", V),
+    "min_tokens": done("End-of-sequence and stop tokens are masked until this many.", V),
+    "allowed_token_ids": done("Only these tokens may be sampled.", V),
+    "priority": done("Lower is seated first; needs --scheduling-policy priority.", V),
+    "structured_outputs": done("json, regex, choice or json_object, through llguidance.", V),
+    "guided_json": done("vLLM's older spelling of structured_outputs.json.", V),
+    "guided_regex": done("vLLM's older spelling of structured_outputs.regex.", V),
+    "guided_choice": done("vLLM's older spelling of structured_outputs.choice.", V),
+    "guided_grammar": refused("Grammars other than JSON schema, regex and choice are not "
+                              "offered.", V),
+    "guided_decoding_backend": no_effect("There is one backend, llguidance.", V),
+    "guided_whitespace_pattern": refused("JSON is always generated without optional "
+                                         "whitespace.", V),
+    "bad_words": refused("Not offered; logit_bias with -100 bans tokens.", V),
+    "use_beam_search": refused("Beam search is not offered.", V),
+    "length_penalty": refused("Applies to beam search only, which is not offered.", V, 1, 1.0),
+    "include_stop_str_in_output": refused("Stop strings are always left out of the answer.",
+                                          V),
+    "skip_special_tokens": refused("Special tokens are always left out of the text.", V,
+                                   True),
+    "spaces_between_special_tokens": no_effect("Special tokens are left out of the text, so "
+                                               "there is nothing to space.", V),
+    "truncate_prompt_tokens": refused("Prompts are never truncated; a prompt too long is a "
+                                      "400.", V),
+    "prompt_logprobs": refused("Not offered as a field; on /v1/completions echo with "
+                               "logprobs gives the prompt's.", V),
+    "logprobs_mode": done("raw (default) or processed logprobs.", OURS),
+    "request_timeout": done("Seconds this request may take; the shorter of it and the "
+                            "server's --request-timeout wins.", OURS),
+    "request_id": refused("Send the id in the X-Request-Id header instead.", V),
+    "return_tokens_as_token_ids": refused("Not offered.", V),
+    "return_token_ids": refused("Not offered.", V),
+    "cache_salt": refused("The prefix cache is shared by all requests; it cannot be "
+                          "salted.", V),
+    "kv_transfer_params": refused("Disaggregated serving is not offered.", V),
+    "vllm_xargs": refused("Not offered.", V),
+    "logits_processors": refused("Custom logits processors cannot be loaded per request.",
+                                 V),
+}
+
+COMPLETION_FIELDS: dict[str, FieldRule] = {
+    **SHARED,
+    "prompt": done("Text, token ids, or a list of either."),
+    "echo": done("The choice's text and logprobs begin with the prompt's."),
+    "logprobs": done("Top logprobs per token, 0 to 20."),
+    "suffix": refused("Insertion (fill in the middle) is not offered."),
+    "add_special_tokens": refused("The tokenizer's default special tokens are always added.",
+                                  V, True),
+    "prompt_embeds": refused("Prompts are text or token ids.", V),
+}
+
+CHAT_FIELDS: dict[str, FieldRule] = {
+    **SHARED,
+    "messages": done("Rendered with the model's chat template; a message's name is passed "
+                     "to it."),
+    "max_completion_tokens": done("max_tokens' newer name; it wins when both are given."),
+    "logprobs": done("Logprobs of the answer's tokens."),
+    "top_logprobs": done("Top logprobs per token, 0 to 20; needs logprobs."),
+    "tools": done("Function tools; see Tools."),
+    "tool_choice": done("none, auto, required, or one named function; see Tools."),
+    "parallel_tool_calls": done("false: at most one call per answer."),
+    "functions": done("The legacy form of tools, read as function tools."),
+    "function_call": done("The legacy form of tool_choice."),
+    "metadata": no_effect("Tags for stored completions; nothing is stored here."),
+    "store": no_effect("Completions are not stored for later retrieval."),
+    "service_tier": no_effect("There is one tier."),
+    "safety_identifier": no_effect("An end-user id for the provider's abuse monitoring."),
+    "prompt_cache_key": no_effect("The prefix cache finds shared prefixes by itself."),
+    "prompt_cache_retention": no_effect("The prefix cache keeps blocks until it needs the "
+                                        "room."),
+    "prompt_cache_options": no_effect("The prefix cache needs no options."),
+    "prediction": no_effect("Predicted outputs only speed generation up; the answer is the "
+                            "same without them."),
+    "verbosity": no_effect("A hint to reasoning models; this one takes no such hint."),
+    "moderation": refused("No moderation is run."),
+    "modalities": refused("Only text is generated.", Origin.OPENAI, ["text"], []),
+    "audio": refused("Only text is generated."),
+    "reasoning_effort": refused("The model does not reason before answering."),
+    "web_search_options": refused("Web search is not offered."),
+    "echo": refused("Not offered on chat; /v1/completions echoes its prompt.", V),
+    "add_generation_prompt": refused("The assistant's turn is always opened.", V, True),
+    "continue_final_message": refused("A final assistant message is not continued.", V),
+    "add_special_tokens": refused("The chat template's own special tokens are used.", V),
+    "documents": refused("Documents are not passed to the chat template.", V),
+    "chat_template": refused("The model's own chat template is used.", V),
+    "chat_template_kwargs": refused("The chat template takes no extra arguments.", V),
+    "mm_processor_kwargs": refused("Only text is served.", V),
+}
+
+POLICIES: dict[str, dict[str, FieldRule]] = {COMPLETIONS: COMPLETION_FIELDS,
+                                             CHAT: CHAT_FIELDS}
+
+_warned: set[str] = set()
+_warned_lock = threading.Lock()
+
+
+def check_fields(endpoint: str, fields: dict[str, Any]) -> None:
+    """Apply `endpoint`'s table to the fields a body was sent with: APIError (400) naming
+    the first refused field that asks for something; a warning, once per name, for each
+    field that no API defines."""
+    table = POLICIES[endpoint]
+    for name, value in fields.items():
+        rule = table.get(name)
+        if rule is None:
+            warn_unknown(name)
+        elif rule.status is Status.REFUSED and rule.asks_for(value):
+            raise APIError(f"{name} is not supported by this server: {rule.reason}", name)
+
+
+def warn_unknown(name: str) -> None:
+    """Log, the first time only, that a field no API defines was sent and is ignored."""
+    with _warned_lock:
+        if name in _warned:
+            return
+        _warned.add(name)
+    log.warning("Ignoring the request field %r, which no API defines (logged once).", name)
+
+
+def render_markdown() -> str:
+    """Every field of both endpoints as one markdown table per endpoint, for the API docs."""
+    parts = []
+    for endpoint, table in POLICIES.items():
+        parts += [f"### `{endpoint}`", "", "| Field | From | Status | Notes |",
+                  "|---|---|---|---|"]
+        for name in sorted(table):
+            rule = table[name]
+            parts.append(f"| `{name}` | {rule.origin} | {rule.status} | {rule.reason} |")
+        parts.append("")
+    return "\n".join(parts)
+
+
+if __name__ == "__main__":
+    print(render_markdown())

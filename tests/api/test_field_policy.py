@@ -1,0 +1,119 @@
+"""The field policy (api/field_policy.py): every field OpenAI's schema defines for the two
+generating endpoints is classified, the table agrees with what the request bodies declare,
+and over HTTP a refused field is a 400 naming it, a no-effect field is accepted, and an
+unknown field is accepted and logged once."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from api.field_policy import CHAT, COMPLETIONS, POLICIES, Status, render_markdown
+from api.protocol import ChatCompletionRequest, CompletionRequest
+
+OPENAI_SPEC = Path("/work/shared/openai-openapi.yaml")
+SCHEMAS = {COMPLETIONS: "CreateCompletionRequest", CHAT: "CreateChatCompletionRequest"}
+BODIES = {COMPLETIONS: CompletionRequest, CHAT: ChatCompletionRequest}
+ASK = {COMPLETIONS: {"prompt": "Hello", "max_tokens": 2},
+       CHAT: {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}}
+
+
+def schema_properties(schemas: dict, name: str) -> set[str]:
+    """A schema's properties, through allOf and $ref."""
+    schema = schemas[name]
+    found = set(schema.get("properties", {}))
+    for part in schema.get("allOf", []):
+        if "$ref" in part:
+            found |= schema_properties(schemas, part["$ref"].rsplit("/", 1)[-1])
+        found |= set(part.get("properties", {}))
+    return found
+
+
+@pytest.fixture(scope="module")
+def openai_schemas() -> dict:
+    if not OPENAI_SPEC.exists():
+        pytest.skip(f"{OPENAI_SPEC} is not on this machine")
+    return yaml.safe_load(OPENAI_SPEC.read_text())["components"]["schemas"]
+
+
+@pytest.mark.parametrize("endpoint", [COMPLETIONS, CHAT])
+def test_every_openai_field_is_classified(openai_schemas, endpoint):
+    properties = schema_properties(openai_schemas, SCHEMAS[endpoint])
+    assert len(properties) > 15  # the walk through allOf found the schema's fields
+    missing = properties - set(POLICIES[endpoint])
+    assert not missing, f"{endpoint}: fields with no policy: {sorted(missing)}"
+
+
+@pytest.mark.parametrize("endpoint", [COMPLETIONS, CHAT])
+def test_table_agrees_with_the_request_body(endpoint):
+    """A declared field is read (implemented or no effect); an implemented one is declared,
+    so that it cannot be dropped unread; every rule says why."""
+    declared = set(BODIES[endpoint].model_fields)
+    table = POLICIES[endpoint]
+    assert declared <= set(table), sorted(declared - set(table))
+    for name, rule in table.items():
+        assert rule.reason, name
+        if rule.status is Status.IMPLEMENTED:
+            assert name in declared, f"{name} is implemented but not declared"
+        if name in declared:
+            assert rule.status is not Status.REFUSED, f"{name} is declared yet refused"
+
+
+def test_markdown_lists_every_field():
+    text = render_markdown()
+    for endpoint, table in POLICIES.items():
+        assert f"### `{endpoint}`" in text
+        for name, rule in table.items():
+            assert f"| `{name}` | {rule.origin} | {rule.status} |" in text
+
+
+@pytest.mark.parametrize("endpoint, field, value", [
+    (COMPLETIONS, "suffix", " and so on."),
+    (COMPLETIONS, "bad_words", ["cat"]),
+    (CHAT, "guided_grammar", "start: \"a\""),
+    (CHAT, "include_stop_str_in_output", True),
+    (CHAT, "add_generation_prompt", False),
+    (CHAT, "continue_final_message", True),
+    (CHAT, "echo", True),
+    (CHAT, "audio", {"voice": "alloy", "format": "wav"}),
+    (CHAT, "modalities", ["text", "audio"]),
+])
+def test_refused_field_is_a_400_naming_it(server, endpoint, field, value):
+    r = httpx.post(server.url + endpoint, json={**ASK[endpoint], field: value}, timeout=30)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == field
+    assert field in error["message"]
+    assert error["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize("endpoint, field, value", [
+    (COMPLETIONS, "suffix", ""),  # asks for nothing
+    (CHAT, "add_generation_prompt", True),  # what the server does anyway
+    (CHAT, "include_stop_str_in_output", False),
+    (CHAT, "modalities", ["text"]),
+    (CHAT, "user", "someone"),
+    (CHAT, "metadata", {"team": "a"}),
+    (CHAT, "store", True),
+    (CHAT, "service_tier", "auto"),
+    (COMPLETIONS, "user", "someone"),
+])
+def test_inert_and_no_effect_fields_are_accepted(server, endpoint, field, value):
+    r = httpx.post(server.url + endpoint, json={**ASK[endpoint], field: value}, timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] >= 1
+
+
+def test_unknown_field_is_accepted_and_logged_once(server, caplog):
+    name = "a_field_no_api_defines"
+    with caplog.at_level(logging.WARNING, logger="nano_vllm.api"):
+        for endpoint in (COMPLETIONS, CHAT, CHAT):
+            r = httpx.post(server.url + endpoint, json={**ASK[endpoint], name: 1}, timeout=60)
+            assert r.status_code == 200, r.text
+    warnings = [rec for rec in caplog.records if name in rec.getMessage()]
+    assert len(warnings) == 1, [rec.getMessage() for rec in warnings]
+    assert warnings[0].levelno == logging.WARNING
