@@ -129,3 +129,16 @@ def test_every_flag_written_belongs_to_its_command() -> None:
               for page, flag in alone if flag not in ours and flag not in FOREIGN_FLAGS]
     print(f"{len(on_commands)} flags on {len(targets)} commands, {len(alone)} flags alone")
     assert len(on_commands) > 30 and not wrong, "\n".join(sorted(set(wrong)))
+
+
+def test_the_api_docs_field_tables_are_the_policy_table() -> None:
+    """docs/api.md's per-field statuses are rendered from api/field_policy.py, the one table
+    that decides; they must not drift from it."""
+    from api.field_policy import render_markdown
+
+    text = (ROOT / "docs" / "api.md").read_text()
+    block = re.search(r"<!-- field-policy:start[^>]*-->\n(.*?)\n<!-- field-policy:end -->",
+                      text, re.S)
+    assert block, "docs/api.md has no field-policy block"
+    assert block.group(1).strip() == render_markdown().strip(), \
+        "docs/api.md's field tables are stale: paste the output of python3 -m api.field_policy"
