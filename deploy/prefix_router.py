@@ -8,7 +8,13 @@ already holds its prompt's start. The router remembers which replica each prompt
    at least `min_match_chars` long and those replicas are not busier than the least-loaded
    one by more than `imbalance_threshold` requests: the request goes there;
 2. otherwise ranks every replica by load (requests in flight), ties going to the replica
-   that holds the fewest remembered prefixes, so new prompt families spread out.
+   that was sent a request longest ago (one never sent any first), so new prompt families
+   spread out and a replica that has just started (a replacement, a scale-up) takes the next
+   such request instead of waiting for the others to be busier.
+
+The tie-break is not by list position: Ray Serve lists replicas oldest first, so at equal
+load the oldest would win every time; requests one at a time are always at equal load (none
+in flight), and a new replica would then get none of them.
 
 Ray Serve tries the ranks in order and skips a replica whose queue is full. Why not Ray's
 own `ray.serve.llm.request_router.PrefixCacheAffinityRouter`: importing `ray.serve.llm` needs
@@ -48,6 +54,12 @@ class PrefixAwareRouter(RequestRouter):
         self.index = PrefixIndex(chunk_chars, max_chunks)
         self.min_match_chars = min_match_chars
         self.imbalance_threshold = imbalance_threshold
+        self._routed = 0  # requests routed so far
+        self._last_routed: dict[str, int] = {}  # replica -> the number of its latest request
+
+    def _recency(self, replica: RunningReplica) -> int:
+        """When the replica was last sent a request (-1: never): lower goes first."""
+        return self._last_routed.get(replica.replica_id.to_full_id_str(), -1)
 
     def _load(self, replica: RunningReplica) -> int:
         """Requests in flight on a replica, as the router last heard (unknown: 0)."""
@@ -61,8 +73,7 @@ class PrefixAwareRouter(RequestRouter):
         if pending_request is not None:
             # When every rank is full, wait (with backoff) before asking again.
             pending_request.routing_context.should_backoff = True
-        by_load = sorted(candidate_replicas, key=lambda r: (
-            self._load(r), self.index.chunks_held(r.replica_id.to_full_id_str())))
+        by_load = sorted(candidate_replicas, key=lambda r: (self._load(r), self._recency(r)))
         text = routing_text(pending_request)
         if not text:
             return [[r] for r in by_load]
@@ -78,15 +89,23 @@ class PrefixAwareRouter(RequestRouter):
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID,
                           result: ReplicaResult) -> None:
+        replica = replica_id.to_full_id_str()
+        self._routed += 1
+        self._last_routed[replica] = self._routed
         text = routing_text(pending_request)
         if text:
-            self.index.insert(text, replica_id.to_full_id_str())
+            self.index.insert(text, replica)
 
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
         super().on_replica_actor_died(replica_id)
-        self.index.forget([replica_id.to_full_id_str()])
+        self._forget({replica_id.to_full_id_str()})
 
     def update_replicas(self, replicas: list[RunningReplica]) -> None:
         super().update_replicas(replicas)
         alive = {r.replica_id.to_full_id_str() for r in replicas}
-        self.index.forget(self.index.replicas() - alive)
+        self._forget((self.index.replicas() | set(self._last_routed)) - alive)
+
+    def _forget(self, gone: set[str]) -> None:
+        self.index.forget(gone)
+        for replica in gone:
+            self._last_routed.pop(replica, None)

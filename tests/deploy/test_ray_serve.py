@@ -155,7 +155,10 @@ def test_killed_replica_fails_its_requests_and_comes_back(cluster: Endpoint) -> 
             "stream": True}
     plain: dict[str, Any] = {}
 
-    def non_streamed() -> None:  # the same prompt: routed to the same replica
+    def non_streamed() -> None:
+        # The same prompt, sent once the stream has started: the router matches its two
+        # chunks to the stream's replica (one request in flight there, within the imbalance
+        # allowed), so it is certainly in flight on the replica killed below.
         r = complete(cluster, prompt, max_tokens=400)
         plain.update(status=r.status_code, body=r.json(), replica=r.headers.get(REPLICA_HEADER))
 
@@ -183,8 +186,10 @@ def test_killed_replica_fails_its_requests_and_comes_back(cluster: Endpoint) -> 
     error = events[-2]["error"]
     assert error["type"] == "server_error" and "replica" in error["message"]
     assert len(events) < 400  # it did not finish
-    if plain.get("replica") is None:  # it was on the killed replica: a clean 503
-        assert plain["status"] == 503 and plain["body"]["error"]["type"] == "server_error"
+    assert plain["status"] == 503, plain  # not answered by the survivor: it was on the killed one
+    assert plain["replica"] is None  # the ingress's own answer
+    assert plain["body"]["error"]["type"] == "server_error"
+    assert "replica" in plain["body"]["error"]["message"]
 
     served_by = [complete(cluster, f"After the kill, request {i}:") for i in range(3)]
     print("after the kill:", [(r.status_code, r.headers.get(REPLICA_HEADER)) for r in served_by])
@@ -192,8 +197,8 @@ def test_killed_replica_fails_its_requests_and_comes_back(cluster: Endpoint) -> 
     survivors = {r.headers[REPLICA_HEADER] for r in served_by}
     assert killed not in survivors
 
-    # The replacement is up once it answers: prompts of two chunks or more, each new, so the
-    # router (least loaded, then fewest remembered prefixes) turns to the new replica.
+    # The replacement is up once it answers: each prompt new, so the router (least loaded,
+    # then the replica sent a request longest ago) turns to the new replica once it knows it.
     deadline, i = time.monotonic() + WAIT_S, 0
     while True:
         r = complete(cluster, f"Prompt {i} sent after the kill, until a new replica answers "
@@ -206,6 +211,70 @@ def test_killed_replica_fails_its_requests_and_comes_back(cluster: Endpoint) -> 
     print(f"replaced by {r.headers[REPLICA_HEADER]}: answering {time.monotonic() - t0:.1f} s "
           "after the kill")
     assert engine_replicas_running() == REPLICAS
+
+
+# After the controller reports the replacement running, the ingress hears of it within about
+# a second (Ray's long poll); the next request with no remembered prefix must then go to it.
+BOTH_SERVE_WITHIN_S = 10.0
+
+
+def engine_replica_states() -> dict[str, int]:
+    app = serve.status().applications[APP_NAME]
+    return dict(app.deployments["EngineReplica"].replica_states)
+
+
+def wait_for_replacement() -> None:
+    """Until the controller has seen the kill (its replica no longer counted as running) and
+    then reports every replica running again."""
+    settled = {"RUNNING": REPLICAS}
+    for what, done in (("see the kill", lambda: engine_replica_states() != settled),
+                       ("replace the replica", lambda: engine_replica_states() == settled)):
+        deadline = time.monotonic() + WAIT_S
+        while not done():
+            assert time.monotonic() < deadline, f"the controller did not {what}: " \
+                f"{engine_replica_states()}"
+            time.sleep(0.2)
+
+
+def test_a_replacement_replica_serves_at_once(cluster: Endpoint) -> None:
+    """Kill a replica, then send short, unrelated prompts one at a time (never a remembered
+    prefix, never two in flight: equal load at every choice). Once the replacement runs,
+    both it and the survivor must serve within BOTH_SERVE_WITHIN_S. Twice: first a replica
+    from before, then the replacement itself (the newest), so the one killed is once the
+    older and once the younger of the two."""
+    victim: str | None = None
+    pids: dict[str, int] = {}
+    for kill in range(2):
+        deadline = time.monotonic() + WAIT_S
+        while len(pids) < REPLICAS or (victim is not None and victim not in pids):
+            assert time.monotonic() < deadline, f"requests reached only {sorted(pids)}"
+            prompts = [f"Kill {kill}: who is there? {i}" for i in range(REPLICAS * 2)]
+            with ThreadPoolExecutor(REPLICAS * 2) as pool:  # together: the least loaded differs
+                answers = list(pool.map(lambda p: complete(cluster, p, max_tokens=1), prompts))
+            assert all(r.status_code == 200 for r in answers), [r.text for r in answers]
+            pids.update((r.headers[REPLICA_HEADER], int(r.headers[REPLICA_PID_HEADER]))
+                        for r in answers)
+        victim = victim or next(iter(pids))
+        survivor = next(name for name in pids if name != victim)
+        os.kill(pids[victim], signal.SIGKILL)
+        t_kill = time.monotonic()
+        wait_for_replacement()
+        t_up = time.monotonic()
+        served: list[str] = []
+        while time.monotonic() - t_up < BOTH_SERVE_WITHIN_S:
+            r = complete(cluster, f"Kill {kill}, request {len(served)}: say hi.", max_tokens=1)
+            assert r.status_code == 200, r.text
+            served.append(r.headers[REPLICA_HEADER])
+            if len(set(served)) == REPLICAS:
+                break
+            time.sleep(0.2)
+        print(f"kill {kill}: {victim} killed; running again {t_up - t_kill:.1f} s later; "
+              f"then served by {served} in {time.monotonic() - t_up:.1f} s")
+        assert victim not in served
+        assert survivor in served and len(set(served)) == REPLICAS, (
+            f"not both replicas served within {BOTH_SERVE_WITHIN_S} s: {served}")
+        victim = next(name for name in served if name != survivor)  # next: the replacement
+        pids = {survivor: pids[survivor]}
 
 
 def group_prompts(topic: str, rules: list[str]) -> str:
@@ -260,19 +329,22 @@ def run_groups(endpoint: Endpoint, prefix_tokens: int) -> tuple[int, int, list[s
 
 
 def test_prefix_routing_keeps_each_group_on_its_replica(cluster: Endpoint, tokenizer) -> None:
+    """Runs after the kills above, on a survivor and a replacement: where the CI once saw
+    both groups sent to one replica, evicting each other."""
     prefix_tokens = shared_prefix_tokens(tokenizer)
     prefix_hits, later, prefix_placed = run_groups(cluster, prefix_tokens)
-    deploy("power-of-two", cluster)
-    random_hits, _, random_placed = run_groups(cluster, prefix_tokens)
-    deploy("prefix", cluster)  # as the other tests expect
     print(f"shared prefix {prefix_tokens} tokens; replica pool {NUM_BLOCKS} blocks")
     print(f"prefix-aware router: {prefix_hits}/{later} later requests hit their group's "
           f"prefix; placements {prefix_placed}")
-    print(f"power-of-two router: {random_hits}/{later} later requests hit; "
-          f"placements {random_placed}")
     for group in "ac":
         replicas = Counter(p.split("->")[1].split(":")[0] for p in prefix_placed
                            if p.startswith(group))
         assert replicas.most_common(1)[0][1] >= len(QUESTIONS) - 1, replicas
+    # A replica's pool holds one group's system prompt, not two: a request hits only if its
+    # group's previous request went to the same replica and the other group's did not go
+    # there in between. So all but one of the later requests hitting is only possible if
+    # the groups were kept apart, whatever the timing or the order Ray lists replicas in. No
+    # comparison with Ray's power-of-two router: between idle replicas it picks at random,
+    # so it keeps the groups apart by luck now and then (each placement is a coin toss), and
+    # "it hit fewer" would fail by chance.
     assert prefix_hits >= later - 1
-    assert random_hits < prefix_hits
