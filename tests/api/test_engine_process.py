@@ -4,7 +4,8 @@ Real server processes (tests/api/test_lifecycle.py's helpers): the answers match
 in-process engine's token for token; samples, logprobs, structured outputs and /metrics
 cross; a client that leaves frees its blocks; SIGTERM drains and both processes exit 0; a
 killed core fails its streams, the server answers 503 and exits for its supervisor, and
-no process is left behind. One server serves every test but the last, which kills its own.
+no process is left behind, also when the API process is killed. One server serves the
+first tests, the last of them stopping it; the others start their own.
 """
 
 from __future__ import annotations
@@ -206,4 +207,13 @@ def test_a_killed_core_fails_its_streams_and_ends_the_server(tmp_path):
     # with it) or was refused after: both are 503s.
     assert check_error(r, 503, "server_error")["code"] in ("engine_failed", "service_unavailable")
     assert rc == ENGINE_FAILURE_EXIT_CODE
+    wait_for(lambda: gone(core), timeout=5)
+
+
+def test_the_core_exits_when_the_server_is_killed(tmp_path):
+    """kill -9 of the API process, which can drain nothing: its core notices and exits."""
+    server = launch(tmp_path / "server.log")
+    core = server.core_pid
+    server.proc.kill()
+    server.proc.wait()
     wait_for(lambda: gone(core), timeout=5)
