@@ -11,10 +11,12 @@ import uvicorn
 
 from api import lifecycle
 from api.app import create_app
+from api.engine_client import ServedEngine
 from api.security import AccessConfig
-from engine.batch_engine import BatchEngine, load_engine
+from engine.batch_engine import load_engine
 from engine.config import EngineConfig
 from engine.core import EngineCore, PagedEngineCore
+from engine.core_client import EngineProcessClient, EngineStartError
 from model.prepare import MODEL_NAME, ModelPreparationError
 from model.quantized import QuantizedKernelUnavailable
 
@@ -26,6 +28,14 @@ def build_parser(description: str | None) -> argparse.ArgumentParser:
     parser.add_argument("--served-model-name", default=None,
                         help="name clients use in 'model' (default: the model folder's name)")
     EngineConfig.add_cli_args(parser)
+    parser.add_argument("--engine-process", action=argparse.BooleanOptionalAction,
+                        default=False,
+                        help="run the engine core in a process of its own, so that it does "
+                             "not share the GIL with the HTTP server (the dashboard's live "
+                             "view is then unavailable)")
+    parser.add_argument("--engine-cpus", default=None,
+                        help="with --engine-process: CPU ids to pin the core process to, "
+                             "e.g. 0,1 (default: every CPU the server may use)")
     AccessConfig.add_cli_args(parser)
     lifecycle.add_cli_args(parser)
     return parser
@@ -35,7 +45,7 @@ def build_parser(description: str | None) -> argparse.ArgumentParser:
 RESPONSE_GRACE_SECONDS = 10
 
 
-def serve(engine: BatchEngine, args: argparse.Namespace, model_name: str,
+def serve(engine: ServedEngine, args: argparse.Namespace, model_name: str,
           access: AccessConfig) -> int:
     """Serve until SIGTERM/SIGINT (drained, then 0) or an engine failure; the exit status."""
     app = create_app(engine, model_name, access,
@@ -72,13 +82,30 @@ def run_server(description: str | None, title: str = "nano-vLLM",
     try:
         config = replace(EngineConfig.from_args(args), **(fixed or {}))
         access = AccessConfig.from_args(args)
-        engine = load_engine(config, core_class)
-    except (ModelPreparationError, ValueError, QuantizedKernelUnavailable) as exc:
+        engine = build_engine(config, args, core_class)
+    except (ModelPreparationError, ValueError, QuantizedKernelUnavailable,
+            EngineStartError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     print(f"{title}: {served_name(args)} on {engine.describe()}; "
           f"serving on http://{args.host}:{args.port}/v1", flush=True)
     return serve(engine, args, served_name(args), access)
+
+
+def build_engine(config: EngineConfig, args: argparse.Namespace,
+                 core_class: type[EngineCore]) -> ServedEngine:
+    """The engine on a thread of this process, or (--engine-process) the client of a core
+    process; ValueError for a combination that cannot run."""
+    if not args.engine_process:
+        if args.engine_cpus is not None:
+            raise ValueError("--engine-cpus pins the engine core process: it needs "
+                             "--engine-process")
+        return load_engine(config, core_class)
+    if core_class is not PagedEngineCore:
+        raise ValueError("--engine-process runs nano-vLLM's own engine core only")
+    logging.getLogger("nano_vllm.server").warning(
+        "--engine-process: the dashboard's live view (/dashboard) is not available")
+    return EngineProcessClient(config, args.engine_cpus)
 
 
 def main() -> int:

@@ -3,12 +3,16 @@ the engine wrapped around baseline_server.py's core both fit, and a test may pas
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from engine.request import Request
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
+
+    from engine.config import EngineConfig
+    from engine.core import EngineStats
 
 
 class MetricsRenderer(Protocol):
@@ -63,3 +67,34 @@ class EngineClient(Protocol):
     def describe(self) -> str:
         """One line for the startup message: device, KV cache, attention."""
         ...
+
+
+class ServedEngine(EngineClient, Protocol):
+    """What server.py and api/lifecycle.py also use: start and stop, the drain, the failure
+    exit. BatchEngine is one; engine/core_client.py's EngineProcessClient, for an engine core
+    in its own process, is the other."""
+
+    config: EngineConfig
+
+    @property
+    def num_in_flight(self) -> int:
+        """Requests (samples counted apiece) accepted and not yet finished."""
+        ...
+
+    def start(self) -> None: ...
+
+    def shutdown(self) -> None: ...
+
+    def stop_accepting(self, reason: str) -> None:
+        """Refuse every new request from now on (EngineUnavailableError with `reason`)."""
+        ...
+
+    def abort_all(self, error: str) -> None:
+        """End every request in flight with `error`."""
+        ...
+
+    def on_failure(self, callback: Callable[[], None]) -> None:
+        """Call `callback` if the engine dies."""
+        ...
+
+    def stats(self) -> EngineStats: ...

@@ -11,8 +11,9 @@ clients see refused connections while requests in flight are cut off after its t
 3. uvicorn then shuts down as usual (responses in flight are sent), and the process exits
    with status 0. A second signal stops at once.
 
-If the engine thread dies, every request in flight has already ended with an error and new
-ones get 503 (engine/batch_engine.py). By default the process then exits with status
+If the engine thread (or with --engine-process the engine core process) dies, every request
+in flight has already ended with an error and new ones get 503 (engine/batch_engine.py,
+engine/core_client.py). By default the process then exits with status
 ENGINE_FAILURE_EXIT_CODE, so that a supervisor (systemd, Kubernetes) restarts it;
 --no-exit-on-engine-failure keeps it up, answering 503, for someone to look at.
 """
@@ -28,7 +29,7 @@ from types import FrameType
 
 import uvicorn
 
-from engine.batch_engine import BatchEngine
+from api.engine_client import ServedEngine
 
 log = logging.getLogger("nano_vllm.server")
 
@@ -52,7 +53,7 @@ class ServingProcess(uvicorn.Server):
     """uvicorn's server with the drain and the failure exit above; `exit_code` is what the
     process should exit with once `run()` returns."""
 
-    def __init__(self, config: uvicorn.Config, engine: BatchEngine, shutdown_timeout: float,
+    def __init__(self, config: uvicorn.Config, engine: ServedEngine, shutdown_timeout: float,
                  exit_on_engine_failure: bool) -> None:
         super().__init__(config)
         self.engine = engine

@@ -14,10 +14,23 @@ to fit, at the measured rate, rounded up and kept within [1, MAX_RETRY_AFTER] se
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from engine.config import EngineConfig
 
 DEFAULT_RETRY_AFTER = 1  # seconds, while nothing has been measured yet
 MAX_RETRY_AFTER = 60
+
+
+class QueueFullError(RuntimeError):
+    """The waiting line is at --max-waiting or --max-num-queued-tokens."""
+
+    def __init__(self, message: str, retry_after: int) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after  # seconds, from the measured drain rate
 
 
 @dataclass
@@ -61,11 +74,49 @@ class DrainRate:
     def retry_after(self, excess_requests: int = 0, excess_tokens: int = 0) -> int:
         """Whole seconds until `excess_requests` requests and `excess_tokens` prompt tokens
         have left the line at the measured rates."""
-        if self._busy_seconds == 0:
-            return DEFAULT_RETRY_AFTER
-        seconds = 0.0
-        for excess, rate in ((excess_requests, self.requests_per_second),
-                             (excess_tokens, self.tokens_per_second)):
-            if excess > 0:
-                seconds = max(seconds, excess / rate if rate else math.inf)
-        return int(min(max(math.ceil(seconds - 1e-6), 1), MAX_RETRY_AFTER))  # float dust
+        return retry_seconds(self.requests_per_second, self.tokens_per_second,
+                             excess_requests, excess_tokens)
+
+
+def retry_seconds(requests_per_second: float | None, tokens_per_second: float | None,
+                  excess_requests: int = 0, excess_tokens: int = 0) -> int:
+    """DrainRate.retry_after from the two rates (None: nothing measured yet), for a process
+    that only sees the rates another one measured."""
+    if requests_per_second is None and tokens_per_second is None:
+        return DEFAULT_RETRY_AFTER
+    seconds = 0.0
+    for excess, rate in ((excess_requests, requests_per_second),
+                         (excess_tokens, tokens_per_second)):
+        if excess > 0:
+            seconds = max(seconds, excess / rate if rate else math.inf)
+    return int(min(max(math.ceil(seconds - 1e-6), 1), MAX_RETRY_AFTER))  # float dust
+
+
+def check_line(config: EngineConfig, request_tokens: int, running: int, waiting: int,
+               inbox_tokens: Sequence[int], line_tokens: int,
+               retry_after: Callable[..., int]) -> None:
+    """Raise QueueFullError if the line is full by count or by prompt tokens (a request alone
+    in the line is never refused for its length).
+
+    `running` and `waiting` are the core's seated and waiting requests, `inbox_tokens` the
+    prompt lengths of requests accepted but not yet taken in by the core (in arrival order),
+    `line_tokens` the prompt tokens the core's line still has to compute, `retry_after`
+    DrainRate.retry_after or its like. Requests the free seats await are not counted as
+    waiting, by count or by tokens: a burst that arrives between two steps sits in the inbox
+    even while seats are free. Each request counts as one seat (a request with n samples
+    needs n, so this errs towards admitting)."""
+    free_seats = max(0, config.max_num_seqs - running)
+    queued_requests = max(0, len(inbox_tokens) + waiting - free_seats)
+    if queued_requests >= config.max_waiting:
+        raise QueueFullError(
+            f"the server is at capacity ({config.max_waiting} requests waiting)",
+            retry_after(excess_requests=queued_requests - config.max_waiting + 1))
+    cap = config.max_num_queued_tokens
+    if cap is None:
+        return
+    queued = line_tokens + sum(inbox_tokens[max(0, free_seats - waiting):])
+    if queued > 0 and queued + request_tokens > cap:
+        raise QueueFullError(
+            f"the server is at capacity ({queued} prompt tokens waiting; "
+            f"--max-num-queued-tokens {cap})",
+            retry_after(excess_tokens=queued + request_tokens - cap))

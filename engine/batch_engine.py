@@ -27,7 +27,7 @@ from collections.abc import Callable
 
 import torch
 
-from engine.admission import DrainRate, LineSize
+from engine.admission import DrainRate, LineSize, QueueFullError, check_line
 from engine.config import EngineConfig
 from engine.core import EngineCore, EngineStats, PagedEngineCore, StepResult
 from engine.metrics import EngineMetrics
@@ -38,13 +38,14 @@ from model.llama import LlamaModel
 
 log = logging.getLogger("nano_vllm.engine")
 
-
-class QueueFullError(RuntimeError):
-    """The waiting line is at --max-waiting or --max-num-queued-tokens."""
-
-    def __init__(self, message: str, retry_after: int) -> None:
-        super().__init__(message)
-        self.retry_after = retry_after  # seconds, from the measured drain rate
+__all__ = [
+    "ENGINE_FAILED",
+    "SHUTDOWN",
+    "BatchEngine",
+    "EngineUnavailableError",
+    "QueueFullError",
+    "load_engine",
+]
 
 
 class EngineUnavailableError(RuntimeError):
@@ -158,32 +159,21 @@ class BatchEngine:
             self._inbox.append(request)
         self._wakeup.set()
 
-    def _admit(self, request: Request) -> None:
-        """Raise QueueFullError if the line is full by count or by prompt tokens (a request
-        alone in the line is never refused for its length). Call with _lock held.
+    def enqueue(self, request: Request) -> None:
+        """Queue a request already admitted elsewhere (engine/core_process.py: the API
+        process's client does admission): no check of the line or of the engine's state."""
+        with self._lock:
+            self._inbox.append(request)
+        self._wakeup.set()
 
-        The intake line is emptied only at the next step, so a burst that arrives between
-        two steps sits there even while seats are free: the requests a free seat awaits are
-        not counted as waiting, by count or by tokens. Each request counts as one seat (a
-        request with n samples needs n, so this errs towards admitting)."""
+    def _admit(self, request: Request) -> None:
+        """Raise QueueFullError if the line is full (engine/admission.py's check_line). Call
+        with _lock held. The intake line is emptied only at the next step; what joined the
+        core's line since the last step's end is counted with the line's tokens."""
         stats = self.core.stats()
-        free_seats = max(0, self.config.max_num_seqs - stats["running"])
-        waiting = max(0, len(self._inbox) + stats["waiting"] - free_seats)
-        if waiting >= self.config.max_waiting:
-            raise QueueFullError(
-                f"the server is at capacity ({self.config.max_waiting} requests waiting)",
-                self.drain_rate.retry_after(excess_requests=waiting - self.config.max_waiting + 1))
-        cap = self.config.max_num_queued_tokens
-        if cap is None:
-            return
-        unseated = list(self._inbox)[max(0, free_seats - stats["waiting"]):]
-        queued = (self._line.tokens + self._joined.tokens
-                  + sum(r.num_prompt_tokens for r in unseated))
-        if queued > 0 and queued + request.num_prompt_tokens > cap:
-            raise QueueFullError(
-                f"the server is at capacity ({queued} prompt tokens waiting; "
-                f"--max-num-queued-tokens {cap})",
-                self.drain_rate.retry_after(excess_tokens=queued + request.num_prompt_tokens - cap))
+        check_line(self.config, request.num_prompt_tokens, stats["running"], stats["waiting"],
+                   [r.num_prompt_tokens for r in self._inbox],
+                   self._line.tokens + self._joined.tokens, self.drain_rate.retry_after)
 
     def abort(self, request_id: str) -> None:
         """Cancel a request and all its samples (e.g. its client went away); their blocks are
@@ -208,9 +198,9 @@ class BatchEngine:
             self._loop()
         except BaseException as exc:  # what the loop's own error handling could not catch
             log.critical("the engine thread died", exc_info=exc)
-            self._die(f"The engine failed and takes no more requests: {exc!r}")
+            self.die(f"The engine failed and takes no more requests: {exc!r}")
 
-    def _die(self, error: str) -> None:
+    def die(self, error: str) -> None:
         """End every request with `error`, refuse new ones, and tell whoever asked."""
         with self._lock:
             self._unavailable = error
@@ -235,16 +225,24 @@ class BatchEngine:
                                         error_code=ENGINE_FAILED,
                                         sample_index=request.sample_index))
 
+    def has_work(self) -> bool:
+        """Anything for a step to do: arrivals, aborts, or requests in the core."""
+        return bool(self._inbox or self._aborts or self._abort_all or self.core.has_work())
+
+    def guarded_step(self) -> None:
+        """One step; an error outside the model run fails every request in flight (a
+        BaseException passes through: the caller then calls `die`)."""
+        try:
+            self.step()
+        except Exception as exc:
+            log.exception("engine step failed outside the model run")
+            for request in list(self._requests.values()):
+                self._finish(request, FinishReason.ERROR, f"internal error in the engine: {exc}")
+
     def _loop(self) -> None:
         while not self._stop.is_set():
-            if self._inbox or self._aborts or self._abort_all or self.core.has_work():
-                try:
-                    self.step()
-                except Exception as exc:  # outside the model run: fail everyone in flight
-                    log.exception("engine step failed outside the model run")
-                    for request in list(self._requests.values()):
-                        self._finish(request, FinishReason.ERROR,
-                                     f"internal error in the engine: {exc}")
+            if self.has_work():
+                self.guarded_step()
             else:
                 if self.snapshots is not None:  # the last step's end, for a watcher
                     self.snapshots.maybe_snapshot(self._scheduler, idle=True)

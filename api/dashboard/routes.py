@@ -40,8 +40,9 @@ def dashboard_router(engine: Any, guarded: Sequence[Any] = ()) -> APIRouter:
     static = {name: (STATIC / name).read_text() for name in MEDIA_TYPES}
 
     def need_board() -> SnapshotBoard:
-        if board is None:
-            raise APIError("This engine has no paged KV cache to show.", status=404,
+        if board is None:  # a baseline core, or a core in another process
+            raise APIError(getattr(engine, "no_dashboard_reason", None)
+                           or "This engine has no paged KV cache to show.", status=404,
                            err_type="not_found_error")
         return board
 

@@ -53,3 +53,31 @@ def test_a_stuck_line_asks_for_the_longest_wait_and_old_rates_fade():
     assert fast == pytest.approx(5.0)
     assert rate.requests_per_second is not None and rate.requests_per_second < 0.05
     assert rate.retry_after(excess_requests=1) > 20
+
+
+def test_check_line_counts_what_free_seats_do_not_absorb():
+    """check_line, as BatchEngine and the engine-process client both run it: 2 seats free of
+    4 take the first two requests of the inbox; the rest count as waiting, by number and by
+    prompt tokens; a request alone in the line is never refused for its length."""
+    from engine.admission import QueueFullError, check_line
+    from engine.config import EngineConfig
+
+    config = EngineConfig(max_num_seqs=4, max_waiting=2, max_num_queued_tokens=100)
+    seen: list[dict] = []
+
+    def retry(**excess: int) -> int:
+        seen.append(excess)
+        return 3
+
+    check_line(config, 10, running=2, waiting=0, inbox_tokens=[40, 40, 30], line_tokens=0,
+               retry_after=retry)  # 1 waits (30 tokens) + 10 <= 100
+    with pytest.raises(QueueFullError) as refused:
+        check_line(config, 10, running=2, waiting=1, inbox_tokens=[40, 40, 30],
+                   line_tokens=20, retry_after=retry)  # 2 wait: the line is full
+    assert refused.value.retry_after == 3 and seen[-1] == {"excess_requests": 1}
+    with pytest.raises(QueueFullError):
+        check_line(config, 60, running=4, waiting=0, inbox_tokens=[50], line_tokens=0,
+                   retry_after=retry)  # 50 + 60 tokens > 100
+    assert seen[-1] == {"excess_tokens": 10}
+    check_line(config, 500, running=4, waiting=0, inbox_tokens=[], line_tokens=0,
+               retry_after=retry)  # alone: admitted however long

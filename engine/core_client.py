@@ -1,0 +1,378 @@
+"""The API process's side of an engine core in its own process (`server.py --engine-process`).
+
+`EngineProcessClient` is what the API and the server's lifecycle use of a BatchEngine
+(api/engine_client.py's EngineClient, and the drain and failure hooks of api/lifecycle.py),
+with the engine in engine/core_process.py. This process loads only the tokenizer.
+
+- Admission happens here, synchronously, with the check BatchEngine itself runs
+  (engine/admission.py's check_line) over the core's counts after its last step plus the
+  requests sent since that the core had not yet taken in; the core queues what it is sent.
+- Outputs come back in one Report per step; a receiver thread calls each request's
+  `on_output` (as the engine thread does in-process) and mirrors the core's counts.
+- /metrics asks the core for its Prometheus text (the core's counters, exactly as they
+  stand once the outputs received so far were sent).
+- If the core process dies, every request in flight ends with an error (ENGINE_FAILED),
+  new ones get EngineUnavailableError, and the `on_failure` callbacks run.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import msgspec
+import zmq
+
+from engine.admission import check_line, retry_seconds
+from engine.batch_engine import ENGINE_FAILED, EngineUnavailableError
+from engine.config import EngineConfig
+from engine.core import EngineStats
+from engine.core_messages import (
+    Abort,
+    AbortAll,
+    AddRequest,
+    CoreState,
+    Failed,
+    FromCore,
+    GrammarMsg,
+    Ready,
+    Report,
+    Shutdown,
+    Stopped,
+    ToCore,
+    encode_config,
+)
+from engine.request import FinishReason, Request, RequestOutput
+
+log = logging.getLogger("nano_vllm.engine")
+
+ROOT = Path(__file__).resolve().parents[1]
+START_TIMEOUT = 600.0  # seconds for the core to load the model (a first start compiles kernels)
+STOP_TIMEOUT = 10.0  # seconds for the core to stop when told, before it is killed
+METRICS_TIMEOUT = 2.0  # seconds for the core to answer a metrics query
+POLL_MS = 100  # the receiver notices a dead core within about this long
+STDERR_LINES = 40  # of the core's stderr, kept for an error at start-up
+NO_DASHBOARD = ("The dashboard's live view is not available with --engine-process: its "
+                "snapshots stay in the engine core process.")
+
+
+class EngineStartError(RuntimeError):
+    """The engine core process did not come up."""
+
+
+@dataclass
+class _InFlight:
+    request: Request
+    unfinished: set[int]  # sample indices still to end
+
+
+class RemoteMetrics:
+    """/metrics' text, rendered by the core process."""
+
+    def __init__(self, client: EngineProcessClient) -> None:
+        self._client = client
+
+    def render(self) -> bytes:
+        return self._client.render_metrics()
+
+
+class EngineProcessClient:
+    snapshots = None  # the dashboard's board lives in the core: see NO_DASHBOARD
+    no_dashboard_reason = NO_DASHBOARD
+
+    def __init__(self, config: EngineConfig, cpus: str | None = None,
+                 start_timeout: float = START_TIMEOUT) -> None:
+        """Start the core process (pinned to `cpus`, e.g. "0,1"; default all) and wait until
+        it has loaded the model; EngineStartError if it exits or takes too long."""
+        from transformers import AutoTokenizer
+
+        from model.prepare import resolve_model_dir
+
+        self.config = config
+        model_dir = resolve_model_dir(config.model)  # prepared here once, found by the core
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self.metrics = RemoteMetrics(self)
+        self._lock = threading.Lock()  # guards the fields below and the requests socket
+        self._in_flight: dict[str, _InFlight] = {}
+        self._unacked: deque[tuple[int, int]] = deque()  # (seq, prompt tokens) not taken in
+        self._seq = 0
+        self._unavailable: str | None = None
+        self._failure: str | None = None  # the core's own account of its death
+        self._failure_callbacks: list[Callable[[], None]] = []
+        self._closing = False
+        self._metrics_lock = threading.Lock()
+        self._metrics_query = 0
+        self._last_metrics = b""
+        self._stderr_tail: deque[str] = deque(maxlen=STDERR_LINES)
+        self._encoder = msgspec.msgpack.Encoder()
+        self._decoder = msgspec.msgpack.Decoder(FromCore)
+        self._dir = tempfile.mkdtemp(prefix="nano-vllm-core-")
+        self._context = zmq.Context()
+        addresses = {name: f"ipc://{self._dir}/{name}" for name in ("requests", "outputs",
+                                                                    "metrics")}
+        self._requests = self._bind(zmq.PUSH, addresses["requests"])
+        self._outputs = self._bind(zmq.PULL, addresses["outputs"])
+        self._metrics = self._bind(zmq.DEALER, addresses["metrics"])
+        self._proc = self._spawn(addresses, cpus)
+        ready = self._wait_ready(start_timeout)
+        self.core_pid = ready.pid
+        self._max_tokens = ready.max_tokens_per_request
+        self._description = ready.description
+        self._state = ready.state
+        self._receiver = threading.Thread(target=self._receive, name="engine-client",
+                                          daemon=True)
+
+    def _bind(self, kind: int, address: str) -> zmq.Socket:
+        sock = self._context.socket(kind)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDHWM, 0)  # never block or drop: the core drains every step
+        sock.setsockopt(zmq.RCVHWM, 0)
+        sock.bind(address)
+        return sock
+
+    def _spawn(self, addresses: dict[str, str], cpus: str | None) -> subprocess.Popen:
+        argv = [sys.executable, "-m", "engine.core_process", "--config",
+                encode_config(self.config), *(["--cpus", cpus] if cpus else [])]
+        for name, address in addresses.items():
+            argv += [f"--{name}", address]
+        path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+        proc = subprocess.Popen(argv, env={**os.environ, "PYTHONPATH": path},
+                                stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        threading.Thread(target=self._relay_stderr, args=(proc,), name="core-stderr",
+                         daemon=True).start()
+        return proc
+
+    def _relay_stderr(self, proc: subprocess.Popen) -> None:
+        """The core's log lines go on to this process's stderr; the last few are kept."""
+        assert proc.stderr is not None
+        for raw in proc.stderr:
+            line = raw.decode(errors="replace")
+            self._stderr_tail.append(line)
+            sys.stderr.write(line)
+            sys.stderr.flush()
+
+    def _wait_ready(self, timeout: float) -> Ready:
+        deadline = time.monotonic() + timeout
+        while True:
+            if self._outputs.poll(POLL_MS):
+                message = self._decoder.decode(self._outputs.recv())
+                if isinstance(message, Ready):
+                    return message
+            code = self._proc.poll()
+            if code is not None or time.monotonic() > deadline:
+                if code is None:
+                    self._proc.kill()
+                    self._proc.wait()
+                time.sleep(0.2)  # the last of its stderr
+                self._close_sockets()
+                why = (f"exited with status {code}" if code is not None
+                       else f"did not load the model within {timeout:g} s")
+                raise EngineStartError(f"the engine core process {why}; its last output:\n"
+                                       + "".join(self._stderr_tail))
+
+    # --- what the API and the lifecycle use ------------------------------------------------
+
+    @property
+    def max_tokens_per_request(self) -> int:
+        return self._max_tokens
+
+    @property
+    def max_num_seqs(self) -> int:
+        return self.config.max_num_seqs
+
+    @property
+    def scheduling_policy(self) -> str:
+        return self.config.scheduling_policy
+
+    @property
+    def is_alive(self) -> bool:
+        return self._proc.poll() is None and self._failure is None
+
+    @property
+    def unavailable_reason(self) -> str | None:
+        return self._unavailable
+
+    @property
+    def num_in_flight(self) -> int:
+        """Requests (samples counted apiece) accepted and not yet finished."""
+        with self._lock:
+            return sum(len(f.unfinished) for f in self._in_flight.values())
+
+    def describe(self) -> str:
+        return f"{self._description}; engine core in process {self.core_pid}"
+
+    def stats(self) -> EngineStats:
+        """The core's counts after its last step, with the requests it has not taken in yet
+        counted as waiting."""
+        with self._lock:
+            stats = dict(self._state.stats)
+            stats["waiting"] += len(self._unacked)
+        return stats  # type: ignore[return-value]
+
+    def start(self) -> None:
+        self._receiver.start()
+
+    def on_failure(self, callback: Callable[[], None]) -> None:
+        """Call `callback` (on the receiver thread) if the core process dies."""
+        self._failure_callbacks.append(callback)
+
+    def stop_accepting(self, reason: str) -> None:
+        with self._lock:
+            self._unavailable = self._unavailable or reason
+        log.info("no longer accepting requests: %s", reason)
+
+    def add_request(self, request: Request) -> None:
+        """Admit (QueueFullError, EngineUnavailableError) and send a request to the core."""
+        params = request.params
+        if params.n > self.config.max_num_seqs:
+            raise ValueError(f"n={params.n} samples need more than the "
+                             f"{self.config.max_num_seqs} seats")
+        grammar = (None if params.grammar is None
+                   else GrammarMsg(params.grammar.spec.kind, params.grammar.spec.value))
+        with self._lock:
+            if self._unavailable is not None:
+                raise EngineUnavailableError(self._unavailable)
+            state = self._state
+            check_line(self.config, request.num_prompt_tokens, state.stats["running"],
+                       state.stats["waiting"], [tokens for _, tokens in self._unacked],
+                       state.line_tokens, self._retry_after)
+            self._seq += 1
+            self._send(AddRequest(self._seq, request.request_id, request.prompt_token_ids,
+                                  replace(params, grammar=None), grammar,
+                                  time.monotonic() - request.arrival_time, request.priority,
+                                  request.timeout))
+            self._unacked.append((self._seq, request.num_prompt_tokens))
+            self._in_flight[request.request_id] = _InFlight(request, set(range(params.n)))
+
+    def _retry_after(self, excess_requests: int = 0, excess_tokens: int = 0) -> int:
+        rates = self._state.rates
+        return retry_seconds(rates.requests_per_second, rates.tokens_per_second,
+                             excess_requests, excess_tokens)
+
+    def abort(self, request_id: str) -> None:
+        with self._lock:
+            if request_id in self._in_flight and self._failure is None:
+                self._send(Abort(request_id))
+
+    def abort_all(self, error: str) -> None:
+        """End every request in flight with `error` (code SHUTDOWN) at the core's next step."""
+        with self._lock:
+            self._send(AbortAll(error))
+
+    def _send(self, message: ToCore) -> None:  # with _lock held
+        if not self._requests.closed:  # (after shutdown, an abort has nothing left to end)
+            self._requests.send(self._encoder.encode(message))
+
+    def render_metrics(self) -> bytes:
+        """The core's Prometheus text; if it does not answer within METRICS_TIMEOUT (it is
+        dead), the last text it gave, under a comment saying so."""
+        with self._metrics_lock:
+            self._metrics_query += 1
+            query = str(self._metrics_query).encode()
+            if self.is_alive:
+                self._metrics.send(query)
+                deadline = time.monotonic() + METRICS_TIMEOUT
+                while (left := deadline - time.monotonic()) > 0:
+                    if not self._metrics.poll(int(left * 1000) + 1):
+                        break
+                    answered, text = self._metrics.recv_multipart()
+                    if answered == query:  # not a late answer to an earlier query
+                        self._last_metrics = text
+                        return text
+            return b"# the engine core process did not answer; its last metrics:\n" + (
+                self._last_metrics)
+
+    def shutdown(self) -> None:
+        """Tell the core to stop, wait for it (killing it after STOP_TIMEOUT), clean up."""
+        with self._lock:
+            self._closing = True
+            if self._proc.poll() is None:
+                self._send(Shutdown())
+        try:
+            code = self._proc.wait(timeout=STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            log.warning("the engine core process did not stop: killing it")
+            self._proc.kill()
+            code = self._proc.wait()
+        log.info("the engine core process exited with status %d", code)
+        if self._receiver.is_alive():
+            self._receiver.join(timeout=5)
+        self._close_sockets()
+
+    def _close_sockets(self) -> None:
+        for sock in (self._requests, self._outputs, self._metrics):
+            sock.close()
+        self._context.term()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    # --- the receiver thread ---------------------------------------------------------------
+
+    def _receive(self) -> None:
+        while True:
+            if self._outputs.poll(POLL_MS):
+                message = self._decoder.decode(self._outputs.recv())
+                if isinstance(message, Report):
+                    self._deliver(message)
+                elif isinstance(message, Failed):
+                    self._failure = message.error
+                elif isinstance(message, Stopped):
+                    with self._lock:
+                        self._state = message.state
+                        self._unacked.clear()
+                    return
+            elif self._proc.poll() is not None:
+                self._core_gone(self._proc.returncode)
+                return
+
+    def _deliver(self, report: Report) -> None:
+        for request_id, output in report.outputs:
+            entry = self._in_flight.get(request_id)
+            if entry is None:
+                continue
+            entry.request.on_output(output)
+            if output.finished:
+                with self._lock:
+                    entry.unfinished.discard(output.sample_index)
+                    if not entry.unfinished:
+                        del self._in_flight[request_id]
+        self._mirror(report.state)
+
+    def _mirror(self, state: CoreState) -> None:
+        with self._lock:
+            self._state = state
+            while self._unacked and self._unacked[0][0] <= state.taken:
+                self._unacked.popleft()
+
+    def _core_gone(self, code: int) -> None:
+        """The core exited unasked: fail what is in flight, refuse the rest, tell whoever
+        asked."""
+        how = (f"was killed by {signal.Signals(-code).name}" if code < 0
+               else f"exited with status {code}")
+        error = self._failure or (f"The engine failed and takes no more requests: the "
+                                  f"engine core process {how}.")
+        log.critical("the engine core process %s", how)
+        with self._lock:
+            self._failure = error
+            self._unavailable = error
+            in_flight, self._in_flight = self._in_flight, {}
+            self._unacked.clear()
+        for entry in in_flight.values():
+            for index in sorted(entry.unfinished):
+                request_id = entry.request.request_id + (f"#{index}" if index else "")
+                entry.request.on_output(RequestOutput(
+                    request_id, "", [], finished=True, finish_reason=FinishReason.ERROR,
+                    error=error, error_code=ENGINE_FAILED, sample_index=index))
+        if not self._closing:
+            for callback in self._failure_callbacks:
+                callback()

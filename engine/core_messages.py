@@ -1,0 +1,109 @@
+"""What crosses between the API process and the engine core process (engine/core_process.py),
+as typed msgpack (msgspec): plain fields only, never pickled engine objects.
+
+Three ZMQ sockets, all bound by the API process on private ipc:// paths:
+
+- requests (API PUSH -> core PULL): `AddRequest`, `Abort`, `AbortAll`, `Shutdown`;
+- outputs (core PUSH -> API PULL): `Ready` once, a `Report` after every step (its outputs
+  and the core's counts), `Failed` if the engine dies, `Stopped` after a `Shutdown`;
+- metrics (API DEALER <-> core ROUTER): a query id in, the id and the rendered
+  Prometheus text out, answered by a thread of the core so a long step does not delay it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from engine.config import EngineConfig
+from engine.core import EngineStats
+from engine.request import RequestOutput, SamplingParams
+from engine.structured.grammar import GrammarKind, GrammarSpec
+
+# --- API -> core ------------------------------------------------------------------------------
+
+
+class GrammarMsg(msgspec.Struct, frozen=True):
+    """A structured output's spec; the core compiles it again (cached by its key)."""
+
+    kind: GrammarKind
+    value: Any = None
+
+    def spec(self) -> GrammarSpec:
+        return GrammarSpec(self.kind, self.value)
+
+
+class AddRequest(msgspec.Struct, tag=True):
+    seq: int  # numbered by the client, so a Report can say how far the core has taken in
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams  # with grammar None: it travels as `grammar`
+    grammar: GrammarMsg | None
+    age: float  # seconds since arrival when sent (the processes' clocks need not agree)
+    priority: int = 0
+    timeout: float | None = None
+
+
+class Abort(msgspec.Struct, tag=True):
+    request_id: str
+
+
+class AbortAll(msgspec.Struct, tag=True):
+    error: str
+
+
+class Shutdown(msgspec.Struct, tag=True):
+    pass
+
+
+ToCore = AddRequest | Abort | AbortAll | Shutdown
+
+# --- core -> API ------------------------------------------------------------------------------
+
+
+class Rates(msgspec.Struct):
+    """The core's measured drain rate (engine/admission.py); None until measured."""
+
+    requests_per_second: float | None = None
+    tokens_per_second: float | None = None
+
+
+class CoreState(msgspec.Struct):
+    """What the client's admission and /health need from the core, after a step."""
+
+    stats: EngineStats
+    line_tokens: int  # prompt tokens the waiting line still has to compute
+    taken: int  # the highest AddRequest.seq taken in by a step
+    rates: Rates
+
+
+class Ready(msgspec.Struct, tag=True):
+    pid: int
+    max_tokens_per_request: int
+    description: str
+    state: CoreState
+
+
+class Report(msgspec.Struct, tag=True):
+    outputs: list[tuple[str, RequestOutput]]  # (the request's id as added, its output)
+    state: CoreState
+
+
+class Failed(msgspec.Struct, tag=True):
+    error: str
+
+
+class Stopped(msgspec.Struct, tag=True):
+    state: CoreState
+
+
+FromCore = Ready | Report | Failed | Stopped
+
+
+def encode_config(config: EngineConfig) -> str:
+    return msgspec.json.encode(config).decode()
+
+
+def decode_config(text: str) -> EngineConfig:
+    return msgspec.json.decode(text, type=EngineConfig)

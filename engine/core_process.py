@@ -1,0 +1,205 @@
+"""The engine core in a process of its own (`server.py --engine-process`).
+
+`python3 -m engine.core_process ADDRESSES CONFIG` is started by engine/core_client.py. It
+pins itself to its CPUs, loads the model into a BatchEngine (engine/batch_engine.py) and
+runs it on its main thread in a busy loop, with no HTTP server beside it to share the GIL:
+
+1. take what the API process sent (engine/core_messages.py): new requests (admitted there
+   already), aborts, the end of every request at a drain's timeout, shutdown;
+2. one step of the engine;
+3. send the outputs that step produced, and the core's counts, as one Report.
+
+A thread answers the API's metrics queries meanwhile. The process exits when told to
+(status 0), when the engine dies (after reporting the failure; status 70), or when its
+parent is gone (status 0): it never outlives the server. It ignores SIGINT and SIGTERM, which
+a terminal or a supervisor may send the whole process group: the server drains first, then
+tells the core to stop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+
+import msgspec
+import zmq
+
+from engine.batch_engine import BatchEngine, load_engine
+from engine.core_messages import (
+    Abort,
+    AbortAll,
+    AddRequest,
+    CoreState,
+    Failed,
+    Rates,
+    Ready,
+    Report,
+    Shutdown,
+    Stopped,
+    ToCore,
+    decode_config,
+)
+from engine.request import Request, RequestOutput
+from engine.structured.compiler import GrammarCompiler
+from model.prepare import ModelPreparationError
+from model.quantized import QuantizedKernelUnavailable
+
+log = logging.getLogger("nano_vllm.core")
+
+FAILURE_EXIT_CODE = 70  # as api/lifecycle.py's ENGINE_FAILURE_EXIT_CODE
+IDLE_POLL_MS = 200  # with nothing to do: how long to wait for a message (and check the parent)
+
+
+def no_custom_types(kind: type, value: object) -> object:
+    raise TypeError(f"{kind} cannot cross between processes")
+
+
+class CoreProcess:
+    def __init__(self, engine: BatchEngine, addresses: dict[str, str], parent: int) -> None:
+        self.engine = engine
+        self.parent = parent
+        self.context = zmq.Context()
+        self.requests = self._socket(zmq.PULL, addresses["requests"])
+        self.outputs = self._socket(zmq.PUSH, addresses["outputs"])
+        self._metrics_address = addresses["metrics"]
+        self._encoder = msgspec.msgpack.Encoder()
+        self._decoder = msgspec.msgpack.Decoder(ToCore, dec_hook=no_custom_types)
+        self._grammars = GrammarCompiler(engine.tokenizer)
+        self._pending: list[tuple[str, RequestOutput]] = []  # filled by the step's callbacks
+        self._received = 0  # the last AddRequest.seq received
+        self._stopping = False
+
+    def _socket(self, kind: int, address: str) -> zmq.Socket:
+        sock = self.context.socket(kind)
+        sock.setsockopt(zmq.LINGER, 2000)
+        sock.setsockopt(zmq.SNDHWM, 0)  # never block or drop: the peer drains every step
+        sock.setsockopt(zmq.RCVHWM, 0)
+        sock.connect(address)
+        return sock
+
+    def state(self) -> CoreState:
+        rate = self.engine.drain_rate
+        return CoreState(self.engine.stats(), self.engine.core.num_waiting_tokens(),
+                         self._received, Rates(rate.requests_per_second, rate.tokens_per_second))
+
+    def send(self, message: Ready | Report | Failed | Stopped) -> None:
+        self.outputs.send(self._encoder.encode(message))
+
+    def run(self) -> int:
+        """The busy loop; the process's exit status."""
+        threading.Thread(target=self._answer_metrics, name="metrics", daemon=True).start()
+        self.send(Ready(os.getpid(), self.engine.max_tokens_per_request, self.engine.describe(),
+                        self.state()))
+        engine = self.engine
+        try:
+            while not self._stopping:
+                if os.getppid() != self.parent:
+                    log.warning("the server process is gone: stopping")
+                    return 0
+                self._take(0 if engine.has_work() else IDLE_POLL_MS)
+                if engine.has_work():
+                    engine.guarded_step()
+                    self._report()
+        except BaseException as exc:  # what the step's own error handling could not catch
+            log.critical("the engine core died", exc_info=exc)
+            error = f"The engine failed and takes no more requests: {exc!r}"
+            engine.die(error)  # error outputs for every request in flight
+            self._report()
+            self.send(Failed(error))
+            return FAILURE_EXIT_CODE
+        self.send(Stopped(self.state()))
+        return 0
+
+    def _report(self) -> None:
+        outputs, self._pending = self._pending, []
+        self.send(Report(outputs, self.state()))
+
+    def _take(self, timeout_ms: int) -> None:
+        """Handle every message waiting, after waiting up to `timeout_ms` for the first."""
+        if not self.requests.poll(timeout_ms):
+            return
+        while True:
+            try:
+                raw = self.requests.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self._handle(self._decoder.decode(raw))
+
+    def _handle(self, message: ToCore) -> None:
+        engine = self.engine
+        if isinstance(message, AddRequest):
+            self._received = message.seq
+            engine.enqueue(self._request(message))
+        elif isinstance(message, Abort):
+            engine.abort(message.request_id)
+        elif isinstance(message, AbortAll):
+            engine.abort_all(message.error)
+        elif isinstance(message, Shutdown):
+            self._stopping = True
+
+    def _request(self, message: AddRequest) -> Request:
+        params = message.params
+        if message.grammar is not None:  # compiled by the API already: valid, and quick
+            params.grammar = self._grammars.compile_now(message.grammar.spec())
+        request_id = message.request_id
+
+        def deliver(output: RequestOutput) -> None:  # samples share their parent's callback
+            self._pending.append((request_id, output))
+
+        request = Request(request_id, message.prompt_token_ids, params, deliver,
+                          arrival_time=time.monotonic() - message.age,
+                          priority=message.priority)
+        request.timeout = message.timeout
+        return request
+
+    def _answer_metrics(self) -> None:
+        """Each query (an id) gets back the id and /metrics' text, also during a step."""
+        sock = self.context.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(self._metrics_address)
+        while True:
+            identity, query = sock.recv_multipart()
+            sock.send_multipart([identity, query, self.engine.metrics.render()])
+
+
+def pin_to(cpus: set[int] | None) -> None:
+    """Run on `cpus` (default: every CPU this process may use), with the thread count
+    engine/core.py derives from them (or --threads)."""
+    os.sched_setaffinity(0, cpus or os.sched_getaffinity(0))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="nano-vLLM's engine core process")
+    parser.add_argument("--requests", required=True)
+    parser.add_argument("--outputs", required=True)
+    parser.add_argument("--metrics", required=True)
+    parser.add_argument("--config", required=True, help="EngineConfig as JSON")
+    parser.add_argument("--cpus", default=None, help="CPU ids to pin to, e.g. 0,1")
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server drains, then says stop
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    parent = os.getppid()
+    pin_to({int(c) for c in args.cpus.split(",")} if args.cpus else None)
+    try:
+        engine = load_engine(decode_config(args.config))
+    except (ModelPreparationError, ValueError, QuantizedKernelUnavailable) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    addresses = {"requests": args.requests, "outputs": args.outputs, "metrics": args.metrics}
+    core = CoreProcess(engine, addresses, parent)
+    code = core.run()
+    core.outputs.close()  # lingers until what was sent is delivered
+    return code
+
+
+if __name__ == "__main__":
+    status = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)  # not waiting on the metrics thread, blocked in a receive

@@ -1,0 +1,219 @@
+"""`server.py --engine-process`: the engine core in a process of its own, behind the same API.
+
+Real server processes (tests/api/test_lifecycle.py's helpers): the answers match the
+in-process engine's token for token; samples, logprobs, structured outputs and /metrics
+cross; a client that leaves frees its blocks; SIGTERM drains and both processes exit 0; a
+killed core fails its streams, the server answers 503 and exits for its supervisor, and
+no process is left behind, also when the API process is killed. One server serves the
+first tests, the last of them stopping it; the others start their own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import jsonschema
+import pytest
+
+from api.lifecycle import ENGINE_FAILURE_EXIT_CODE
+from tests.api.conftest import RunningServer
+from tests.api.test_lifecycle import COMPLETIONS, StreamReader, start_server, wait_for
+from tests.api.test_server import check_error
+from tests.api.test_structured_outputs import ASK, ITEM, schema_format
+
+CHAT = "/v1/chat/completions"
+
+
+@dataclass
+class ProcessServer:
+    proc: subprocess.Popen
+    url: str
+    log: Path
+
+    @property
+    def core_pid(self) -> int:
+        return int(re.search(r"engine core in process (\d+)", self.log.read_text())[1])
+
+
+def launch(log: Path, *flags: str) -> ProcessServer:
+    proc, url = start_server(log, "--engine-process", *flags)
+    return ProcessServer(proc, url, log)
+
+
+@pytest.fixture(scope="module")
+def split(tmp_path_factory) -> Iterator[ProcessServer]:
+    server = launch(tmp_path_factory.mktemp("engine-process") / "server.log")
+    try:
+        yield server
+    finally:
+        if server.proc.poll() is None:
+            server.proc.kill()
+            server.proc.wait()
+
+
+def gone(pid: int) -> bool:
+    """No such process (a zombie, exited and not yet reaped, counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def metric(url: str, name: str) -> float:
+    """The sum of a metric's samples (over its labels) in /metrics."""
+    text = httpx.get(url + "/metrics", timeout=10).text
+    values = re.findall(rf"^nano_vllm:{name}(?:{{[^}}]*}})? (\S+)$", text, re.M)
+    assert values, f"{name} not in /metrics:\n{text[:2000]}"
+    return sum(float(v) for v in values)
+
+
+def post(url: str, path: str, body: dict) -> dict:
+    r = httpx.post(url + path, json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def streamed_chat(url: str, body: dict) -> tuple[str, list]:
+    events = []
+    with httpx.stream("POST", url + CHAT, json={**body, "stream": True}, timeout=60) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("data:"):
+                data = line.removeprefix("data:").strip()
+                events.append(data if data == "[DONE]" else json.loads(data))
+    text = "".join(e["choices"][0]["delta"].get("content") or "" for e in events
+                   if isinstance(e, dict) and e.get("choices"))
+    return text, events
+
+
+def test_greedy_answers_match_the_in_process_engine(split, server: RunningServer):
+    completion = {"prompt": "The capital of France is", "max_tokens": 24, "temperature": 0}
+    chat = {"messages": [{"role": "user", "content": "Name three colors."}],
+            "max_tokens": 24, "temperature": 0}
+    theirs = post(server.url, COMPLETIONS, completion)["choices"][0]["text"]
+    ours = post(split.url, COMPLETIONS, completion)["choices"][0]["text"]
+    their_chat, _ = streamed_chat(server.url, chat)
+    our_chat, events = streamed_chat(split.url, chat)
+    print(f"completion {ours!r}\nchat {our_chat!r}")
+    assert ours and ours == theirs
+    assert our_chat and our_chat == their_chat
+    assert events[-1] == "[DONE]" and events[-2]["choices"][0]["finish_reason"] is not None
+
+
+def test_samples_and_logprobs_cross(split, server: RunningServer):
+    """n=2 seeded samples with logprobs: the same tokens and logprobs as in-process."""
+    body = {"prompt": "Once upon a time", "max_tokens": 12, "temperature": 1.0, "seed": 7,
+            "n": 2, "logprobs": 2}
+    theirs, ours = post(server.url, COMPLETIONS, body), post(split.url, COMPLETIONS, body)
+    assert len(ours["choices"]) == 2
+    for mine, other in zip(ours["choices"], theirs["choices"], strict=True):
+        print(mine["index"], repr(mine["text"]))
+        assert mine["text"] == other["text"]
+        assert mine["logprobs"]["tokens"] == other["logprobs"]["tokens"]
+        assert len(mine["logprobs"]["top_logprobs"][0]) == 2
+        assert mine["logprobs"]["token_logprobs"] == pytest.approx(
+            other["logprobs"]["token_logprobs"], abs=1e-4)
+    assert ours["choices"][0]["text"] != ours["choices"][1]["text"]  # two seeds, two answers
+
+
+def test_structured_output_crosses(split):
+    body = {"messages": ASK, "max_tokens": 80, "temperature": 0,
+            "response_format": schema_format(ITEM)}
+    choice = post(split.url, CHAT, body)["choices"][0]
+    print(repr(choice["message"]["content"]))
+    jsonschema.validate(json.loads(choice["message"]["content"]), ITEM)
+    assert choice["finish_reason"] == "stop"
+
+
+def test_metrics_show_the_cores_counters(split):
+    finished = metric(split.url, "request_success_total")
+    generated = metric(split.url, "generation_tokens_total")
+    post(split.url, COMPLETIONS, {"prompt": "Hi", "max_tokens": 5, "ignore_eos": True})
+    assert metric(split.url, "request_success_total") == finished + 1
+    assert metric(split.url, "generation_tokens_total") == generated + 5
+    assert metric(split.url, "kv_blocks_total") > 0
+
+
+def test_a_client_that_leaves_frees_its_blocks(split):
+    with httpx.stream("POST", split.url + COMPLETIONS, timeout=60,
+                      json={"prompt": "Tell me a story", "max_tokens": 500,
+                            "ignore_eos": True, "stream": True}) as r:
+        lines = r.iter_lines()
+        seen = 0
+        while seen < 3:
+            seen += next(lines).startswith("data:")
+        assert metric(split.url, "kv_blocks_used") > 0
+    wait_for(lambda: metric(split.url, "kv_blocks_used") == 0
+             and metric(split.url, "num_requests_running") == 0, timeout=15)
+    assert metric(split.url, "request_success_total") >= 1
+
+
+def test_sigterm_drains_then_both_processes_exit_zero(split):
+    """(Last on the shared server: it stops it.) The stream in flight gets every token."""
+    core = split.core_pid
+    stream = StreamReader(split.url, {"prompt": "One", "max_tokens": 30, "ignore_eos": True})
+    wait_for(lambda: len(stream.texts()) >= 2)
+    split.proc.send_signal(signal.SIGTERM)
+    stream.join(timeout=60)
+    rc = split.proc.wait(timeout=30)
+    output = split.log.read_text()
+    print(output[-3000:])
+    assert stream.error() is None and len(stream.texts()) == 30
+    assert stream.events[-2]["choices"][0]["finish_reason"] == "length"
+    assert rc == 0
+    assert "the engine core process exited with status 0" in output
+    assert re.search(r"stopped: 0 requests in flight; KV blocks used 0,", output), output
+    wait_for(lambda: gone(core), timeout=5)
+
+
+def test_a_killed_core_fails_its_streams_and_ends_the_server(tmp_path):
+    """kill -9 of the core: the stream ends with an error event within seconds, a new
+    request gets a 503 in OpenAI's envelope, the server exits with status 70, and no
+    process is left."""
+    server = launch(tmp_path / "server.log")
+    core = server.core_pid
+    try:
+        stream = StreamReader(server.url, {"prompt": "Once", "max_tokens": 500,
+                                           "ignore_eos": True})
+        wait_for(lambda: len(stream.texts()) >= 2)
+        with httpx.Client(base_url=server.url, timeout=30) as client:
+            client.get("/health")  # the connection is open before the kill
+            killed = time.monotonic()
+            os.kill(core, signal.SIGKILL)
+            r = client.post(COMPLETIONS, json={"prompt": "Hi", "max_tokens": 2})
+        stream.join(timeout=30)
+        rc = server.proc.wait(timeout=30)
+    finally:
+        if server.proc.poll() is None:
+            server.proc.kill()
+    print(server.log.read_text()[-3000:])
+    error = stream.error()
+    print(f"stream: {len(stream.texts())} chunks, then {error} after "
+          f"{stream.ended - killed:.2f} s; new request: {r.status_code} {r.text}; exit {rc}")
+    assert error is not None and error["code"] == "engine_failed"
+    assert "SIGKILL" in error["message"]
+    assert stream.events[-1] == "[DONE]" and stream.ended - killed < 5
+    # Sent at once, it either reached the core before its death was noticed (and ended
+    # with it) or was refused after: both are 503s.
+    assert check_error(r, 503, "server_error")["code"] in ("engine_failed", "service_unavailable")
+    assert rc == ENGINE_FAILURE_EXIT_CODE
+    wait_for(lambda: gone(core), timeout=5)
+
+
+def test_the_core_exits_when_the_server_is_killed(tmp_path):
+    """kill -9 of the API process, which can drain nothing: its core notices and exits."""
+    server = launch(tmp_path / "server.log")
+    core = server.core_pid
+    server.proc.kill()
+    server.proc.wait()
+    wait_for(lambda: gone(core), timeout=5)
