@@ -5,7 +5,8 @@ baseline_server.py, or a change against the checkout before it, measured in one 
         [--server-flags "FLAGS"] [-- BENCH FLAGS...]
 
 Each SERVER_SCRIPT (server.py, baseline_server.py, or /tmp/before/server.py in another
-checkout) runs from its own folder with --port and FLAGS; this tree's benchmarks/bench.py
+checkout) runs from its own folder with --port, FLAGS and its own flags, if the argument has
+any ('proc=server.py --engine-process'); this tree's benchmarks/bench.py
 measures it with BENCH FLAGS and saves OUT/LABEL.json, or with --turns N above 1 the turns
 A B A B ... as OUT/LABEL-1.json ... OUT/LABEL-N.json. Run nothing else meanwhile.
 
@@ -38,13 +39,14 @@ from benchmarks.live_server import LiveServer, split_commands
 BENCH = Path(__file__).resolve().with_name("bench.py")
 
 
-def server_arg(text: str) -> tuple[str, Path]:
-    """LABEL=SERVER_SCRIPT into the label and the script's path."""
-    label, sep, script = text.partition("=")
+def server_arg(text: str) -> tuple[str, Path, list[str]]:
+    """'LABEL=SERVER_SCRIPT [FLAGS]' into the label, the script's path and its own flags."""
+    label, sep, rest = text.partition("=")
+    script, *flags = shlex.split(rest) or [""]
     path = Path(script).resolve()
     if not (sep and label and path.is_file()):
         raise argparse.ArgumentTypeError(f"{text!r}: want LABEL=SERVER_SCRIPT (a file)")
-    return label, path
+    return label, path, flags
 
 
 def measure(label: str, script: Path, flags: list[str], out: Path,
@@ -72,9 +74,9 @@ def main(argv: list[str] | None = None) -> int:
     flags = shlex.split(args.server_flags)
     failed = []
     for turn in range(1, args.turns + 1):
-        for label, script in args.servers:
+        for label, script, own_flags in args.servers:
             name = label if args.turns == 1 else f"{label}-{turn}"
-            if measure(name, script, flags, args.out, bench_flags):
+            if measure(name, script, flags + own_flags, args.out, bench_flags):
                 failed.append(name)
     if failed:
         print(f"bench.py failed for {', '.join(failed)}", file=sys.stderr)
