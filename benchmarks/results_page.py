@@ -234,6 +234,38 @@ def soak(folder: Path) -> list[str]:
         + "; ".join(checks) + "."]
 
 
+PRECISIONS = ["fp32", "bf16", "q4_1"]
+FLAGS = {"fp32": "", "bf16": " --dtype bfloat16", "q4_1": " --weights q4_1"}
+
+
+def both_turns(folder: Path, name: str, users: int) -> list[LevelResult]:
+    return [level(folder, f"engine-process/{name}-{turn}", users) for turn in (1, 2)]
+
+
+def engine_process(folder: Path) -> list[str]:
+    def cells(name: str, users: int, metric: str) -> str:
+        return " / ".join(f"{getattr(x, metric):.1f}" for x in both_turns(folder, name, users))
+
+    first = [(p, [cells(f"thread-{p}", 1, "itl_p50_ms"), cells(f"process-{p}", 1, "itl_p50_ms"),
+                  cells(f"thread-{p}", 30, "throughput_tok_s"),
+                  cells(f"process-{p}", 30, "throughput_tok_s")]) for p in PRECISIONS]
+    second = [(p, [cells(f"process2t-{p}", 1, "itl_p50_ms"), cells(f"process2t-{p}", 1,
+                                                                    "itl_p99_ms")])
+              for p in PRECISIONS]
+    second.append(("fp32, one thread below 16 tokens (same run)",
+                   [cells("process-fp32-b", 1, "itl_p50_ms"),
+                    cells("process-fp32-b", 1, "itl_p99_ms")]))
+    return ["First run (each cell: turn 1 / turn 2; small steps on one thread in both):", "",
+            *markdown_table("precision", ["1 user ITL p50 (ms), thread",
+                                          "1 user ITL p50 (ms), process",
+                                          "30 users tok/s, thread", "30 users tok/s, process"],
+                            first), "",
+            "Second run, the engine process with every step on both threads "
+            "(`--single-thread-below 0`, now the default with `--engine-process`):", "",
+            *markdown_table("precision", ["1 user ITL p50 (ms)", "1 user ITL p99 (ms)"],
+                            second)]
+
+
 def sections(folder: Path) -> list[Section]:
     llama_ratio = {p: ratio(folder, f"nano-vllm{s}", f"llama-cpp-{p}", 30)
                    for p, s in (("f32", ""), ("bf16", "-bf16"), ("q4_1", "-q4_1"))}
@@ -278,6 +310,31 @@ def sections(folder: Path) -> list[Section]:
             f"share (paged cache, batched prefill, no per-step copies): {kernels_ratio:.2f}x at "
             "30 users.",
             charts=["throughput.png", "ttft.png", "itl.png"]),
+        Section(
+            "The engine core in its own process",
+            "The same server with the engine on a thread of the HTTP process (the default) "
+            "and with `--engine-process`, in turns, 100 tokens per user. In its own process "
+            "the engine no longer shares the GIL with the HTTP loop, so two OpenMP threads "
+            "pay off even for one user's steps.",
+            ["python3 benchmarks/side_by_side.py results/engine-process "
+             + " ".join(f'"thread-{p}=server.py{FLAGS[p]}" "process-{p}=server.py '
+                        f'--engine-process{FLAGS[p]}"' for p in PRECISIONS)
+             + " --turns 2 -- --users 1 30 --max-tokens 100",
+             "python3 benchmarks/side_by_side.py results/engine-process "
+             + " ".join(f'"process2t-{p}=server.py --engine-process --single-thread-below 0'
+                        f'{FLAGS[p]}"' for p in PRECISIONS)
+             + ' "process-fp32-b=server.py --engine-process --single-thread-below 16"'
+             + " --turns 2 -- --users 1 --max-tokens 100"],
+            [f"engine-process/{k}-{p}-{t}.json" for k in ("thread", "process", "process2t")
+             for p in PRECISIONS for t in (1, 2)]
+            + ["engine-process/process-fp32-b-1.json", "engine-process/process-fp32-b-2.json"],
+            engine_process,
+            after="For comparison, llama.cpp's server on the same weights (an earlier run on "
+            "the same CPU kind, [above](#against-llamacpp-on-the-same-weights)): 1 user ITL p50 "
+            + ", ".join(f"{level(folder, f'llama-cpp-{n}', 1).itl_p50_ms:.1f} ms ({p})"
+                        for p, n in (("fp32", "f32"), ("bf16", "bf16"), ("q4_1", "q4_1")))
+            + ". Those are figures from different runs: a side-by-side run with llama.cpp has not "
+            "been made yet."),
         Section(
             "A later commit against the baseline",
             "The same comparison repeated on a later commit (with logits processors, the "

@@ -64,9 +64,11 @@ class EngineConfig:
                                  "at load (auto: where the CPU has it), or PyTorch's matmul")
         parser.add_argument("--threads", type=int, default=None,
                             help="most threads one step uses (default: PyTorch's, the cores)")
-        parser.add_argument("--single-thread-below", type=int, default=d.single_thread_below,
+        parser.add_argument("--single-thread-below", type=int, default=None,
                             help="steps computing fewer tokens than this run on one thread "
-                                 "(0: always all threads)")
+                                 f"(0: always all threads; default {d.single_thread_below}, or "
+                                 "0 with --engine-process, where the step's threads do not "
+                                 "share the process with the HTTP server)")
         parser.add_argument("--weights", default=d.weights, choices=["default", "q4_1", "int8"],
                             help="q4_1: the default model's own 4-bit GGUF codes (exact to "
                                  "the fp32 model); int8: per-channel int8 made at load; both "
@@ -98,6 +100,7 @@ class EngineConfig:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> EngineConfig:
+        """The config the CLI's flags describe."""
         prefix_cache = not args.no_prefix_cache and os.environ.get("NANO_PREFIX_CACHE", "1") != "0"
         config = cls(model=args.model, device=args.device, dtype=args.dtype,
                      max_num_seqs=args.max_num_seqs, num_blocks=args.num_blocks,
@@ -105,7 +108,7 @@ class EngineConfig:
                      max_num_batched_tokens=args.max_num_batched_tokens,
                      max_prefills_per_step=args.max_prefills_per_step,
                      attention=args.attention, matmul=args.matmul, weights=args.weights,
-                     threads=args.threads, single_thread_below=args.single_thread_below,
+                     threads=args.threads, single_thread_below=single_thread_below(args),
                      max_waiting=args.max_waiting,
                      request_timeout=args.request_timeout,
                      max_num_queued_tokens=args.max_num_queued_tokens,
@@ -139,3 +142,14 @@ class EngineConfig:
             raise ValueError("--priority-aging must be 0 or more seconds")
         if not self.grammar_compile_timeout > 0:
             raise ValueError("--grammar-compile-timeout must be above 0")
+
+
+def single_thread_below(args: argparse.Namespace) -> int:
+    """--single-thread-below, or its default: one thread for small steps in-process, where two
+    OpenMP threads lose to the HTTP loop and the GIL on a small machine; all threads in an
+    engine process of its own (both measured: docs/results.md, "The engine core in its own
+    process")."""
+    if args.single_thread_below is not None:
+        return args.single_thread_below
+    return 0 if getattr(args, "engine_process", False) else EngineConfig.single_thread_below
+
