@@ -27,6 +27,7 @@ class ChatServing(OpenAIServing[ChatCompletionRequest]):
     def prompts(self, body: ChatCompletionRequest) -> list[Prompt]:
         text = self.tokenizer.apply_chat_template(body.template_messages(), tokenize=False,
                                                   add_generation_prompt=True)
+        self.check_length(text, "messages")
         return [Prompt(self.tokenizer(text, add_special_tokens=False).input_ids)]
 
     def logprobs(self, body: ChatCompletionRequest,
