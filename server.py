@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import uvicorn
 
-from api import lifecycle
+from api import lifecycle, limits
 from api.app import create_app
 from api.engine_client import ServedEngine
 from api.security import AccessConfig
@@ -37,6 +37,7 @@ def build_parser(description: str | None) -> argparse.ArgumentParser:
                         help="with --engine-process: CPU ids to pin the core process to, "
                              "e.g. 0,1 (default: every CPU the server may use)")
     AccessConfig.add_cli_args(parser)
+    limits.add_cli_args(parser)
     lifecycle.add_cli_args(parser)
     return parser
 
@@ -48,8 +49,8 @@ RESPONSE_GRACE_SECONDS = 10
 def serve(engine: ServedEngine, args: argparse.Namespace, model_name: str,
           access: AccessConfig) -> int:
     """Serve until SIGTERM/SIGINT (drained, then 0) or an engine failure; the exit status."""
-    app = create_app(engine, model_name, access,
-                     engine.config.grammar_compile_timeout)
+    app = create_app(engine, model_name, access, engine.config.grammar_compile_timeout,
+                     args.max_request_bytes)
     server = lifecycle.ServingProcess(
         uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
                        timeout_graceful_shutdown=RESPONSE_GRACE_SECONDS),
@@ -82,6 +83,7 @@ def run_server(description: str | None, title: str = "nano-vLLM",
     try:
         config = replace(EngineConfig.from_args(args), **(fixed or {}))
         access = AccessConfig.from_args(args)
+        limits.check_max_request_bytes(args.max_request_bytes)
         engine = build_engine(config, args, core_class)
     except (ModelPreparationError, ValueError, QuantizedKernelUnavailable,
             EngineStartError) as exc:

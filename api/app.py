@@ -14,11 +14,13 @@ import time
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api.dashboard.routes import dashboard_router
 from api.engine_client import EngineClient
 from api.errors import APIError, describe_validation_error, error_body, error_response
+from api.limits import BodySizeLimit, PromptBound, default_max_request_bytes
 from api.openapi import error_responses, generation_responses, honest_openapi, text_response
 from api.protocol import ChatCompletionRequest, CompletionRequest
 from api.responses import (
@@ -78,18 +80,26 @@ def install_error_handlers(app: FastAPI) -> None:
 
 
 def create_app(engine: EngineClient, model_name: str, access: AccessConfig | None = None,
-               grammar_timeout: float = DEFAULT_COMPILE_TIMEOUT_S) -> FastAPI:
-    """The app; structured outputs' grammars must compile within `grammar_timeout` s."""
+               grammar_timeout: float = DEFAULT_COMPILE_TIMEOUT_S,
+               max_request_bytes: int | None = None) -> FastAPI:
+    """The app; structured outputs' grammars must compile within `grammar_timeout` s, and a
+    body over `max_request_bytes` is a 413 (None: api/limits.py's default for this engine)."""
     app = FastAPI(title="nano-vLLM", version="1", docs_url=None, redoc_url=None,
                   description="An OpenAI-compatible server. Errors come as OpenAI's envelope "
                               "{\"error\": {message, type, param, code}}.")
     app.openapi = lambda: honest_openapi(app, [CompletionStreamResponse,
-                                               ChatCompletionStreamResponse])
-    install_access(app, access or AccessConfig())
+                                               ChatCompletionStreamResponse],
+                                         len(engine.tokenizer))
+    bound = PromptBound(engine.tokenizer)
+    if max_request_bytes is None:
+        max_request_bytes = default_max_request_bytes(engine.max_tokens_per_request, bound)
+    app.state.max_request_bytes = max_request_bytes
+    app.add_middleware(BodySizeLimit, max_bytes=max_request_bytes)  # inside CORS: its 413
+    install_access(app, access or AccessConfig())                   # carries CORS headers
     install_error_handlers(app)
     grammars = GrammarCompiler(engine.tokenizer, grammar_timeout)  # one cache for both
-    completion_serving = CompletionServing(engine, model_name, grammars)
-    chat_serving = ChatServing(engine, model_name, grammars)
+    completion_serving = CompletionServing(engine, model_name, grammars, bound)
+    chat_serving = ChatServing(engine, model_name, grammars, bound)
     tokenization = TokenizationServing(engine, completion_serving.accepted_model_names)
     created = int(time.time())
     guarded = guard(app)
@@ -129,14 +139,15 @@ def create_app(engine: EngineClient, model_name: str, access: AccessConfig | Non
     async def chat_completions(http_request: Request, body: ChatCompletionRequest) -> Response:
         return await chat_serving.create(body, http_request)
 
-    @app.post("/tokenize", dependencies=guarded, responses=error_responses(400, 404, *auth))
+    @app.post("/tokenize", dependencies=guarded,
+              responses=error_responses(400, 404, 413, *auth))
     async def tokenize(body: TokenizeRequest) -> TokenizeResponse:
-        return tokenization.tokenize(body)
+        return await run_in_threadpool(tokenization.tokenize, body)  # off the event loop
 
     @app.post("/detokenize", dependencies=guarded,
-              responses=error_responses(400, 404, *auth))
+              responses=error_responses(400, 404, 413, *auth))
     async def detokenize(body: DetokenizeRequest) -> DetokenizeResponse:
-        return tokenization.detokenize(body)
+        return await run_in_threadpool(tokenization.detokenize, body)
 
     # Read-only, behind the key like the API; not part of the OpenAI-compatible document.
     app.include_router(dashboard_router(engine, guard(app, browser=True)),

@@ -16,6 +16,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
+from api.protocol import TOKEN_ID_MARKER
 from api.responses import ErrorResponse
 
 ERROR_DESCRIPTIONS = {
@@ -23,6 +24,7 @@ ERROR_DESCRIPTIONS = {
     401: "No API key, or a wrong one (the server was started with --api-key).",
     404: "Not found.",
     405: "Method not allowed; the `Allow` header lists the ones that are.",
+    413: "The request body is larger than the server takes (--max-request-bytes).",
     429: "The waiting line is full; retry after `Retry-After` seconds.",
     500: "The engine failed this request.",
     503: "The server cannot take requests (its engine has stopped, or it is shutting down).",
@@ -61,7 +63,7 @@ def generation_responses(response: type[BaseModel], chunk: type[BaseModel],
                   "description": "The answer as one JSON body; or, " + SSE_DESCRIPTION.format(
                       chunk=chunk.__name__),
                   "content": {"text/event-stream": stream}},
-            **error_responses(400, 404, 429, 500, 503, 504, *statuses)}
+            **error_responses(400, 404, 413, 429, 500, 503, 504, *statuses)}
 
 
 def sse_event(chunk: type[BaseModel]) -> dict[str, Any]:
@@ -82,9 +84,24 @@ def text_response(description: str) -> dict[int | str, dict[str, Any]]:
                   "content": {"text/plain": {"schema": {"type": "string"}}}}}
 
 
-def honest_openapi(app: FastAPI, extra_models: list[type[BaseModel]]) -> dict[str, Any]:
+def bound_token_ids(node: Any, vocab_size: int) -> None:
+    """Every token id in the document (marked by api/protocol.py's TokenId) gets the model's
+    vocabulary as its maximum."""
+    if isinstance(node, list):
+        for item in node:
+            bound_token_ids(item, vocab_size)
+    elif isinstance(node, dict):
+        if node.pop(TOKEN_ID_MARKER, False):
+            node["maximum"] = vocab_size - 1
+        for value in node.values():
+            bound_token_ids(value, vocab_size)
+
+
+def honest_openapi(app: FastAPI, extra_models: list[type[BaseModel]],
+                   vocab_size: int) -> dict[str, Any]:
     """FastAPI's document without the 422s it adds, with `extra_models` (the stream chunks,
-    which no route returns as JSON) among its schemas. Built once, then cached."""
+    which no route returns as JSON) among its schemas, and token ids bounded by the model's
+    `vocab_size`. Built once, then cached."""
     if app.openapi_schema is not None:
         return app.openapi_schema
     doc = get_openapi(title=app.title, version=app.version, routes=app.routes,
@@ -100,5 +117,6 @@ def honest_openapi(app: FastAPI, extra_models: list[type[BaseModel]]) -> dict[st
                                          mode="serialization")
         schemas.update(schema.pop("$defs", {}))
         schemas[model.__name__] = schema
+    bound_token_ids(doc, vocab_size)
     app.openapi_schema = doc
     return doc

@@ -9,9 +9,9 @@ Both raise APIError, which becomes a 400 naming the field.
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr
 
 from api.errors import APIError
 from api.field_policy import CHAT, COMPLETIONS, check_fields
@@ -24,6 +24,29 @@ from engine.structured.grammar import GrammarSpec
 # Below this a temperature is greedy (as in vLLM): dividing logits by a tinier one overflows.
 GREEDY_TEMPERATURE = 1e-5
 PRIORITY_BOUND = 2**31  # a 32-bit signed priority: room for any ordering, exact in a float key
+# The shortest deadline a request may ask for. Below a millisecond no engine step (on any
+# device this server runs on) completes, so such a deadline could only ever end in a 504:
+# it is refused as a mistake instead (5e-324 is a float, not a deadline).
+MIN_REQUEST_TIMEOUT = 0.001
+
+NonEmptyText = Annotated[str, Field(min_length=1)]
+
+# A token id. Its upper bound is the model's vocabulary: /openapi.json states it where this
+# marker stands (api/openapi.py).
+TOKEN_ID_MARKER = "x-token-id"
+
+
+def integral_float_as_int(value: object) -> object:
+    """JSON has one kind of number, and JSON Schema's "integer" takes 7.0: so do we, for
+    token ids (7.5 still fails as not an integer)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+TokenId = Annotated[int, Field(ge=0, json_schema_extra={TOKEN_ID_MARKER: True}),
+                    BeforeValidator(integral_float_as_int)]
+TokenIds = Annotated[list[TokenId], Field(min_length=1)]
 
 
 class APIModel(BaseModel):
@@ -48,14 +71,15 @@ class SamplingFields(APIModel):
     # Ours (vLLM has none): seconds from arrival this request may take; on top of the
     # server's --request-timeout, the shorter wins. Past it: 504, or an error event once
     # streaming.
-    request_timeout: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    request_timeout: float | None = Field(default=None, ge=MIN_REQUEST_TIMEOUT,
+                                          allow_inf_nan=False)
     max_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
     seed: int | None = None
     stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[TokenId] | None = None
     ignore_eos: bool = False
     min_tokens: int = 0
     n: int = 1
@@ -69,14 +93,14 @@ class SamplingFields(APIModel):
     repetition_penalty: float | None = None  # vLLM's
     logit_bias: dict[str, float] | None = None  # token id (as a string) -> bias
     min_p: float | None = None  # vLLM's
-    allowed_token_ids: list[int] | None = None  # vLLM's
+    allowed_token_ids: TokenIds | None = None  # vLLM's
     # Structured outputs (api/structured.py): OpenAI's response_format, on both endpoints;
     # vLLM's structured_outputs and its older guided_* fields.
     response_format: dict | None = None
     structured_outputs: dict | None = None
     guided_json: dict | str | None = None
     guided_regex: str | None = None
-    guided_choice: list[str] | None = None
+    guided_choice: Annotated[list[NonEmptyText], Field(min_length=1)] | None = None
 
     @property
     def include_usage(self) -> bool:
@@ -279,8 +303,10 @@ def check_top_logprobs(value: int | None, field: str) -> None:
 
 class CompletionRequest(SamplingFields):
     ENDPOINT: ClassVar[str] = COMPLETIONS
-    # Text, token ids, or a list of either: each prompt gets n choices of its own.
-    prompt: str | list[int] | list[str] | list[list[int]]
+    # Text, token ids, or a list of either: each prompt gets n choices of its own. None may
+    # be empty: an empty prompt has nothing to continue.
+    prompt: (NonEmptyText | TokenIds | Annotated[list[NonEmptyText], Field(min_length=1)]
+             | Annotated[list[TokenIds], Field(min_length=1)])
     max_tokens: int | None = 16
     echo: bool = False  # the choice's text (and logprobs) begin with the prompt's
     logprobs: int | None = None
@@ -326,6 +352,12 @@ class ChatMessage(APIModel):
 
 class ChatCompletionRequest(SamplingFields):
     ENDPOINT: ClassVar[str] = CHAT
+    # top_logprobs needs logprobs: true, which JSON Schema says as if/then.
+    model_config = ConfigDict(json_schema_extra={
+        "if": {"properties": {"top_logprobs": {"type": "integer"}},
+               "required": ["top_logprobs"]},
+        "then": {"properties": {"logprobs": {"const": True}}, "required": ["logprobs"]}})
+
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None
     logprobs: bool = False

@@ -23,10 +23,12 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 from sse_starlette.sse import EventSourceResponse
+from starlette.concurrency import run_in_threadpool
 
 from api.engine_client import EngineClient
 from api.errors import APIError
 from api.job import Job, Prompt, SampleResult
+from api.limits import PromptBound
 from api.logprobs import LogprobFormatter
 from api.protocol import SamplingFields
 from engine.batch_engine import ENGINE_FAILED, SHUTDOWN, EngineUnavailableError, QueueFullError
@@ -66,9 +68,11 @@ class OpenAIServing(ABC, Generic[Body]):
     request_id_prefix: ClassVar[str]
 
     def __init__(self, engine: EngineClient, model_name: str,
-                 grammars: GrammarCompiler | None = None) -> None:
+                 grammars: GrammarCompiler | None = None,
+                 prompt_bound: PromptBound | None = None) -> None:
         self.engine = engine
         self.grammars = grammars or GrammarCompiler(engine.tokenizer)
+        self.prompt_bound = prompt_bound or PromptBound(engine.tokenizer)
         self.tokenizer = engine.tokenizer
         self.formatter = LogprobFormatter(engine.tokenizer)
         self.model_name = model_name
@@ -80,7 +84,9 @@ class OpenAIServing(ABC, Generic[Body]):
         body.check_supported()
         body.check_samples(self.engine.max_num_seqs)
         body.check_priority(self.engine.scheduling_policy)
-        prompts = self.prompts(body)
+        # Tokenizing (and rendering a chat template) takes time in the prompt's length: on a
+        # worker thread, so that other requests' streams keep flowing meanwhile.
+        prompts = await run_in_threadpool(self.prompts, body)
         params = [body.to_sampling_params(len(p.token_ids), self.engine.max_tokens_per_request,
                                           len(self.tokenizer)) for p in prompts]
         spec = body.grammar_spec()
@@ -209,7 +215,14 @@ class OpenAIServing(ABC, Generic[Body]):
 
     @abstractmethod
     def prompts(self, body: Body) -> list[Prompt]:
-        """The prompts' token ids; APIError if one is empty or has ids out of range."""
+        """The prompts' token ids; APIError if one is empty, has ids out of range, or is a
+        text too long to fit (checked before it is tokenized: check_length). Runs on a
+        worker thread."""
+
+    def check_length(self, text: str, param: str = "prompt") -> None:
+        """APIError naming `param` if `text` is longer than any prompt that fits, before
+        tokenizing it."""
+        self.prompt_bound.check(text, self.engine.max_tokens_per_request, param)
 
     @abstractmethod
     def response(self, job: Job, body: Body) -> BaseModel:

@@ -36,6 +36,7 @@ class ChatServing(OpenAIServing[ChatCompletionRequest]):
         extra = {"tools": tools} if tools else {}
         text = self.tokenizer.apply_chat_template(messages, tokenize=False,
                                                   add_generation_prompt=True, **extra)
+        self.check_length(text, "messages")
         return [Prompt(self.tokenizer(text, add_special_tokens=False).input_ids)]
 
     def logprobs(self, body: ChatCompletionRequest,

@@ -24,6 +24,7 @@ class CompletionServing(OpenAIServing[CompletionRequest]):
         prompts = []
         for prompt in body.prompts():
             if isinstance(prompt, str):
+                self.check_length(prompt)
                 ids = self.tokenizer(prompt).input_ids if prompt else []
                 prompts.append(Prompt(ids, prompt))
             else:

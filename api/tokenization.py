@@ -6,15 +6,21 @@ template, as chat completions would); /detokenize turns token ids back into text
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from api.engine_client import EngineClient
 from api.errors import APIError
-from api.protocol import APIModel, ChatMessage, template_messages
+from api.protocol import APIModel, ChatMessage, TokenId, template_messages
 from api.responses import DetokenizeResponse, TokenizeResponse
 
 
 class TokenizeRequest(APIModel):
+    """Exactly one of `prompt` and `messages` (oneOf in the document)."""
+
+    model_config = ConfigDict(json_schema_extra={"oneOf": [
+        {"properties": {"prompt": {"type": "string"}}, "required": ["prompt"]},
+        {"properties": {"messages": {"type": "array"}}, "required": ["messages"]}]})
+
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = Field(default=None, min_length=1)
@@ -25,7 +31,7 @@ class TokenizeRequest(APIModel):
 
 class DetokenizeRequest(APIModel):
     model: str | None = None
-    tokens: list[int]
+    tokens: list[TokenId]
 
 
 class TokenizationServing:

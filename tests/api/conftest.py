@@ -35,9 +35,10 @@ class RunningServer:
         return f"http://127.0.0.1:{self.port}"
 
 
-def serve(engine: BatchEngine, access: AccessConfig | None = None) -> Iterator[RunningServer]:
+def serve(engine: BatchEngine, access: AccessConfig | None = None,
+          max_request_bytes: int | None = None) -> Iterator[RunningServer]:
     """Start the engine and uvicorn on a free port; stop both afterwards."""
-    app = create_app(engine, MODEL_NAME, access)
+    app = create_app(engine, MODEL_NAME, access, max_request_bytes=max_request_bytes)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))  # bound here, handed to uvicorn: no race for the port

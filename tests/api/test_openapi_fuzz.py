@@ -22,6 +22,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+from jsonschema import Draft202012Validator
+from referencing import Registry, Resource
+from referencing.jsonschema import DRAFT202012
 
 from api.security import AccessConfig
 from engine.batch_engine import BatchEngine
@@ -56,6 +59,50 @@ def test_document_is_honest(fuzz_server):
     assert "401" not in paths["/metrics"]["get"]["responses"]  # open without the flag
     assert doc["components"]["securitySchemes"]["APIKey"]["scheme"] == "bearer"
     assert paths["/v1/models"]["get"]["security"] == [{"APIKey": []}]
+
+
+# Bodies the server refuses with a 400, which the document must refuse too (and one each it
+# must allow), by request schema.
+REFUSED_BY_THE_DOCUMENT = [
+    ("CompletionRequest", {"prompt": ""}, {"prompt": "Hi"}),
+    ("CompletionRequest", {"prompt": []}, {"prompt": [1, 2]}),
+    ("CompletionRequest", {"prompt": ["Hi", ""]}, {"prompt": ["Hi", "there"]}),
+    ("CompletionRequest", {"prompt": [[]]}, {"prompt": [[1]]}),
+    ("CompletionRequest", {"prompt": "Hi", "request_timeout": 5e-324},
+     {"prompt": "Hi", "request_timeout": 0.001}),
+    ("ChatCompletionRequest", {"messages": [{"role": "user", "content": "Hi"}],
+                               "top_logprobs": 2},
+     {"messages": [{"role": "user", "content": "Hi"}], "top_logprobs": 2, "logprobs": True}),
+    ("ChatCompletionRequest", {"messages": [{"role": "user", "content": "Hi"}],
+                               "top_logprobs": 0, "logprobs": False},
+     {"messages": [{"role": "user", "content": "Hi"}], "top_logprobs": None}),
+    ("TokenizeRequest", {}, {"prompt": "Hi"}),
+    ("TokenizeRequest", {"prompt": "Hi", "messages": [{"role": "user", "content": "Hi"}]},
+     {"messages": [{"role": "user", "content": "Hi"}]}),
+    ("TokenizeRequest", {"prompt": None, "messages": None}, {"prompt": "Hi", "messages": None}),
+    ("DetokenizeRequest", {"tokens": [-1]}, {"tokens": [0, 49151]}),
+    ("DetokenizeRequest", {"tokens": [49152]}, {"tokens": [7.0]}),
+]
+
+
+@pytest.mark.parametrize(("name", "refused", "allowed"), REFUSED_BY_THE_DOCUMENT)
+def test_document_states_what_the_server_refuses(fuzz_server, name, refused, allowed):
+    doc = httpx.get(fuzz_server.url + "/openapi.json", timeout=10).json()
+    registry = Registry().with_resource("urn:doc", Resource.from_contents(
+        doc, default_specification=DRAFT202012))
+    validator = Draft202012Validator({"$ref": f"urn:doc#/components/schemas/{name}"},
+                                     registry=registry)
+    for body, valid in ((refused, False), (allowed, True)):
+        errors = [e.message for e in validator.iter_errors(body)]
+        status = httpx.post(fuzz_server.url + PATHS[name], json=body, timeout=30,
+                            headers={"Authorization": f"Bearer {KEY}"}).status_code
+        print(f"{name} {body}: document {errors or 'valid'}; server {status}")
+        assert (not errors) == valid
+        assert (status != 400) == valid  # the server agrees with the document
+
+
+PATHS = {"CompletionRequest": "/v1/completions", "ChatCompletionRequest": "/v1/chat/completions",
+         "TokenizeRequest": "/tokenize", "DetokenizeRequest": "/detokenize"}
 
 
 def test_schemathesis_finds_nothing(fuzz_server):
