@@ -31,10 +31,12 @@ FOREIGN_FLAGS = {
 }
 
 # Our commands, as the docs invoke them: the way to ask each for --help.
-COMMAND = re.compile(r"python3\s+(?:-m\s+([\w.]+)|((?:[\w./-]+/)?[\w-]+\.py))")
+# (side_by_side.py takes servers as "LABEL=server.py FLAGS": the flags are server.py's.)
+COMMAND = re.compile(r"python3\s+(?:-m\s+([\w.]+)|((?:[\w./-]+/)?[\w-]+\.py))"
+                     r"|\"[\w.-]+=((?:[\w./-]+/)?[\w-]+\.py)")
 # A shell separator ends a command's flags; so does a lone "--" (what follows is passed on to
 # another program, e.g. side_by_side.py's flags for bench.py).
-SHELL_BREAK = re.compile(r"\s(?:&&?|\|\|?|;|\)|--)(?:\s|$)|\s#")
+SHELL_BREAK = re.compile(r"\s(?:&&?|\|\|?|;|\)|--)(?:\s|$)|\s#|\"")
 FLAG = re.compile(r"(?<![^\s`(\[=])(--[a-z][a-z0-9_-]*)")
 
 
@@ -70,7 +72,7 @@ def command_flags(line: str) -> list[tuple[str, str]]:
         tail = line[match.end():end]
         cut = SHELL_BREAK.search(tail)
         tail = tail[:cut.start()] if cut else tail
-        target = f"-m {match.group(1)}" if match.group(1) else match.group(2)
+        target = f"-m {match.group(1)}" if match.group(1) else match.group(2) or match.group(3)
         found += [(target, flag) for flag in FLAG.findall(tail)]
     return found
 
