@@ -89,7 +89,7 @@ def create_app(engine: EngineClient, model_name: str, access: AccessConfig | Non
                               "{\"error\": {message, type, param, code}}.")
     app.openapi = lambda: honest_openapi(app, [CompletionStreamResponse,
                                                ChatCompletionStreamResponse],
-                                         len(engine.tokenizer))
+                                         len(engine.tokenizer), [model_name, "default"])
     bound = PromptBound(engine.tokenizer)
     if max_request_bytes is None:
         max_request_bytes = default_max_request_bytes(engine.max_tokens_per_request, bound)

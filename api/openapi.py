@@ -97,11 +97,23 @@ def bound_token_ids(node: Any, vocab_size: int) -> None:
             bound_token_ids(value, vocab_size)
 
 
+def name_served_models(schemas: dict[str, Any], model_names: list[str]) -> None:
+    """A request's `model` may only name a served model (another name is a 404): say so."""
+    for schema in schemas.values():
+        field = schema.get("properties", {}).get("model")
+        if field is None:
+            continue
+        branches = field.get("anyOf", [field])
+        for branch in branches:
+            if branch.get("type") == "string":
+                branch["enum"] = sorted(model_names)
+
+
 def honest_openapi(app: FastAPI, extra_models: list[type[BaseModel]],
-                   vocab_size: int) -> dict[str, Any]:
+                   vocab_size: int, model_names: list[str] | None = None) -> dict[str, Any]:
     """FastAPI's document without the 422s it adds, with `extra_models` (the stream chunks,
-    which no route returns as JSON) among its schemas, and token ids bounded by the model's
-    `vocab_size`. Built once, then cached."""
+    which no route returns as JSON) among its schemas, token ids bounded by the model's
+    `vocab_size`, and `model` limited to `model_names`. Built once, then cached."""
     if app.openapi_schema is not None:
         return app.openapi_schema
     doc = get_openapi(title=app.title, version=app.version, routes=app.routes,
@@ -118,5 +130,7 @@ def honest_openapi(app: FastAPI, extra_models: list[type[BaseModel]],
         schemas.update(schema.pop("$defs", {}))
         schemas[model.__name__] = schema
     bound_token_ids(doc, vocab_size)
+    if model_names:
+        name_served_models(schemas, model_names)
     app.openapi_schema = doc
     return doc

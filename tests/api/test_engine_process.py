@@ -26,7 +26,7 @@ import pytest
 
 from api.lifecycle import ENGINE_FAILURE_EXIT_CODE
 from tests.api.conftest import RunningServer
-from tests.api.test_lifecycle import COMPLETIONS, StreamReader, start_server, wait_for
+from tests.api.test_lifecycle import COMPLETIONS, StreamReader, small_server, wait_for
 from tests.api.test_server import check_error
 from tests.api.test_structured_outputs import ASK, ITEM, schema_format
 
@@ -45,8 +45,9 @@ class ProcessServer:
 
 
 def launch(log: Path, *flags: str) -> ProcessServer:
-    proc, url = start_server(log, "--engine-process", *flags)
-    return ProcessServer(proc, url, log)
+    live = small_server(log, "--engine-process", *flags)
+    live.start()
+    return ProcessServer(live.proc, live.url, log)
 
 
 @pytest.fixture(scope="module")
