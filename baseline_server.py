@@ -1,14 +1,16 @@
 """The baseline server: nano-vLLM's API and model, over a naive per-user KV cache.
 
-`python3 baseline_server.py` takes server.py's flags and serves the same OpenAI-compatible
-API (on 127.0.0.1:8080 unless told otherwise). It is the fixed yardstick that the real
-engine is measured against, so it is kept simple and is not optimised.
+`python3 baseline_server.py` serves the same OpenAI-compatible API as server.py (on
+127.0.0.1:8080 unless told otherwise). It is the fixed yardstick that the real engine is
+measured against, so it is kept simple and is not optimised. It takes server.py's flags but
+refuses, at start-up, each one it would not honour (REFUSED and FIXED below say why); the
+rest it honours, --threads included (one thread count for every step).
 
 It differs from the engine (engine/batch_engine.py) in three things only:
 
 - **Model math.** The plain PyTorch forward pass (model/llama.py with PyTorch's matmuls and
   ops): our CPU kernels are optimisations, and a yardstick must not move when they improve.
-  --matmul, --weights and the fused ops are fixed to PyTorch's whatever the flags say.
+  The matmuls and the small ops are PyTorch's, over the folder's weights in --dtype.
 - **KV cache.** Each request keeps, per layer, its own K and V tensors
   [tokens, kv_heads, head_dim]. At every decode step each user's past is concatenated with
   its new K/V (torch.cat: a new allocation and a copy of the whole past), the users are
@@ -16,9 +18,8 @@ It differs from the engine (engine/batch_engine.py) in three things only:
   That is the common naive design; the paged cache writes each K/V once and never moves it.
 - **Prefill.** Each newcomer's prompt goes through the model alone, in one plain causal
   forward pass: no chunking, no token budget, no prefix cache. There is no preemption
-  either: memory is not bounded, so --num-blocks, --kv-cache-memory, --no-prefix-cache and
-  --max-num-batched-tokens are accepted and ignored. The line is first come first served
-  (--scheduling-policy is fixed to fcfs, so a request's priority is refused).
+  either: memory is not bounded. The line is first come first served (so a request's
+  priority is refused).
 
 A round seats waiting requests up to --max-num-seqs, prefills the newcomers one at a time,
 then decodes one token for every seated request in one batched forward pass. Everything
@@ -29,6 +30,7 @@ timeouts, sampling, stop conditions, detokenization, metrics and the HTTP app ar
 
 from __future__ import annotations
 
+import argparse
 import logging
 import time
 from collections import deque
@@ -43,12 +45,35 @@ from torch.nn.utils.rnn import pad_sequence
 from engine.config import EngineConfig
 from engine.core import EngineStats, StepResult
 from engine.logprobs import TokenLogprobs, gather_logprobs, raw_logprobs
+from engine.model_runner import ThreadPolicy
 from engine.request import FinishReason, Request, RequestUpdate, Status
 from engine.sampler import Sampler
 from model.llama import LlamaModel, causal_attention
-from server import run_server
+from server import build_parser, given_flags, run_server
 
 log = logging.getLogger("nano_vllm.baseline")
+
+UNBOUNDED = "the baseline has no block pool: each user's KV cache grows as it needs"
+FCFS = "the baseline's line is first come first served"
+# server.py's flags that the baseline does not honour (by dest): refused whenever given.
+REFUSED = {
+    "num_blocks": UNBOUNDED,
+    "kv_cache_memory": UNBOUNDED,
+    "no_prefix_cache": "the baseline has no prefix cache to turn off",
+    "max_num_batched_tokens": "the baseline prefills each prompt whole, with no token budget",
+    "max_prefills_per_step": "the baseline prefills every newcomer it seats, one by one, "
+                             "before each decode step",
+    "attention": "the baseline's decode attention is always its padded PyTorch SDPA",
+    "single_thread_below": "the baseline runs every step on the same threads (--threads)",
+    "speculative_config": "the baseline decodes one token per step, with no speculation",
+    "priority_aging": FCFS,
+}
+# Flags it takes only at the one value it runs with: (that value, why).
+FIXED = {
+    "matmul": ("torch", "the baseline keeps PyTorch's matmuls"),
+    "weights": ("default", "the baseline runs the folder's weights in --dtype"),
+    "scheduling_policy": ("fcfs", FCFS),
+}
 
 
 @dataclass
@@ -159,6 +184,8 @@ class BaselineEngineCore:
                  eos_token_ids: Collection[int]) -> None:
         self.max_num_seqs = config.max_num_seqs
         self.eos_token_ids = frozenset(eos_token_ids)
+        # --threads: every step on that many threads (None: PyTorch's default, the cores).
+        self.threads = ThreadPolicy(config.threads, 0) if config.threads else None
         self.runner = BaselineRunner(model)
         self.sampler = Sampler()
         self.waiting: deque[Request] = deque()
@@ -181,6 +208,8 @@ class BaselineEngineCore:
     def step(self) -> StepResult:
         """One round: seat newcomers, prefill them one by one, decode everyone seated."""
         result = StepResult()
+        if self.threads is not None:
+            self.threads.apply(0)  # on the thread that steps (the setting is per thread)
         for request in self._seat():
             self._prefill(request, result)
         decoding = [r for r in self.running if r.request_id in self.caches
@@ -262,14 +291,34 @@ class BaselineEngineCore:
                            blocks_used=0, blocks_free=0, blocks_cached_free=0)
 
     def describe(self) -> str:
+        threads = (f", {self.threads.max_threads} threads" if self.threads is not None
+                   else "")
         return (f"{self.runner.device}, per-user KV cache padded and concatenated every step, "
-                f"up to {self.max_num_seqs} users at once")
+                f"up to {self.max_num_seqs} users at once{threads}")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """server.py's command line, refusing (argparse's exit 2) each flag the baseline would
+    not honour."""
+    parser = build_parser(__doc__)
+    args = parser.parse_args(argv)
+    for dest, value in given_flags(__doc__, argv).items():
+        flag = "--" + dest.replace("_", "-")
+        if dest in REFUSED:
+            parser.error(f"{flag} is not supported by the baseline: {REFUSED[dest]}")
+        if dest in FIXED and value != FIXED[dest][0]:
+            only, why = FIXED[dest]
+            parser.error(f"{flag} {value} is not supported by the baseline, only {flag} "
+                         f"{only}: {why}")
+    # Unused here, but the engine's config checks it against the seats.
+    args.max_num_batched_tokens = max(args.max_num_batched_tokens, args.max_num_seqs)
+    return args
 
 
 def main() -> int:
     return run_server(__doc__, "nano-vLLM BASELINE", BaselineEngineCore,
                       fixed={"matmul": "torch", "fused_ops": False, "weights": "default",
-                             "scheduling_policy": "fcfs"})
+                             "scheduling_policy": "fcfs"}, args=parse_args())
 
 
 if __name__ == "__main__":

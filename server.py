@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from collections.abc import Sequence
 from dataclasses import replace
+from typing import Any
 
 import uvicorn
 
@@ -73,12 +75,23 @@ def served_name(args: argparse.Namespace) -> str:
     return args.model.rstrip("/").split("/")[-1] if args.model else MODEL_NAME
 
 
+def given_flags(description: str | None, argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """The flags the command line gives (by dest, as parsed), defaults left out."""
+    parser = build_parser(description)
+    for action in parser._actions:  # (set_defaults would put the marker in the namespace)
+        action.default = argparse.SUPPRESS
+    return vars(parser.parse_args(argv))
+
+
 def run_server(description: str | None, title: str = "nano-vLLM",
                core_class: type[EngineCore] = PagedEngineCore,
-               fixed: dict[str, object] | None = None) -> int:
-    """Parse the CLI, load the model into an engine, serve until stopped. `fixed` sets
-    config fields whatever the flags say (the baseline keeps PyTorch's model math)."""
-    args = build_parser(description).parse_args()
+               fixed: dict[str, object] | None = None,
+               args: argparse.Namespace | None = None) -> int:
+    """Parse the CLI (unless `args` come parsed), load the model into an engine, serve until
+    stopped. `fixed` sets config fields whatever the flags say (the baseline keeps PyTorch's
+    model math)."""
+    if args is None:
+        args = build_parser(description).parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     try:
         config = replace(EngineConfig.from_args(args), **(fixed or {}))

@@ -28,7 +28,7 @@ class SampleResult:
     """One sample's outputs so far."""
 
     texts: list[str] = field(default_factory=list)
-    logprobs: list[TokenLogprobs] = field(default_factory=list)  # of the text's tokens
+    logprobs: list[TokenLogprobs] = field(default_factory=list)  # one per output token
     num_output_tokens: int = 0
     num_outputs: int = 0
     text_offset: int = 0  # completions' logprobs: where the next token's text starts

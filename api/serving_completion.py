@@ -49,9 +49,10 @@ class CompletionServing(OpenAIServing[CompletionRequest]):
                 logprobs = None
                 if body.logprobs is not None:
                     ids, entries = self._echoed(job, body, i)
+                    echoed = len(ids)
                     ids += [e.token_id for e in sample.logprobs]
                     entries += sample.logprobs
-                    logprobs, _ = self.formatter.completion(ids, entries, 0)
+                    logprobs, _ = self.formatter.completion(ids, entries, 0, echoed)
                 if body.echo:
                     text = self.prompt_text(prompt) + text
                 choices.append(CompletionChoice(index=index, text=text, logprobs=logprobs,
@@ -77,10 +78,11 @@ class CompletionServing(OpenAIServing[CompletionRequest]):
         logprobs: CompletionLogprobs | None = None
         if body.logprobs is not None:
             ids, entries = self._echoed(job, body, prompt_index) if first else ([], [])
+            echoed = len(ids)
             ids += [e.token_id for e in output.logprobs or []]
             entries += output.logprobs or []
-            logprobs, sample.text_offset = self.formatter.completion(ids, entries,
-                                                                     sample.text_offset)
+            logprobs, sample.text_offset = self.formatter.completion(
+                ids, entries, sample.text_offset, echoed)
         choice = CompletionChoice(index=job.choice_index(prompt_index, output.sample_index),
                                   text=text, logprobs=logprobs,
                                   finish_reason=output.finish_reason)

@@ -18,7 +18,7 @@ MODEL_DIR=${MODEL_DIR:-$HOME/.cache/nano-vllm/SmolLM2-135M-Instruct}
 PORT=${PORT:-8731}
 BATCH=${BATCH:-4}
 OUT=results/tmp/lm_eval
-TASKS=nano_mc,nano_gen
+TASKS=nano_mc,nano_gen,nano_mc_eos
 export HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
 run() {  # name, model, model_args

@@ -41,22 +41,21 @@ class OutputProcessor:
         detok = self._tracked[request.request_id].detok
         first = request.num_tokens - len(new)  # where new[0] sits in request.token_ids
         reason = update.finish_reason
-        in_text = len(new)  # tokens whose text counts (not a stop token)
         for i in range(len(new)):
             self.metrics.on_token(request, now)
             if i == len(new) - 1 and update.ended_by_stop_token:
-                in_text = i  # the stop token itself is not part of the text
-                break
+                break  # the stop token is not part of the text (its logprob is sent)
             end = first + i + 1
             detok.add(request.token_ids if end == request.num_tokens
                       else request.token_ids[:end])
             if detok.stopped:
                 new = new[:i + 1]  # tokens after a stop string (several per step) are dropped
-                in_text = i + 1
                 del request.token_ids[end:]
                 reason = FinishReason.STOP
                 break
-        logprobs = update.logprobs[:in_text] if request.params.logprobs is not None else None
+        # One entry per token sent, the stop token included (as vLLM and OpenAI send it).
+        logprobs = (update.logprobs[:len(new)] if request.params.logprobs is not None
+                    else None)
         if reason is None:
             self._send(request, RequestOutput(request.request_id, detok.take(final=False),
                                               list(new)), logprobs)

@@ -86,9 +86,9 @@ class RequestTiming:
 class RequestOutput:
     """What the engine hands back after a step: new text, and the end when it comes.
 
-    `logprobs` (when asked) has one entry per token of the text: a stop token that is not
-    part of the text has none. `prompt_logprobs` comes once, with a request's first output,
-    one entry per prompt token (None for the first)."""
+    `logprobs` (when asked) has one entry per token in token_ids, the stop token (EOS or
+    stop_token_ids) included, though its text is not part of `text`. `prompt_logprobs` comes
+    once, with a request's first output, one entry per prompt token (None for the first)."""
 
     request_id: str
     text: str

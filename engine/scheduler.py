@@ -3,7 +3,8 @@
 `schedule()` decides; `update_from_output()` records what the model produced. Between
 the two, nothing else touches a request's counts or blocks.
 
-Each step the seated (running) requests go first, in the order they were seated: a
+Each step the seated (running) requests go first, in the order they were seated (under
+--scheduling-policy priority, in the waiting line's order: best first, then as seated): a
 request has tokens computed (K/V in the cache) and tokens still to compute. A decode
 has one left; a prompt being prefilled takes as much of the token budget as is left,
 in chunks over several steps if need be. Then requests are seated from the front of the
@@ -11,9 +12,13 @@ waiting line while seats, budget and KV blocks allow, each starting after its lo
 cached prefix.
 
 Blocks are taken as a sequence grows, not reserved up front. When a running sequence
-needs a block and none is free, the most recently seated request is preempted: its
-blocks are released (full ones stay findable in the prefix cache), and it returns to
-the front of the line to be recomputed later.
+needs a block and none is free, a request is preempted: its blocks are released (full ones
+stay findable in the prefix cache), and it returns to the line to be recomputed later. Under
+fcfs that is the most recently seated request, and it returns to the front of the line.
+Under priority it is the one the line would seat last (the lowest priority, aged as in
+waiting_queue.py, then the latest arrival; then the most recently seated), and it returns
+to the line by its own key. Since the seated go in that same order, a request is never
+preempted while one the line ranks below it keeps its blocks.
 
 Several samples of one prompt (params.n) are one request until the step that computes
 its prompt's end: then the others fork from it, taking its blocks by reference and its
@@ -35,7 +40,7 @@ from typing import TYPE_CHECKING
 from engine.logprobs import TokenLogprobs
 from engine.request import FinishReason, Request, RequestUpdate, Status
 from engine.spec_decode import SpeculativeConfig, can_speculate, note_drafts, propose_ngram
-from engine.waiting_queue import make_waiting_queue
+from engine.waiting_queue import PriorityQueue, make_waiting_queue
 from kvcache.kv_cache_manager import KVCacheManager, blocks_for
 from kvcache.pool import BLOCK_SIZE
 
@@ -104,7 +109,7 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         speculate = (self.speculative is not None
                      and self.seats_taken() <= self.speculative.disable_by_batch_size)
-        for request in list(self.running):
+        for request in self._running_order():
             if budget == 0:
                 break
             if request.status is not Status.RUNNING:
@@ -128,6 +133,26 @@ class Scheduler:
             seated += 1
         out.block_copies = self.kv.take_block_copies()
         return out
+
+    def _running_order(self) -> list[Request]:
+        """The order the seated go in: as seated, or (priority) the line's order, best first
+        (a stable sort: as seated among equals). A shortage then preempts only requests
+        not yet scheduled in the step (see _victim)."""
+        if isinstance(self.waiting, PriorityQueue):
+            return sorted(self.running, key=self.waiting.key)
+        return list(self.running)
+
+    def _victim(self, request: Request, out: SchedulerOutput) -> Request:
+        """Whom to preempt so that `request` can grow: the most recently seated (fcfs), or
+        (priority) the one the line would seat last, then the most recently seated, of
+        `request` and those not yet scheduled in this step (which rank no better)."""
+        line = self.waiting
+        if not isinstance(line, PriorityQueue):
+            return self.running[-1]
+        scheduled = {id(r) for r, _ in out.scheduled}
+        candidates = [(line.key(r), seat, r) for seat, r in enumerate(self.running)
+                      if r is request or id(r) not in scheduled]
+        return max(candidates, key=lambda c: c[:2])[2]
 
     def _schedule_drafts(self, request: Request, budget: int, out: SchedulerOutput) -> bool:
         """Schedule a decoding request with its last token and drafts, if it has drafts and
@@ -197,11 +222,11 @@ class Scheduler:
         request.pending_forks = []
 
     def _make_room(self, request: Request, num_tokens: int, out: SchedulerOutput) -> bool:
-        """Give `request` slots for num_tokens, preempting from the most recently seated
-        while the pool is short. False if `request` itself had to go."""
+        """Give `request` slots for num_tokens, preempting (see _victim) while the pool is
+        short. False if `request` itself had to go."""
         while not self.kv.allocate_slots(request.blocks, num_tokens,
                                          write_from=request.num_computed_tokens):
-            victim = self.running[-1]
+            victim = self._victim(request, out)
             self.preempt(victim)
             out.preempted.append(victim)
             if victim is request:

@@ -12,7 +12,15 @@ import threading
 import pytest
 import torch
 
-from baseline_server import BaselineEngineCore, BaselineRunner, PaddedDecodeAttention, UserKV
+from baseline_server import (
+    FIXED,
+    REFUSED,
+    BaselineEngineCore,
+    BaselineRunner,
+    PaddedDecodeAttention,
+    UserKV,
+    parse_args,
+)
 from engine.batch_engine import BatchEngine
 from engine.config import EngineConfig
 from engine.request import Request, RequestOutput, SamplingParams
@@ -189,3 +197,73 @@ def test_logprobs_samples_and_prompt_scores_match_the_engine(model, tokenizer):
         [e.token_id for e in s] for s in samples]
     assert base_samples[0] and base_ids == ids_ == []
     assert diff <= LOGITS_ATOL
+
+
+# Each flag the baseline refuses, as someone would give it (the value is a valid one for
+# server.py, so only the baseline's refusal can fail it).
+REFUSED_FLAGS = {
+    "num_blocks": ["--num-blocks", "64"],
+    "kv_cache_memory": ["--kv-cache-memory", "1GiB"],
+    "no_prefix_cache": ["--no-prefix-cache"],
+    "max_num_batched_tokens": ["--max-num-batched-tokens", "1024"],
+    "max_prefills_per_step": ["--max-prefills-per-step", "1"],
+    "attention": ["--attention", "torch"],
+    "single_thread_below": ["--single-thread-below", "0"],
+    "speculative_config": ["--speculative-config", '{"method": "ngram"}'],
+    "priority_aging": ["--priority-aging", "0"],
+    "matmul": ["--matmul", "auto"],
+    "weights": ["--weights", "int8"],
+    "scheduling_policy": ["--scheduling-policy", "priority"],
+}
+
+
+def test_every_unhonoured_flag_is_listed_for_the_test():
+    assert set(REFUSED_FLAGS) == set(REFUSED) | set(FIXED)
+
+
+@pytest.mark.parametrize("dest", sorted(REFUSED_FLAGS))
+def test_a_flag_the_baseline_does_not_honour_is_refused(dest, capsys):
+    argv = REFUSED_FLAGS[dest]
+    with pytest.raises(SystemExit) as exit_info:
+        parse_args(argv)
+    message = capsys.readouterr().err.strip().splitlines()[-1]
+    print(argv, "->", message)
+    assert exit_info.value.code == 2
+    assert f"error: {argv[0]}" in message and "not supported by the baseline" in message
+    why = REFUSED[dest] if dest in REFUSED else FIXED[dest][1]
+    assert message.endswith(why)
+
+
+def test_flags_it_honours_or_runs_with_are_taken():
+    args = parse_args(["--threads", "1", "--max-num-seqs", "600", "--matmul", "torch",
+                       "--weights", "default", "--scheduling-policy", "fcfs", "--dtype",
+                       "bfloat16", "--max-waiting", "5", "--request-timeout", "9"])
+    config = EngineConfig.from_args(args)  # the seats above 512 need no token budget flag
+    print(config)
+    assert (config.threads, config.max_num_seqs, config.dtype, config.max_waiting,
+            config.request_timeout) == (1, 600, "bfloat16", 5, 9.0)
+
+
+def test_threads_sets_the_threads_every_step_runs_on(model, tokenizer):
+    """--threads is honoured: a step runs on that many threads (on the thread that steps:
+    PyTorch's setting is per thread), whatever its size. Without it, PyTorch's default."""
+    before = torch.get_num_threads()
+    ids = tokenizer(PROMPTS[0]).input_ids
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(3)
+            core = BaselineEngineCore(EngineConfig(threads=threads), model,
+                                      [tokenizer.eos_token_id])
+            core.add(Request(f"t{threads}", ids, SamplingParams(max_tokens=2), print))
+            core.step()  # the prefill
+            print(f"--threads {threads}: {torch.get_num_threads()} threads after a step; "
+                  f"{core.describe()}")
+            assert torch.get_num_threads() == threads
+            assert core.describe().endswith(f"{threads} threads")
+        torch.set_num_threads(3)
+        core = BaselineEngineCore(EngineConfig(), model, [tokenizer.eos_token_id])
+        core.add(Request("default", ids, SamplingParams(max_tokens=2), print))
+        core.step()
+        assert torch.get_num_threads() == 3  # left alone
+    finally:
+        torch.set_num_threads(before)

@@ -3,6 +3,8 @@ log_softmax of its own logits (tolerance: tests/conftest.py's LOGITS_ATOL)."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from tests.api.test_server import CHAT_HI, PROMPT, chat, complete, stream
@@ -94,8 +96,12 @@ def test_chat_logprobs_streamed_or_not(server):
     [choice] = body["choices"]
     content = choice["logprobs"]["content"]
     print("chat:", choice["message"]["content"], "\nfirst entry:", content[0])
-    assert choice["finish_reason"] == "stop"  # end-of-sequence: not part of the content
-    assert len(content) == body["usage"]["completion_tokens"] - 1
+    assert choice["finish_reason"] == "stop"  # end-of-sequence: not part of the content...
+    assert len(content) == body["usage"]["completion_tokens"]  # ...but it has its entry
+    eos = content[-1]
+    print("end-of-sequence entry:", eos)
+    assert eos["token"] == "" and eos["bytes"] == [] and math.isfinite(eos["logprob"])
+    assert eos["top_logprobs"][0] == {"token": "", "logprob": eos["logprob"], "bytes": []}
     assert bytes(b for e in content for b in e["bytes"]).decode() == choice["message"]["content"]
     assert all(len(e["top_logprobs"]) == 2 and e["top_logprobs"][0]["token"] == e["token"]
                for e in content)
@@ -104,7 +110,79 @@ def test_chat_logprobs_streamed_or_not(server):
     streamed = [entry for e in events if e["choices"][0]["logprobs"]
                 for entry in e["choices"][0]["logprobs"]["content"]]
     assert [e["token"] for e in streamed] == [e["token"] for e in content]
+    assert [e["logprob"] for e in streamed] == [e["logprob"] for e in content]
     assert all(e["top_logprobs"] == [] for e in streamed)
+
+
+# Greedy, the model ends its answer here: end-of-sequence is the next token (p ~ 0.43).
+ENDS = "Question: Which planet do we live on?\nAnswer: Earth"
+CONTEXT = "Question: Which planet do we live on?\nAnswer:"  # ENDS less its continuation
+
+
+def test_completion_ending_on_eos_lists_it(server, hf_model, tokenizer):
+    """The sampled end-of-sequence token is counted in usage, so it is listed too: its
+    string is "" (the text leaves it out), its logprob is there, in every shape."""
+    ids = tokenizer(ENDS).input_ids
+    eos = hf_logprobs(hf_model, ids)[-1, tokenizer.eos_token_id].item()
+    request = {"prompt": ENDS, "max_tokens": 4, "logprobs": 1}
+    body = complete(server, **request)
+    [choice] = body["choices"]
+    lp = choice["logprobs"]
+    print("ends on EOS:", choice, body["usage"], f"HF {eos:.4f}")
+    assert choice["finish_reason"] == "stop" and choice["text"] == ""
+    assert body["usage"]["completion_tokens"] == 1
+    assert lp["tokens"] == [""] and lp["text_offset"] == [0]
+    assert math.isfinite(lp["token_logprobs"][0])
+    assert abs(lp["token_logprobs"][0] - eos) <= LOGITS_ATOL
+    assert lp["top_logprobs"] == [{"": lp["token_logprobs"][0]}]
+    events = stream(server, "/v1/completions", {**request, "temperature": 0})
+    streamed = [e["choices"][0]["logprobs"] for e in events]
+    assert [t for s in streamed for t in s["tokens"]] == lp["tokens"]
+    assert [v for s in streamed for v in s["token_logprobs"]] == lp["token_logprobs"]
+    assert [o for s in streamed for o in s["text_offset"]] == lp["text_offset"]
+
+
+def test_echo_ending_on_eos_scores_the_whole_continuation(server, hf_model, tokenizer):
+    """As lm-evaluation-harness scores a continuation (echo, max_tokens 1, logprobs 1): it
+    sums token_logprobs[ctxlen:-1], the last entry being the sampled token, here EOS."""
+    ids = tokenizer(ENDS).input_ids
+    ctxlen = len(tokenizer(CONTEXT).input_ids)
+    hf = hf_logprobs(hf_model, ids)
+    request = {"prompt": ENDS, "max_tokens": 1, "logprobs": 1, "echo": True}
+    body = complete(server, **request)
+    [choice] = body["choices"]
+    lp = choice["logprobs"]
+    scored = lp["token_logprobs"][ctxlen:-1]  # what the harness sums
+    diff = max_diff(scored, hf[ctxlen - 1:], ids[ctxlen:])
+    print(f"echo: {lp['tokens'][ctxlen:]} {lp['token_logprobs'][ctxlen:]}; the continuation's "
+          f"max |ours - HF| = {diff:.2e}")
+    assert choice["finish_reason"] == "stop" and choice["text"] == ENDS
+    assert len(lp["tokens"]) == len(ids) + body["usage"]["completion_tokens"] == len(ids) + 1
+    assert lp["tokens"][-1] == "" and lp["tokens"][-2] == " Earth"
+    assert len(scored) == len(ids) - ctxlen and diff <= LOGITS_ATOL
+    assert lp["top_logprobs"][-1][""] == lp["token_logprobs"][-1]
+    assert len(lp["text_offset"]) == len(lp["tokens"]) and lp["text_offset"][-1] == len(ENDS)
+    events = stream(server, "/v1/completions", {**request, "temperature": 0})
+    streamed = [e["choices"][0]["logprobs"] for e in events]
+    assert [t for s in streamed for t in s["tokens"]] == lp["tokens"]
+    assert [v for s in streamed for v in s["token_logprobs"]] == lp["token_logprobs"]
+    assert [o for s in streamed for o in s["text_offset"]] == lp["text_offset"]
+
+
+def test_stop_token_id_is_listed_in_its_own_spelling(server, tokenizer):
+    """A stop_token_ids token is left out of the text like EOS, and listed like it, but
+    spelled as itself: it is an ordinary token."""
+    free = complete(server, prompt=PROMPT, max_tokens=3, ignore_eos=True, logprobs=0)
+    first = tokenizer(free["choices"][0]["text"], add_special_tokens=False).input_ids[0]
+    body = complete(server, prompt=PROMPT, max_tokens=3, ignore_eos=True, logprobs=0,
+                    stop_token_ids=[first])
+    [choice] = body["choices"]
+    lp = choice["logprobs"]
+    print("stopped by a stop token id:", choice)
+    assert choice["finish_reason"] == "stop" and choice["text"] == ""
+    assert body["usage"]["completion_tokens"] == 1
+    assert lp["tokens"] == [tokenizer.decode([first])]
+    assert lp["token_logprobs"] == free["choices"][0]["logprobs"]["token_logprobs"][:1]
 
 
 def test_processed_logprobs_after_top_k(server):

@@ -47,12 +47,14 @@ def hf_answers(hf_model, prompts) -> list[list[int]]:
 
 def run(engine: BatchEngine, prompts: list[list[int]], arrive_at: list[int],
         max_tokens: int = MAX_NEW, ignore_eos: bool = False,
-        ) -> tuple[list[list[int]], list[Request]]:
+        priorities: list[int] | None = None) -> tuple[list[list[int]], list[Request]]:
     """Drive the engine step by step; request i joins before step arrive_at[i]."""
     outputs: dict[int, list[RequestOutput]] = {i: [] for i in range(len(prompts))}
     requests = [Request(str(i), ids, SamplingParams(max_tokens=max_tokens, temperature=0,
                                                     ignore_eos=ignore_eos),
-                        on_output=outputs[i].append) for i, ids in enumerate(prompts)]
+                        on_output=outputs[i].append,
+                        priority=priorities[i] if priorities else 0)
+                for i, ids in enumerate(prompts)]
     step = 0
     while not all(outs and outs[-1].finished for outs in outputs.values()):
         for i, r in enumerate(requests):
@@ -126,6 +128,25 @@ def test_preemption_under_a_tiny_pool_gives_the_same_answers(model, tokenizer, p
     for i, (ours, theirs) in enumerate(zip(tokens, expected)):
         assert len(ours) == 24, f"request {i}: {len(ours)} tokens, duplicated or lost"
         assert ours == theirs, f"request {i} changed under preemption"
+    assert tiny.core.allocator.num_used == 0
+    tiny.core.allocator.check_invariants()
+
+
+def test_priority_preemption_spares_the_best_and_changes_no_answer(model, tokenizer, prompts):
+    """Under --scheduling-policy priority the tiny pool preempts the low priorities: the
+    worst arrive (and are seated) first, yet the best two, seated last, are never
+    preempted, and every answer is still the one each request gets alone."""
+    alone = make_engine(model, tokenizer)
+    expected = [run(alone, [ids], [0], max_tokens=24, ignore_eos=True)[0][0]
+                for ids in prompts[:6]]
+    tiny = make_engine(model, tokenizer, num_blocks=12, max_num_seqs=6,
+                       scheduling_policy="priority")
+    tokens, requests = run(tiny, prompts[:6], [0, 0, 1, 1, 2, 2], max_tokens=24,
+                           ignore_eos=True, priorities=[5, 4, 3, 2, 1, 0])
+    preempted = {r.priority: r.num_preemptions for r in requests}
+    print("preemptions by priority:", preempted)
+    assert sum(preempted.values()) > 0 and preempted[0] == preempted[1] == 0
+    assert tokens == expected
     assert tiny.core.allocator.num_used == 0
     tiny.core.allocator.check_invariants()
 

@@ -200,3 +200,58 @@ def test_a_request_owing_prompt_logprobs_takes_from_the_cache_only_what_it_score
     print("after preemption, 20 scored:", [(r.request_id, n) for r, n in again.scheduled])
     assert [(r.request_id, n) for r, n in again.scheduled] == [("scored", 40 - BLOCK_SIZE)]
     assert scored.num_computed_tokens == BLOCK_SIZE
+
+
+def three_priorities(policy: str) -> tuple[dict[str, Request], list[tuple[list[str], list[str]]]]:
+    """low (priority 5) and mid (2) seated first, high (0) seated last, in a pool too small
+    for all three to finish together. Runs them all to the end; returns the requests and,
+    per step that preempted, (who was preempted, the waiting line after it)."""
+    s = Scheduler(KVCacheManager(BlockAllocator(7)), 4, 64, eos_token_ids=[EOS],
+                  scheduling_policy=policy)
+    made = {rid: Request(rid, list(range(start, start + BLOCK_SIZE - 1)),
+                         SamplingParams(temperature=0, max_tokens=40), on_output=lambda o: None,
+                         arrival_time=arrival, priority=priority)
+            for rid, priority, arrival, start in [("low", 5, 1.0, 100), ("mid", 2, 2.0, 200),
+                                                  ("high", 0, 3.0, 300)]}
+    s.add(made["low"])
+    s.add(made["mid"])
+    run_step(s)
+    s.add(made["high"])  # arrives last, is seated last (there is room for its prompt)
+    preemptions = []
+    for _ in range(200):
+        if not s.has_work():
+            break
+        step = s.schedule()
+        sampled = [[7] if r.num_computed_tokens + n == r.num_tokens else []
+                   for r, n in step.scheduled]
+        s.update_from_output(step, RunnerOutput(sampled))
+        s.kv.allocator.check_invariants()
+        if step.preempted:
+            preemptions.append(([r.request_id for r in step.preempted],
+                                [r.request_id for r in s.waiting]))
+    assert all(r.finish_reason is FinishReason.LENGTH for r in made.values())
+    assert s.kv.allocator.num_used == 0
+    return made, preemptions
+
+
+def test_priority_preempts_the_lowest_priority_first():
+    """Under priority a shortage preempts the lowest priority (the largest number), not the
+    most recently seated: high never loses its blocks, and each preempted request goes back
+    to the line by its priority."""
+    made, preemptions = three_priorities("priority")
+    print("priority:", preemptions, {r: made[r].num_preemptions for r in made})
+    assert made["high"].num_preemptions == 0
+    assert made["low"].num_preemptions >= 1 and made["mid"].num_preemptions >= 1
+    assert preemptions[0][0] == ["low"]  # the first shortage takes the worst one
+    rank = {"high": 0, "mid": 1, "low": 2}
+    for preempted, waiting in preemptions:
+        assert "high" not in preempted
+        assert waiting == sorted(waiting, key=rank.__getitem__)  # the line stays in order
+    assert any(waiting == ["mid", "low"] for _, waiting in preemptions)
+
+
+def test_fcfs_still_preempts_the_most_recently_seated():
+    made, preemptions = three_priorities("fcfs")
+    print("fcfs:", preemptions, {r: made[r].num_preemptions for r in made})
+    assert preemptions[0][0] == ["high"]  # seated last, so preempted first, priority or not
+    assert made["high"].num_preemptions >= 1 and made["low"].num_preemptions == 0
