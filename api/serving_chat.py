@@ -17,6 +17,7 @@ from api.responses import (
     FinishReason,
 )
 from api.serving import OpenAIServing
+from api.tokenization import render_chat
 from engine.logprobs import TokenLogprobs
 from engine.request import RequestOutput
 
@@ -25,8 +26,7 @@ class ChatServing(OpenAIServing[ChatCompletionRequest]):
     request_id_prefix = "chatcmpl"
 
     def prompts(self, body: ChatCompletionRequest) -> list[Prompt]:
-        text = self.tokenizer.apply_chat_template(body.template_messages(), tokenize=False,
-                                                  add_generation_prompt=True)
+        text = render_chat(self.tokenizer, body.template_messages(), add_generation_prompt=True)
         return [Prompt(self.tokenizer(text, add_special_tokens=False).input_ids)]
 
     def logprobs(self, body: ChatCompletionRequest,
