@@ -49,22 +49,26 @@ def hf_config(name: str):
     return Qwen3Config(**SHAPE, head_dim=32, rope_theta=1e6, tie_word_embeddings=False)
 
 
-@pytest.fixture(scope="module", params=["llama3", "qwen2", "qwen3"])
-def tiny(request, tmp_path_factory) -> tuple[str, Path, torch.nn.Module]:
-    """(name, folder, Hugging Face model) of one tiny random architecture."""
+def save_tiny(name: str, folder: Path) -> torch.nn.Module:
+    """A tiny random model of one architecture, saved to `folder`; the Hugging Face model."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
-    hf = AutoModelForCausalLM.from_config(hf_config(request.param), dtype=torch.float32)
-    for name, param in hf.named_parameters():
-        if name.endswith("norm.weight"):  # norm gains around 1, everything else around 0
+    hf = AutoModelForCausalLM.from_config(hf_config(name), dtype=torch.float32)
+    for param_name, param in hf.named_parameters():
+        if param_name.endswith("norm.weight"):  # norm gains around 1, everything else around 0
             param.copy_(1 + 0.3 * torch.randn_like(param))
         else:
             param.normal_(0, 0.3)
-    hf.eval()
-    folder = tmp_path_factory.mktemp(request.param)
     hf.save_pretrained(folder)
-    return request.param, folder, hf
+    return hf.eval()
+
+
+@pytest.fixture(scope="module", params=["llama3", "qwen2", "qwen3"])
+def tiny(request, tmp_path_factory) -> tuple[str, Path, torch.nn.Module]:
+    """(name, folder, Hugging Face model) of one tiny random architecture."""
+    folder = tmp_path_factory.mktemp(request.param)
+    return request.param, folder, save_tiny(request.param, folder)
 
 
 @pytest.fixture(scope="module")
@@ -265,3 +269,11 @@ def test_llama3_scaling_keeps_short_waves_shrinks_long_ones_and_blends_between()
     inv_freq = torch.tensor([8.0, 0.5, 2.5]) * 2 * torch.pi / 32
     expected = inv_freq * torch.tensor([1.0, 1 / 8, 0.5 / 8 + 0.5])
     torch.testing.assert_close(llama3_scaled(inv_freq, scaling), expected)
+
+
+def test_int8_refuses_a_model_with_qkv_biases(tmp_path):
+    from model.int8 import load_int8_model
+
+    save_tiny("qwen2", tmp_path)
+    with pytest.raises(ValueError, match="--weights int8 does not quantize qwen2"):
+        load_int8_model(tmp_path)
