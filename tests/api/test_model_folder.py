@@ -121,7 +121,7 @@ def test_chat_template_flag_parses_and_bad_files_are_refused(tmp_path, model_dir
     assert EngineConfig.from_args(build_parser(None).parse_args([])).chat_template is None
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    with pytest.raises(ValueError, match="--chat-template .*missing.jinja"):
+    with pytest.raises(ValueError, match=r"--chat-template .*missing\.jinja"):
         use_chat_template(tokenizer, str(tmp_path / "missing.jinja"))
     broken = tmp_path / "broken.jinja"
     broken.write_text("{% for m in messages %}{{ m.content }")
