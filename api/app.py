@@ -118,8 +118,10 @@ def create_app(engine: EngineClient, model_name: str, access: AccessConfig | Non
 
     @app.get("/v1/models", dependencies=guarded, responses=error_responses(*auth))
     async def models() -> ModelList:
-        return ModelList(data=[ModelCard(id=model_name, created=created,
-                                         max_model_len=engine.max_tokens_per_request)])
+        return ModelList(data=[ModelCard(
+            id=model_name, created=created, max_model_len=engine.max_tokens_per_request,
+            model_type=engine.model_type,
+            max_position_embeddings=engine.max_position_embeddings)])
 
     @app.get("/metrics", dependencies=probe, response_class=Response,
              responses={**text_response("Prometheus' text exposition format, version 0.0.4."),

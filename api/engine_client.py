@@ -36,6 +36,16 @@ class EngineClient(Protocol):
         ...
 
     @property
+    def model_type(self) -> str:
+        """The architecture served: config.json's model_type ("llama", "qwen2", ...)."""
+        ...
+
+    @property
+    def max_position_embeddings(self) -> int:
+        """The model's own context length, from its config.json."""
+        ...
+
+    @property
     def max_num_seqs(self) -> int:
         """Seats: also the most samples (n, best_of) one prompt may ask for."""
         ...

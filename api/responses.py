@@ -197,7 +197,9 @@ class ModelCard(BaseModel):
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "nano-vllm"
-    max_model_len: int
+    max_model_len: int  # prompt + completion tokens one request may hold here
+    model_type: str  # the architecture, as config.json names it
+    max_position_embeddings: int  # the model's own context length
 
 
 class ModelList(BaseModel):

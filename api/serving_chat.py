@@ -21,6 +21,7 @@ from api.responses import (
     ToolCall,
 )
 from api.serving import OpenAIServing
+from api.tokenization import render_chat
 from api.tool_calls import CallStream, is_call_text, new_call_id, scan
 from api.tool_prompt import render_messages, template_renders_tools
 from engine.logprobs import TokenLogprobs
@@ -34,8 +35,7 @@ class ChatServing(OpenAIServing[ChatCompletionRequest]):
         messages, tools = render_messages(body.messages, body.tool_plan(),
                                           template_renders_tools(self.tokenizer))
         extra = {"tools": tools} if tools else {}
-        text = self.tokenizer.apply_chat_template(messages, tokenize=False,
-                                                  add_generation_prompt=True, **extra)
+        text = render_chat(self.tokenizer, messages, add_generation_prompt=True, **extra)
         self.check_length(text, "messages")
         return [Prompt(self.tokenizer(text, add_special_tokens=False).input_ids)]
 

@@ -6,12 +6,38 @@ template, as chat completions would); /detokenize turns token ids back into text
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
+import jinja2
 from pydantic import ConfigDict, Field
 
 from api.engine_client import EngineClient
 from api.errors import APIError
 from api.protocol import APIModel, ChatMessage, TokenId, template_messages
 from api.responses import DetokenizeResponse, TokenizeResponse
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+
+NO_CHAT_TEMPLATE = ("This model has no chat template, so chat messages cannot be rendered. "
+                    "Send a plain prompt to /v1/completions instead, or start the server with "
+                    "--chat-template FILE.")
+
+
+def render_chat(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, Any]],
+                add_generation_prompt: bool, **template_args: Any) -> str:
+    """The messages as text, through the tokenizer's chat template (the folder's, or the one
+    --chat-template gave), given `template_args` too (e.g. tools); a 400 if there is none."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise APIError(NO_CHAT_TEMPLATE, "messages", code="chat_template_missing")
+    try:
+        return tokenizer.apply_chat_template(messages, tokenize=False,
+                                             add_generation_prompt=add_generation_prompt,
+                                             **template_args)
+    except jinja2.TemplateError as exc:  # e.g. the template's raise_exception on roles
+        raise APIError(f"The chat template could not render these messages: {exc}",
+                       "messages") from exc
 
 
 class TokenizeRequest(APIModel):
@@ -50,9 +76,8 @@ class TokenizationServing:
         if (body.prompt is None) == (body.messages is None):
             raise APIError("Send either 'prompt' or 'messages'.", "prompt")
         if body.messages is not None:
-            text = self.tokenizer.apply_chat_template(
-                template_messages(body.messages), tokenize=False,
-                add_generation_prompt=body.add_generation_prompt)
+            text = render_chat(self.tokenizer, template_messages(body.messages),
+                               body.add_generation_prompt)
             add_special = bool(body.add_special_tokens)
         else:
             text, add_special = body.prompt, body.add_special_tokens is not False

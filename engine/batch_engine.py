@@ -24,6 +24,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -96,6 +97,14 @@ class BatchEngine:
     @property
     def max_tokens_per_request(self) -> int:
         return self.core.max_tokens_per_request
+
+    @property
+    def model_type(self) -> str:
+        return self.model.cfg.model_type
+
+    @property
+    def max_position_embeddings(self) -> int:
+        return self.model.cfg.max_position_embeddings
 
     @property
     def max_num_seqs(self) -> int:
@@ -365,5 +374,24 @@ def load_engine(config: EngineConfig,
         model = load_model(model_dir, device, pick_dtype(config.dtype),
                            fused_ops=config.fused_ops, matmul=config.matmul)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    if config.chat_template is not None:
+        use_chat_template(tokenizer, config.chat_template)
     torch.set_grad_enabled(False)
     return BatchEngine(config, model, tokenizer, core_class)
+
+
+def use_chat_template(tokenizer, path: str) -> None:
+    """Replace the tokenizer's chat template with a --chat-template file's, refusing a file
+    that cannot be read or does not compile (checked by rendering one user message)."""
+    import jinja2
+
+    try:
+        tokenizer.chat_template = Path(path).read_text()
+    except OSError as exc:
+        raise ValueError(f"--chat-template {path}: {exc.strerror or exc}") from exc
+    try:
+        tokenizer.apply_chat_template([{"role": "user", "content": "Hello"}], tokenize=False,
+                                      add_generation_prompt=True)
+    except jinja2.TemplateSyntaxError as exc:
+        raise ValueError(f"--chat-template {path}: not a valid Jinja template "
+                         f"(line {exc.lineno}: {exc.message})") from exc

@@ -33,6 +33,7 @@ class EngineConfig:
     priority_aging: float = 10.0  # priority: seconds of waiting worth one level; 0 = none
     grammar_compile_timeout: float = 5.0  # structured outputs: seconds to compile a grammar
     speculative: SpeculativeConfig | None = None  # n-gram speculative decoding; None = off
+    chat_template: str | None = None  # a Jinja file replacing the model's chat template
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> None:
@@ -97,6 +98,10 @@ class EngineConfig:
                                  "\"num_speculative_tokens\": 4, \"prompt_lookup_max\": 4, "
                                  "\"prompt_lookup_min\": 2}' (also disable_by_batch_size: "
                                  "no drafts while more requests are seated; default 4)")
+        parser.add_argument("--chat-template", default=None, metavar="FILE",
+                            help="a Jinja chat template file, used instead of the model "
+                                 "folder's (needed for /v1/chat/completions when the folder "
+                                 "has none)")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> EngineConfig:
@@ -116,7 +121,8 @@ class EngineConfig:
                      priority_aging=args.priority_aging,
                      grammar_compile_timeout=args.grammar_compile_timeout,
                      speculative=(None if args.speculative_config is None
-                                  else SpeculativeConfig.from_json(args.speculative_config)))
+                                  else SpeculativeConfig.from_json(args.speculative_config)),
+                     chat_template=args.chat_template)
         config.validate()
         return config
 

@@ -51,6 +51,9 @@ def quantize_model_int8(model: LlamaModel) -> None:
     if weight.device.type != "cpu" or weight.dtype != torch.float32:
         raise ValueError(f"--weights int8 runs on the CPU in float32; the model is on "
                          f"{weight.device} in {weight.dtype}")
+    if model.cfg.qkv_bias:
+        raise ValueError(f"--weights int8 does not quantize {model.cfg.model_type} (its q/k/v "
+                         "biases); serve it with --weights default")
     quantized_kernels()  # fail before touching the model if the kernel cannot run
     for layer in model.layers:
         attn, mlp = layer.self_attn, layer.mlp

@@ -11,12 +11,15 @@ the reference, and what runs on other devices.
 
 from __future__ import annotations
 
+import math
 from types import ModuleType
 from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from model.config import Llama3RopeScaling
 
 
 class FusedOps:
@@ -65,6 +68,20 @@ class Linear(nn.Module):
         return x @ self.weight_t
 
 
+class BiasedLinear(nn.Module):
+    """y = x @ weight_t + bias: a `Linear` (which the faster matmul paths replace as usual)
+    followed by the bias add, in PyTorch: the packed GEMM has no bias epilogue, and one add
+    over the output is cheap next to the matmul. Models without biases never build one."""
+
+    def __init__(self, in_features: int, out_features: int) -> None:
+        super().__init__()
+        self.linear = Linear(in_features, out_features)
+        self.bias = nn.Parameter(torch.zeros(out_features))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.linear(x) + self.bias
+
+
 class RMSNorm(nn.Module):
     """RMSNorm; given the residual stream too, it first adds x into it (vLLM's fusion: the
     residual add of one block and the norm of the next are one pass over the data)."""
@@ -102,12 +119,15 @@ class RotaryEmbedding(nn.Module):
     The table is a non-persistent buffer: it follows the model through `.to()` (device and
     dtype) and stays out of the state dict."""
 
-    def __init__(self, head_dim: int, theta: float, max_positions: int) -> None:
+    def __init__(self, head_dim: int, theta: float, max_positions: int,
+                 scaling: Llama3RopeScaling | None = None) -> None:
         super().__init__()
         # Computed on the CPU in fp32 (as Hugging Face does), even when the model is being
         # built on the meta device; `.to()` moves it with the weights.
         exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim
         inv_freq = 1.0 / (theta**exponents)
+        if scaling is not None:
+            inv_freq = llama3_scaled(inv_freq, scaling)
         angles = torch.outer(torch.arange(max_positions, device="cpu").float(), inv_freq)
         angles = torch.cat([angles, angles], dim=-1)  # [max_positions, head_dim]
         self.register_buffer("cos", angles.cos(), persistent=False)
@@ -122,6 +142,39 @@ class RotaryEmbedding(nn.Module):
         half = x.shape[-1] // 2
         rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
         return x * cos + rotated * sin
+
+
+def llama3_scaled(inv_freq: Tensor, scaling: Llama3RopeScaling) -> Tensor:
+    """Llama 3.1's rope scaling of the frequencies. With L the original context, a frequency
+    whose wavelength 2*pi/f is below L / high_freq_factor (it turns many times within L) is
+    kept; one above L / low_freq_factor (less than a turn within L) is divided by `factor`;
+    between the two, f is blended as (1 - s) * f / factor + s * f, where s = (L / wavelength -
+    low_freq_factor) / (high_freq_factor - low_freq_factor) runs from 0 to 1 across the band."""
+    context = scaling.original_max_position_embeddings
+    low, high = scaling.low_freq_factor, scaling.high_freq_factor
+    turns = context * inv_freq / (2 * math.pi)  # L / wavelength
+    blend = ((turns - low) / (high - low)).clamp(0.0, 1.0)
+    return (1 - blend) * inv_freq / scaling.factor + blend * inv_freq
+
+
+class QKNorm(nn.Module):
+    """Qwen3's RMSNorm of every query and key head (over head_dim, before RoPE), one weight
+    for the query heads and one for the key heads. Both run in one pass over the fused
+    q|k output [..., num_heads + num_kv_heads, head_dim], each head scaled by its own row of
+    the two weights side by side. In PyTorch on every device: the fused norm kernel takes one
+    weight for all rows."""
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, eps: float) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
+        self.q_weight = nn.Parameter(torch.ones(head_dim))
+        self.k_weight = nn.Parameter(torch.ones(head_dim))
+        self.eps = eps
+
+    def forward(self, qk: Tensor) -> Tensor:
+        weight = torch.cat([self.q_weight.expand(self.num_heads, -1),
+                            self.k_weight.expand(self.num_kv_heads, -1)])
+        return F.rms_norm(qk, (qk.shape[-1],), eps=self.eps) * weight
 
 
 def use_fused_ops(model: nn.Module, kernels: ModuleType | None) -> None:

@@ -1,8 +1,11 @@
-"""SmolLM2 (Llama architecture) forward pass in plain PyTorch.
+"""The Llama-architecture forward pass in plain PyTorch (SmolLM2, Llama 3), which Qwen2 and
+Qwen3 share (model/qwen2.py, model/qwen3.py say what they change).
 
 Reads top to bottom like the architecture: token embedding, then per layer
 RMSNorm -> grouped-query attention with RoPE -> residual, RMSNorm -> SwiGLU
-MLP -> residual; a final RMSNorm and the LM head (tied to the embedding).
+MLP -> residual; a final RMSNorm and the LM head (tied to the embedding, or not).
+The config switches on the two attention variants: biases on q, k and v (Qwen2) and an
+RMSNorm of each query and key head before RoPE (Qwen3); a Llama model builds neither.
 
 Two fusions, both exact: Q, K and V come from one matmul (`qkv_proj`), gate and
 up from another (`gate_up_proj`). Fewer, larger matmuls mean fewer Python-level
@@ -28,8 +31,10 @@ from torch import Tensor, nn
 from model.config import ModelConfig
 from model.layers import (
     AttentionFn,
+    BiasedLinear,
     FusedOps,
     Linear,
+    QKNorm,
     RMSNorm,
     RotaryEmbedding,
     causal_attention,
@@ -46,13 +51,18 @@ class Attention(nn.Module):
         self.num_heads, self.num_kv_heads = cfg.num_heads, cfg.num_kv_heads
         self.head_dim = cfg.head_dim
         qkv_size = (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim
-        self.qkv_proj = Linear(cfg.hidden_size, qkv_size)
+        qkv_class = BiasedLinear if cfg.qkv_bias else Linear
+        self.qkv_proj = qkv_class(cfg.hidden_size, qkv_size)
+        self.qk_norm = (QKNorm(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps)
+                        if cfg.qk_norm else None)
         self.o_proj = Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size)
         self.fused: FusedOps | None = None  # see model/layers.py use_fused_ops
 
     def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], attention: AttentionFn) -> Tensor:
         kv_size = self.num_kv_heads * self.head_dim
         qk, v = self.qkv_proj(x).split([self.num_heads * self.head_dim + kv_size, kv_size], dim=-1)
+        if self.qk_norm is not None:  # Qwen3: each query and key head normalized first
+            qk = self.qk_norm(qk.unflatten(-1, (-1, self.head_dim))).flatten(-2)
         # RoPE rotates queries and keys alike, so rotate them in one go.
         if self.fused is not None:  # in place, in the QKV output
             cos, sin = (t.reshape(-1, self.head_dim) for t in rope)
@@ -118,7 +128,8 @@ class LlamaModel(nn.Module):
         # With tied embeddings this is a transposed copy of the embedding (113 MB more in
         # fp32 for SmolLM2-135M): the lookup wants rows, the LM head wants [in, out].
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size)
-        self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.max_position_embeddings)
+        self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.max_position_embeddings,
+                                      cfg.rope_scaling)
 
     def forward(self, input_ids: Tensor, positions: Tensor, attention: AttentionFn,
                 logits_indices: Tensor | None = None) -> Tensor:

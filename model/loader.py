@@ -1,7 +1,8 @@
-"""Load a Hugging Face Llama-format folder into our LlamaModel."""
+"""Load a Hugging Face folder (an architecture of model/registry.py) into our model."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import torch
@@ -13,6 +14,8 @@ from model.cpu_kernel import load_fused_ops
 from model.dense_linear import pack_model_linears
 from model.layers import use_fused_ops
 from model.registry import architecture
+
+log = logging.getLogger("nano_vllm.kernel")
 
 CPU_KERNEL_DTYPES = (torch.float32, torch.bfloat16)
 MATMULS = ("auto", "torch")
@@ -70,4 +73,16 @@ def load_model(model_dir: str | Path, device: torch.device | str = "cpu",
         use_fused_ops(model, load_fused_ops())
     if matmul == "auto" and on_cpu:
         pack_model_linears(model)
+    if (fused_ops or matmul == "auto") and on_cpu:
+        log_torch_pieces(cfg)
     return model
+
+
+def log_torch_pieces(cfg: ModelConfig) -> None:
+    """Say which parts of this architecture our CPU kernels leave to PyTorch."""
+    if cfg.qkv_bias:
+        log.info("%s: q/k/v biases are added in PyTorch after the QKV matmul (the packed "
+                 "GEMM has no bias epilogue)", cfg.model_type)
+    if cfg.qk_norm:
+        log.info("%s: the per-head q/k RMSNorm runs in PyTorch (the fused norm kernel takes "
+                 "one weight for all rows)", cfg.model_type)

@@ -1,8 +1,9 @@
 """Architectures by the `model_type` of a Hugging Face config.json.
 
-Adding one is a new file with its model class and its `convert_hf_weights`, plus a line
-here; the loader, the engine and the runner need no edits as long as the model takes
-(input_ids, positions, attention, logits_indices) like model/llama.py's.
+Adding one is a new file with its model class and its `convert_hf_weights`, a line here,
+and its entry (with what it refuses) in model/config.py; the loader, the engine and the
+runner need no edits as long as the model takes (input_ids, positions, attention,
+logits_indices) like model/llama.py's.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 
 from torch import Tensor, nn
 
-from model import llama
+from model import llama, qwen2, qwen3
 from model.config import ModelConfig
 
 
@@ -24,6 +25,8 @@ class Architecture:
 
 ARCHITECTURES: dict[str, Architecture] = {
     "llama": Architecture(llama.LlamaModel, llama.convert_hf_weights),
+    "qwen2": Architecture(qwen2.Qwen2Model, qwen2.convert_hf_weights),
+    "qwen3": Architecture(qwen3.Qwen3Model, qwen3.convert_hf_weights),
 }
 
 

@@ -25,6 +25,8 @@ class FakeEngine:
         self.tokenizer = tokenizer
         self.metrics = FakeMetrics()
         self.max_tokens_per_request = 2048
+        self.model_type = "llama"
+        self.max_position_embeddings = 8192
         self.max_num_seqs = 4
         self.is_alive = True
         self.unavailable_reason = None

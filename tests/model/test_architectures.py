@@ -1,0 +1,279 @@
+"""Llama with llama3 rope scaling, Qwen2 and Qwen3 against Hugging Face, on tiny random models.
+
+Each model is made with transformers' own config class, its weights drawn large enough that
+the logits are far from uniform, saved with save_pretrained and loaded through our loader
+(with our CPU kernels where they run). Its logits must equal Hugging Face's on the full
+prompt, through the paged cache (decode, prefix hit, chunks), and the engine's greedy answers
+must equal `generate`'s, also with the prefix cache, chunked prefill and preemption.
+The tokenizer is the default model's (49152 ids): the tiny models share its vocabulary.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.model_runner import SequenceStep
+from kvcache.kv_cache_manager import SequenceBlocks
+from kvcache.pool import BLOCK_SIZE
+from model.config import Llama3RopeScaling, ModelConfig
+from model.layers import causal_attention, llama3_scaled
+from model.loader import load_model
+from tests.conftest import LOGITS_ATOL
+from tests.engine.test_engine import SYSTEM, check, make_engine, run
+from tests.model.test_paged_attention import BACKENDS, hf_last_logits, make_runner, prompt_ids
+
+torch.set_grad_enabled(False)
+
+VOCAB = 49152  # the default model's tokenizer
+SHAPE = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+             rms_norm_eps=1e-6)
+LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
+               "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               # short, so that all three bands of frequencies occur at head_dim 16
+               "original_max_position_embeddings": 32}
+
+
+def hf_config(name: str):
+    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
+
+    if name == "llama3":
+        return LlamaConfig(**SHAPE, rope_scaling=LLAMA3_ROPE, tie_word_embeddings=False)
+    if name == "qwen2":
+        return Qwen2Config(**SHAPE, rope_theta=1e6, tie_word_embeddings=True)
+    # head_dim 32 is not hidden / heads (16): the projections are 64 -> 128 -> 64.
+    return Qwen3Config(**SHAPE, head_dim=32, rope_theta=1e6, tie_word_embeddings=False)
+
+
+def save_tiny(name: str, folder: Path) -> torch.nn.Module:
+    """A tiny random model of one architecture, saved to `folder`; the Hugging Face model."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    hf = AutoModelForCausalLM.from_config(hf_config(name), dtype=torch.float32)
+    for param_name, param in hf.named_parameters():
+        if param_name.endswith("norm.weight"):  # norm gains around 1, everything else around 0
+            param.copy_(1 + 0.3 * torch.randn_like(param))
+        else:
+            param.normal_(0, 0.3)
+    hf.save_pretrained(folder)
+    return hf.eval()
+
+
+@pytest.fixture(scope="module", params=["llama3", "qwen2", "qwen3"])
+def tiny(request, tmp_path_factory) -> tuple[str, Path, torch.nn.Module]:
+    """(name, folder, Hugging Face model) of one tiny random architecture."""
+    folder = tmp_path_factory.mktemp(request.param)
+    return request.param, folder, save_tiny(request.param, folder)
+
+
+@pytest.fixture(scope="module")
+def ours(tiny):
+    return load_model(tiny[1])
+
+
+@pytest.fixture(scope="module")
+def hf(tiny):
+    return tiny[2]
+
+
+def test_config_reads_the_architecture(tiny, ours):
+    cfg = ours.cfg
+    kind = tiny[0]
+    assert cfg.model_type == {"llama3": "llama"}.get(kind, kind)
+    assert cfg.qkv_bias == (kind == "qwen2")
+    assert cfg.qk_norm == (kind == "qwen3")
+    assert cfg.head_dim == (32 if kind == "qwen3" else 16)
+    assert (cfg.rope_scaling is not None) == (kind == "llama3")
+    if kind == "llama3":
+        assert cfg.rope_scaling == Llama3RopeScaling(8.0, 1.0, 4.0, 32)
+
+
+def test_full_prompt_logits_match_hf(ours, hf, tokenizer):
+    ids = torch.tensor([prompt_ids(tokenizer, 60, seed=1)])
+    positions = torch.arange(ids.shape[1]).unsqueeze(0)
+    theirs = hf(ids).logits[0]
+    mine = ours(ids, positions, causal_attention)[0]
+    diff = (mine - theirs).abs().max().item()
+    spread = theirs.std(dim=-1).min().item()
+    print(f"{ours.cfg.model_type}: 60-token prefill, max |diff| vs HF = {diff:.2e}; "
+          f"logits std per position >= {spread:.2f}")
+    assert spread > 1.0, "logits too close to uniform to tell a wrong model apart"
+    assert diff < LOGITS_ATOL
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_paged_decode_logits_match_hf(ours, hf, tokenizer, backend):
+    runner, manager = make_runner(ours, backend=backend)
+    seqs, tables = [], []
+    for i, n in enumerate([3, 17, 40]):
+        ids = prompt_ids(tokenizer, n, seed=10 + i)
+        blocks = SequenceBlocks()
+        assert manager.allocate_slots(blocks, n + 3)
+        runner.compute_logits([SequenceStep(ids, 0, blocks.block_table, True)])
+        seqs.append(ids)
+        tables.append(blocks.block_table)
+    for step in range(3):
+        new = [1000 + 7 * step + i for i in range(len(seqs))]
+        logits = runner.compute_logits([SequenceStep([tok], len(ids), table, True)
+                                        for tok, ids, table in zip(new, seqs, tables)])
+        for i, tok in enumerate(new):
+            seqs[i] = [*seqs[i], tok]
+            diff = (logits[i] - hf_last_logits(hf, seqs[i])).abs().max().item()
+            print(f"{backend} decode step {step}, {len(seqs[i])} tokens: |diff| = {diff:.2e}")
+            assert diff < LOGITS_ATOL
+
+
+def test_prefix_hit_and_chunks_match_hf_logits(ours, hf, tokenizer):
+    runner, manager = make_runner(ours)
+    shared = prompt_ids(tokenizer, 2 * BLOCK_SIZE, seed=7)
+    first, second = [*shared, 11, 12, 13], [*shared, 21, 22, 23, 24, 25]
+    a = SequenceBlocks()
+    assert manager.allocate_slots(a, len(first))
+    pos = 0
+    for size in (13, len(first) - 13):  # the first one prefilled in two chunks
+        runner_out = runner.compute_logits(
+            [SequenceStep(first[pos:pos + size], pos, a.block_table, pos + size == len(first))])
+        pos += size
+    diff = (runner_out[0] - hf_last_logits(hf, first)).abs().max().item()
+    print(f"chunked prefill: |diff| vs HF = {diff:.2e}")
+    assert diff < LOGITS_ATOL
+    manager.cache_full_blocks(a, first, len(first))
+    b = manager.find_cached_prefix(second)
+    cached = len(b.block_table) * BLOCK_SIZE
+    assert cached == 2 * BLOCK_SIZE
+    assert manager.allocate_slots(b, len(second), new_prefix_hit=True)
+    logits = runner.compute_logits([SequenceStep(second[cached:], cached, b.block_table, True)])
+    diff = (logits[0] - hf_last_logits(hf, second)).abs().max().item()
+    print(f"prefix hit ({cached} tokens reused): |diff| vs HF = {diff:.2e}")
+    assert diff < LOGITS_ATOL
+
+
+# --- the engine: greedy answers against generate ---------------------------------------------
+
+MAX_NEW = 10
+QUESTIONS = ["The cat sat on the", "Paris is the capital of", "List three prime numbers:",
+             "def add(a, b):\n    return", "Water boils at a temperature of",
+             "In the year 2050, cities will"]
+
+
+@pytest.fixture(scope="module")
+def prompts(tokenizer) -> list[list[int]]:
+    return [tokenizer(SYSTEM + q if i % 2 else q).input_ids for i, q in enumerate(QUESTIONS)]
+
+
+@pytest.fixture(scope="module")
+def hf_answers(hf, prompts) -> list[list[int]]:
+    """generate's greedy continuations, to the full length (the tiny models have no EOS)."""
+    answers = []
+    for ids in prompts:
+        out = hf.generate(torch.tensor([ids]), max_new_tokens=MAX_NEW, do_sample=False,
+                          attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                          eos_token_id=None, pad_token_id=0)
+        answers.append(out[0, len(ids):].tolist())
+    assert all(len(a) == MAX_NEW for a in answers)
+    return answers
+
+
+def test_engine_matches_generate_with_prefix_hits(ours, tokenizer, prompts, hf_answers):
+    engine = make_engine(ours, tokenizer, num_blocks=64)
+    tokens, requests = run(engine, prompts, [0, 0, 1, 3, 3, 5], max_tokens=MAX_NEW,
+                           ignore_eos=True)
+    check(tokens, hf_answers, ours.cfg.model_type)
+    hits = sum(r.num_cached_tokens for r in requests)
+    print(f"prefix cache: {hits} prompt tokens reused")
+    assert hits > 0
+    assert engine.core.allocator.num_used == 0
+
+
+def test_engine_chunked_prefill_matches_generate(ours, tokenizer, prompts, hf_answers):
+    engine = make_engine(ours, tokenizer, num_blocks=64, max_num_seqs=3,
+                         max_num_batched_tokens=8)
+    budgets = []
+    schedule = engine.core.scheduler.schedule
+
+    def recording_schedule():
+        step = schedule()
+        budgets.append(step.num_tokens)
+        return step
+
+    engine.core.scheduler.schedule = recording_schedule
+    tokens, _ = run(engine, prompts, [0] * len(prompts), max_tokens=MAX_NEW, ignore_eos=True)
+    check(tokens, hf_answers, "chunked")
+    assert max(budgets) <= 8
+
+
+def test_engine_preemption_keeps_the_answers(ours, tokenizer, prompts, hf_answers):
+    roomy = make_engine(ours, tokenizer, num_blocks=64)
+    expected, _ = run(roomy, prompts, [0] * len(prompts), max_tokens=24, ignore_eos=True)
+    # 8 blocks (7 usable, 112 tokens) for 6 users of 5-42 prompt tokens and 24 new each,
+    # none shared: someone must yield.
+    tiny_pool = make_engine(ours, tokenizer, num_blocks=8, max_num_seqs=6,
+                            enable_prefix_cache=False)
+    tokens, requests = run(tiny_pool, prompts, [0] * len(prompts), max_tokens=24,
+                           ignore_eos=True)
+    preemptions = sum(r.num_preemptions for r in requests)
+    print(f"tiny pool: {preemptions} preemptions")
+    assert preemptions > 0
+    check(tokens, expected, "preempted")
+    check([t[:MAX_NEW] for t in tokens], hf_answers, "preempted vs hf")
+    assert tiny_pool.core.allocator.num_used == 0
+    tiny_pool.core.allocator.check_invariants()
+
+
+# --- what is refused, and the rope scaling itself --------------------------------------------
+
+
+def base_config(**changes) -> dict:
+    raw = {"model_type": "llama", "vocab_size": 256, "hidden_size": 64,
+           "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4}
+    return {**raw, **changes}
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0}}, "rope type 'yarn'"),
+    ({"rope_scaling": {"type": "dynamic", "factor": 2.0}}, "rope type 'dynamic'"),
+    ({"model_type": "qwen2", "use_sliding_window": True}, "use_sliding_window is true"),
+    ({"model_type": "qwen3", "layer_types": ["full_attention", "sliding_attention"]},
+     "layers [1]"),
+    ({"model_type": "qwen3", "attention_bias": True}, "attention_bias"),
+    ({"attention_bias": True}, "attention_bias"),
+    ({"mlp_bias": True}, "MLP biases"),
+    ({"model_type": "gemma3"}, "'gemma3' is not supported"),
+])
+def test_unsupported_configs_are_refused_with_the_reason(changes, message):
+    with pytest.raises(ValueError, match=re.escape(message)) as err:
+        ModelConfig.from_dict(base_config(**changes))
+    print(err.value)
+    if "rope" in message:
+        assert "default, llama3" in str(err.value)
+
+
+def test_qwen_configs_without_sliding_windows_are_read():
+    for kind in ("qwen2", "qwen3"):  # the usual shipped form: a window size, switched off
+        cfg = ModelConfig.from_dict(base_config(model_type=kind, use_sliding_window=False,
+                                                sliding_window=32768, max_window_layers=21,
+                                                rope_theta=1e6))
+        assert cfg.rope_theta == 1e6 and cfg.rope_scaling is None
+
+
+def test_llama3_scaling_keeps_short_waves_shrinks_long_ones_and_blends_between():
+    scaling = Llama3RopeScaling(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                original_max_position_embeddings=32)
+    # Turns within the original 32 positions: 8 (above 4: kept), 0.5 (below 1: / 8), and 2.5
+    # (halfway through the band: half of f / 8 plus half of f).
+    inv_freq = torch.tensor([8.0, 0.5, 2.5]) * 2 * torch.pi / 32
+    expected = inv_freq * torch.tensor([1.0, 1 / 8, 0.5 / 8 + 0.5])
+    torch.testing.assert_close(llama3_scaled(inv_freq, scaling), expected)
+
+
+def test_int8_refuses_a_model_with_qkv_biases(tmp_path):
+    from model.int8 import load_int8_model
+
+    save_tiny("qwen2", tmp_path)
+    with pytest.raises(ValueError, match="--weights int8 does not quantize qwen2"):
+        load_int8_model(tmp_path)
