@@ -333,8 +333,25 @@ def sections(folder: Path) -> list[Section]:
             "the same CPU kind, [above](#against-llamacpp-on-the-same-weights)): 1 user ITL p50 "
             + ", ".join(f"{level(folder, f'llama-cpp-{n}', 1).itl_p50_ms:.1f} ms ({p})"
                         for p, n in (("fp32", "f32"), ("bf16", "bf16"), ("q4_1", "q4_1")))
-            + ". Those are figures from different runs: a side-by-side run with llama.cpp has not "
-            "been made yet."),
+            + ". Those are figures from different runs; the next section has both servers in one "
+            "run."),
+        Section(
+            "Against llama.cpp, with the engine in its own process",
+            "nano-vLLM with `--engine-process` (every step on both threads) and llama.cpp's "
+            "server on the same weights, one after the other in one run.",
+            ["python3 benchmarks/side_by_side.py results/vs-llama-cpp "
+             + " ".join(f'"nano-vllm-process-{p}=server.py --engine-process{FLAGS[p]}"'
+                        for p in PRECISIONS)
+             + " -- --users 1 30 --max-tokens 100 --rounds 2",
+             'USERS="1 30" ROUNDS=2 bash benchmarks/llama_cpp.sh bench results/vs-llama-cpp'],
+            [f"vs-llama-cpp/{n}.json" for p, k in (("fp32", "f32"), ("bf16", "bf16"),
+                                                   ("q4_1", "q4_1"))
+             for n in (f"nano-vllm-process-{p}", f"llama-cpp-{k}")],
+            pairs(("fp32", "vs-llama-cpp/nano-vllm-process-fp32", "vs-llama-cpp/llama-cpp-f32"),
+                  ("bf16", "vs-llama-cpp/nano-vllm-process-bf16",
+                   "vs-llama-cpp/llama-cpp-bf16"),
+                  ("q4_1", "vs-llama-cpp/nano-vllm-process-q4_1",
+                   "vs-llama-cpp/llama-cpp-q4_1"))),
         Section(
             "A later commit against the baseline",
             "The same comparison repeated on a later commit (with logits processors, the "
