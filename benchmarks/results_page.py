@@ -353,10 +353,10 @@ def sections(folder: Path) -> list[Section]:
                   ("q4_1", "vs-llama-cpp/nano-vllm-process-q4_1",
                    "vs-llama-cpp/llama-cpp-q4_1"))),
         Section(
-            "A later commit against the baseline",
-            "The same comparison repeated on a later commit (with logits processors, the "
-            "dashboard's snapshots and the priority queue in the engine), fp32, 100 tokens per "
-            "user: the default path did not slow down.",
+            "The default server against the baseline, last measured",
+            "The comparison repeated on the tree these docs describe (the default in-process "
+            "engine, fp32, 100 tokens per user), one server after the other: the default path "
+            "against the fixed yardstick.",
             ["python3 benchmarks/side_by_side.py results/baseline-check nano=server.py "
              "base=baseline_server.py -- --users 1 30 --max-tokens 100"],
             ["baseline-check/nano.json", "baseline-check/base.json"],
