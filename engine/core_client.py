@@ -52,6 +52,7 @@ from engine.core_messages import (
     Stopped,
     ToCore,
     encode_config,
+    open_socket,
 )
 from engine.request import FinishReason, Request, RequestOutput
 
@@ -134,12 +135,7 @@ class EngineProcessClient:
                                           daemon=True)
 
     def _bind(self, kind: int, address: str) -> zmq.Socket:
-        sock = self._context.socket(kind)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.SNDHWM, 0)  # never block or drop: the core drains every step
-        sock.setsockopt(zmq.RCVHWM, 0)
-        sock.bind(address)
-        return sock
+        return open_socket(self._context, kind, address, bind=True, linger_ms=0)
 
     def _spawn(self, addresses: dict[str, str], cpus: str | None) -> subprocess.Popen:
         argv = [sys.executable, "-m", "engine.core_process", "--config",

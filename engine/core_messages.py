@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
+import zmq
 
 from engine.config import EngineConfig
 from engine.core import EngineStats
@@ -107,3 +108,16 @@ def encode_config(config: EngineConfig) -> str:
 
 def decode_config(text: str) -> EngineConfig:
     return msgspec.json.decode(text, type=EngineConfig)
+
+
+def open_socket(context: zmq.Context, kind: int, address: str, *, bind: bool,
+                linger_ms: int) -> zmq.Socket:
+    """A socket of either side: no high-water mark, since neither side may block or drop a
+    message (each drains the other every step); the API side binds, the core connects."""
+    sock = context.socket(kind)
+    sock.setsockopt(zmq.LINGER, linger_ms)
+    sock.setsockopt(zmq.SNDHWM, 0)
+    sock.setsockopt(zmq.RCVHWM, 0)
+    (sock.bind if bind else sock.connect)(address)
+    return sock
+

@@ -43,6 +43,7 @@ from engine.core_messages import (
     Stopped,
     ToCore,
     decode_config,
+    open_socket,
 )
 from engine.request import Request, RequestOutput
 from engine.structured.compiler import GrammarCompiler
@@ -75,12 +76,7 @@ class CoreProcess:
         self._stopping = False
 
     def _socket(self, kind: int, address: str) -> zmq.Socket:
-        sock = self.context.socket(kind)
-        sock.setsockopt(zmq.LINGER, 2000)
-        sock.setsockopt(zmq.SNDHWM, 0)  # never block or drop: the peer drains every step
-        sock.setsockopt(zmq.RCVHWM, 0)
-        sock.connect(address)
-        return sock
+        return open_socket(self.context, kind, address, bind=False, linger_ms=2000)
 
     def state(self) -> CoreState:
         rate = self.engine.drain_rate
