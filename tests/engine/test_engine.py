@@ -69,6 +69,20 @@ def run(engine: BatchEngine, prompts: list[list[int]], arrive_at: list[int],
     return tokens, requests
 
 
+def record_step_tokens(engine: BatchEngine) -> list[int]:
+    """A list that gets each step's scheduled token count, as the engine runs."""
+    counts: list[int] = []
+    schedule = engine.core.scheduler.schedule
+
+    def recording_schedule():
+        step = schedule()
+        counts.append(step.num_tokens)
+        return step
+
+    engine.core.scheduler.schedule = recording_schedule
+    return counts
+
+
 def make_engine(model, tokenizer, **overrides) -> BatchEngine:
     return BatchEngine(EngineConfig(**{"num_blocks": 128, **overrides}), model, tokenizer)
 
@@ -100,15 +114,7 @@ def test_ten_users_arriving_mid_decode_match_hf(model, tokenizer, prompts, hf_an
 
 def test_chunked_prefill_under_a_small_budget_matches_hf(model, tokenizer, prompts, hf_answers):
     engine = make_engine(model, tokenizer, max_num_seqs=4, max_num_batched_tokens=16)
-    budgets = []
-    schedule = engine.core.scheduler.schedule
-
-    def recording_schedule():
-        step = schedule()
-        budgets.append(step.num_tokens)
-        return step
-
-    engine.core.scheduler.schedule = recording_schedule
+    budgets = record_step_tokens(engine)
     tokens, _ = run(engine, prompts, [0] * len(prompts))
     check(tokens, hf_answers, "chunked")
     print(f"{len(budgets)} steps, most tokens in one step: {max(budgets)} (budget 16)")

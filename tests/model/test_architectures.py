@@ -23,8 +23,14 @@ from model.config import Llama3RopeScaling, ModelConfig
 from model.layers import causal_attention, llama3_scaled
 from model.loader import load_model
 from tests.conftest import LOGITS_ATOL
-from tests.engine.test_engine import SYSTEM, check, make_engine, run
-from tests.model.test_paged_attention import BACKENDS, hf_last_logits, make_runner, prompt_ids
+from tests.engine.test_engine import SYSTEM, check, make_engine, record_step_tokens, run
+from tests.model.test_paged_attention import (
+    BACKENDS,
+    check_paged_decode,
+    hf_last_logits,
+    make_runner,
+    prompt_ids,
+)
 
 torch.set_grad_enabled(False)
 
@@ -109,23 +115,7 @@ def test_full_prompt_logits_match_hf(ours, hf, tokenizer):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_paged_decode_logits_match_hf(ours, hf, tokenizer, backend):
     runner, manager = make_runner(ours, backend=backend)
-    seqs, tables = [], []
-    for i, n in enumerate([3, 17, 40]):
-        ids = prompt_ids(tokenizer, n, seed=10 + i)
-        blocks = SequenceBlocks()
-        assert manager.allocate_slots(blocks, n + 3)
-        runner.compute_logits([SequenceStep(ids, 0, blocks.block_table, True)])
-        seqs.append(ids)
-        tables.append(blocks.block_table)
-    for step in range(3):
-        new = [1000 + 7 * step + i for i in range(len(seqs))]
-        logits = runner.compute_logits([SequenceStep([tok], len(ids), table, True)
-                                        for tok, ids, table in zip(new, seqs, tables)])
-        for i, tok in enumerate(new):
-            seqs[i] = [*seqs[i], tok]
-            diff = (logits[i] - hf_last_logits(hf, seqs[i])).abs().max().item()
-            print(f"{backend} decode step {step}, {len(seqs[i])} tokens: |diff| = {diff:.2e}")
-            assert diff < LOGITS_ATOL
+    check_paged_decode(runner, manager, hf, tokenizer, [3, 17, 40], backend, first_seed=10)
 
 
 def test_prefix_hit_and_chunks_match_hf_logits(ours, hf, tokenizer):
@@ -193,15 +183,7 @@ def test_engine_matches_generate_with_prefix_hits(ours, tokenizer, prompts, hf_a
 def test_engine_chunked_prefill_matches_generate(ours, tokenizer, prompts, hf_answers):
     engine = make_engine(ours, tokenizer, num_blocks=64, max_num_seqs=3,
                          max_num_batched_tokens=8)
-    budgets = []
-    schedule = engine.core.scheduler.schedule
-
-    def recording_schedule():
-        step = schedule()
-        budgets.append(step.num_tokens)
-        return step
-
-    engine.core.scheduler.schedule = recording_schedule
+    budgets = record_step_tokens(engine)
     tokens, _ = run(engine, prompts, [0] * len(prompts), max_tokens=MAX_NEW, ignore_eos=True)
     check(tokens, hf_answers, "chunked")
     assert max(budgets) <= 8

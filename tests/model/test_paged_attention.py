@@ -70,13 +70,13 @@ def test_paged_prefill_matches_hf(model, hf_model, tokenizer):
         manager.release(blocks)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_paged_decode_batch_of_different_lengths_matches_hf(model, hf_model, tokenizer, backend):
-    runner, manager = make_runner(model, backend=backend)
-    lengths = [3, 17, 30, 48, 9]
+def check_paged_decode(runner: ModelRunner, manager: KVCacheManager, hf, tokenizer,
+                       lengths: list[int], label: str, first_seed: int = 100) -> None:
+    """Prefill prompts of these lengths one by one, then decode them as one batch for 3
+    steps; every step's logits must equal Hugging Face's on the same tokens."""
     seqs, tables = [], []
-    for i, n in enumerate(lengths):  # prefill each, then decode the batch for 3 steps
-        ids = prompt_ids(tokenizer, n, seed=100 + i)
+    for i, n in enumerate(lengths):
+        ids = prompt_ids(tokenizer, n, seed=first_seed + i)
         blocks = SequenceBlocks()
         assert manager.allocate_slots(blocks, n + 3)
         runner.compute_logits([SequenceStep(ids, 0, blocks.block_table, True)])
@@ -89,9 +89,15 @@ def test_paged_decode_batch_of_different_lengths_matches_hf(model, hf_model, tok
         logits = runner.compute_logits(batch)
         for i, tok in enumerate(new_tokens):
             seqs[i] = [*seqs[i], tok]
-            diff = (logits[i] - hf_last_logits(hf_model, seqs[i])).abs().max().item()
-            print(f"{backend} decode step {step}, {len(seqs[i])} tokens: max |diff| = {diff:.2e}")
+            diff = (logits[i] - hf_last_logits(hf, seqs[i])).abs().max().item()
+            print(f"{label} decode step {step}, {len(seqs[i])} tokens: max |diff| = {diff:.2e}")
             assert diff < LOGITS_ATOL
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_paged_decode_batch_of_different_lengths_matches_hf(model, hf_model, tokenizer, backend):
+    runner, manager = make_runner(model, backend=backend)
+    check_paged_decode(runner, manager, hf_model, tokenizer, [3, 17, 30, 48, 9], backend)
 
 
 def test_prefix_hit_computes_only_the_rest_and_matches_hf(model, hf_model, tokenizer):
