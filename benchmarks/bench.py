@@ -167,9 +167,7 @@ async def read_stream(resp: httpx.Response, res: UserResult,
             res.error = f"stream error: {msg}"
             return usage_tokens
         choices = chunk.get("choices") or []
-        # A completion's chunk has text, a chat completion's a delta.
-        text = choices and (choices[0].get("text")
-                            or (choices[0].get("delta") or {}).get("content"))
+        text = choices and chunk_text(choices[0])
         if text:
             res.text += text
             res.token_times.append(now)
@@ -180,6 +178,18 @@ async def read_stream(resp: httpx.Response, res: UserResult,
             usage_tokens = int(usage["completion_tokens"])
     res.error = "stream ended without data: [DONE]"
     return usage_tokens
+
+
+def chunk_text(choice: dict[str, Any]) -> str:
+    """What one stream choice adds: a completion's text, a chat delta's content, or the
+    pieces of its tool calls' arguments."""
+    if choice.get("text"):
+        return choice["text"]
+    delta = choice.get("delta") or {}
+    if delta.get("content"):
+        return delta["content"]
+    return "".join((call.get("function") or {}).get("arguments") or ""
+                   for call in delta.get("tool_calls") or [])
 
 
 def make_payload(args: argparse.Namespace, prompt: str, max_tokens: int) -> dict[str, Any]:
