@@ -14,8 +14,11 @@ import openai
 import pytest
 from pydantic import Field
 
+from api.field_policy import POLICIES, RESPONSES, Status
+from api.protocol_responses import ResponsesRequest
 from api.response_output import ResponseOutput
 from tests.api.conftest import MODEL_NAME, RunningServer
+from tests.api.test_field_policy import schema_properties
 from tests.api.test_openapi_schema import OpenAISchemas, find_openapi_document
 
 CITY_PARAMS = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 16}},
@@ -337,3 +340,46 @@ def test_the_client_sees_a_bad_request(client: openai.OpenAI):
         client.responses.create(model=MODEL_NAME, input=ASK, previous_response_id="resp_1")
     assert caught.value.body["param"] == "previous_response_id"
     assert "stateless" in caught.value.body["message"]
+
+
+# --- the field policy ----------------------------------------------------------------------
+
+
+def test_every_field_is_classified(schemas):
+    if schemas is None:
+        pytest.skip("OpenAI's OpenAPI document not found")
+    properties = schema_properties(schemas.components, "CreateResponse")
+    assert len(properties) > 25  # the walk through allOf found the schema's fields
+    missing = properties - set(POLICIES[RESPONSES])
+    assert not missing, f"fields with no policy: {sorted(missing)}"
+
+
+def test_table_agrees_with_the_request_body():
+    """A declared field is read; an implemented one is declared; every rule says why."""
+    declared, table = set(ResponsesRequest.model_fields), POLICIES[RESPONSES]
+    assert declared <= set(table), sorted(declared - set(table))
+    for name, rule in table.items():
+        assert rule.reason, name
+        assert (rule.status is Status.IMPLEMENTED) <= (name in declared), name
+        assert not (name in declared and rule.status is Status.REFUSED), name
+
+
+@pytest.mark.parametrize("field, value", [
+    ("store", True), ("store", False), ("user", "someone"), ("service_tier", "auto"),
+    ("include", []), ("truncation", "disabled"), ("top_logprobs", 0),
+    ("stream_options", {"include_obfuscation": False}), ("text", {"verbosity": "low"}),
+    ("prompt_cache_key", "k"), ("max_tool_calls", 3), ("reasoning", None)])
+def test_no_effect_and_inert_fields_are_accepted(server: RunningServer, field, value):
+    raw = create(server, input="Hi", max_output_tokens=2, **{field: value})
+    assert raw["usage"]["output_tokens"] >= 1
+
+
+@pytest.mark.parametrize("field, value", [
+    ("background", True), ("conversation", "conv_1"), ("prompt", {"id": "pmpt_1"}),
+    ("truncation", "auto"), ("reasoning", {"effort": "low"}), ("top_logprobs", 2),
+    ("context_management", [{"type": "compaction"}])])
+def test_refused_fields_name_themselves(server: RunningServer, field, value):
+    r = httpx.post(server.url + "/v1/responses", timeout=30,
+                   json={"input": "Hi", "max_output_tokens": 2, field: value})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == field and field in r.json()["error"]["message"]
