@@ -244,6 +244,16 @@ def test_call_stream_events(server: RunningServer, schemas):
         check_event(schemas, event)
 
 
+def test_deadline_mid_stream_is_an_error_event(server: RunningServer, schemas):
+    events = stream_events(server, input="Count from 1 to 500.", max_output_tokens=400,
+                           request_timeout=0.2)
+    print([e["type"] for e in events][:3], events[-1])
+    assert events[0]["type"] == "response.created"
+    assert events[-1]["type"] == "error" and events[-1]["code"] == "request_timeout"
+    assert not any(e["type"] == "response.completed" for e in events)
+    check_event(schemas, events[-1])
+
+
 def test_output_walk_without_a_server():
     """Text split anywhere gives the same items as the whole text at once."""
     text = ('<tool_call>{"name":"f","arguments":{"a":"x}"}}</tool_call>\n'
@@ -259,6 +269,21 @@ def test_output_walk_without_a_server():
     assert sum(e.type == "response.output_item.done" for e in events) == 2
     assert ResponseOutput(may_call=False).advance("<b>", finished=True)[0].item.type == \
         "message"
+
+
+def test_openapi_documents_the_route(server: RunningServer):
+    doc = httpx.get(server.url + "/openapi.json", timeout=10).json()
+    route = doc["paths"]["/v1/responses"]["post"]
+    ok = route["responses"]["200"]["content"]
+    assert ok["application/json"]["schema"] == {"$ref": "#/components/schemas/ResponseObject"}
+    item = ok["text/event-stream"]["itemSchema"]
+    assert item["required"] == ["event", "data"]
+    named = {branch["contentSchema"]["$ref"].rsplit("/", 1)[-1]
+             for branch in item["properties"]["data"]["anyOf"]}
+    print(sorted(named))
+    assert {"TextDeltaEvent", "ArgumentsDeltaEvent", "ErrorEvent"} <= named
+    assert named <= set(doc["components"]["schemas"])
+    assert {"400", "404", "429", "504"} <= set(route["responses"])
 
 
 # --- openai-agents -------------------------------------------------------------------------
