@@ -20,6 +20,7 @@ from api.response_output import ResponseOutput
 from tests.api.conftest import MODEL_NAME, RunningServer
 from tests.api.test_field_policy import schema_properties
 from tests.api.test_openapi_schema import OpenAISchemas, find_openapi_document
+from tests.api.test_server import aborted_count, stats_when_idle
 
 CITY_PARAMS = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 16}},
                "required": ["city"], "additionalProperties": False}
@@ -252,6 +253,22 @@ def test_deadline_mid_stream_is_an_error_event(server: RunningServer, schemas):
     assert events[-1]["type"] == "error" and events[-1]["code"] == "request_timeout"
     assert not any(e["type"] == "response.completed" for e in events)
     check_event(schemas, events[-1])
+
+
+def test_disconnect_aborts_the_request(server: RunningServer):
+    assert stats_when_idle(server)["blocks_used"] == 0
+    aborted = aborted_count(server)
+    body = {"input": "Tell me a long story.", "max_output_tokens": 300, "stream": True,
+            "temperature": 0}  # greedy: a story far longer than the time to notice
+    with httpx.Client(timeout=30) as c, c.stream("POST", server.url + "/v1/responses",
+                                                  json=body) as r:
+        deltas = (line for line in r.iter_lines() if "output_text.delta" in line)
+        next(deltas)
+        next(deltas)  # generating
+    after = stats_when_idle(server)
+    print(after)
+    assert after["running"] == 0 and after["blocks_used"] == 0
+    assert aborted_count(server) == aborted + 1
 
 
 def test_output_walk_without_a_server():
