@@ -46,12 +46,11 @@ RESPONSES_TERMS = {"messages": "input", "prompt": "input",
 CHAT_WORDS = re.compile(r"\b(max_completion_tokens|max_tokens|response_format)\b")
 
 
-def in_responses_terms(exc: APIError) -> APIError:
-    """An error of the chat path, naming the Responses field (and saying its name)."""
+def in_responses_terms(exc: APIError) -> None:
+    """An error of the chat path made to name the Responses field (in param and message)."""
     exc.param = RESPONSES_TERMS.get(exc.param or "", exc.param)
     exc.message = CHAT_WORDS.sub(lambda m: RESPONSES_TERMS[m.group(1)], exc.message)
     exc.args = (exc.message,)
-    return exc
 
 
 def sse_event(event: StreamEvent) -> dict[str, str]:
@@ -81,7 +80,8 @@ class ResponsesServing(ChatServing):
         try:
             return await self.create(chat, http_request)
         except APIError as exc:
-            raise in_responses_terms(exc) from exc
+            in_responses_terms(exc)
+            raise
 
     def response(self, job: Job, body: ChatCompletionRequest) -> ResponseObject:
         status = final_status(job)
