@@ -21,8 +21,16 @@ from api.dashboard.routes import dashboard_router
 from api.engine_client import EngineClient
 from api.errors import APIError, describe_validation_error, error_body, error_response
 from api.limits import BodySizeLimit, PromptBound, default_max_request_bytes
-from api.openapi import error_responses, generation_responses, honest_openapi, text_response
+from api.openapi import (
+    error_responses,
+    generation_responses,
+    honest_openapi,
+    named_event_responses,
+    text_response,
+)
 from api.protocol import ChatCompletionRequest, CompletionRequest
+from api.protocol_responses import ResponsesRequest
+from api.response_objects import STREAM_EVENTS, ResponseObject
 from api.responses import (
     ChatCompletionResponse,
     ChatCompletionStreamResponse,
@@ -38,6 +46,7 @@ from api.security import AccessConfig, guard, install_access
 from api.serving import REQUEST_ID_HEADER
 from api.serving_chat import ChatServing
 from api.serving_completion import CompletionServing
+from api.serving_responses import ResponsesServing
 from api.tokenization import DetokenizeRequest, TokenizationServing, TokenizeRequest
 from engine.structured.compiler import DEFAULT_COMPILE_TIMEOUT_S, GrammarCompiler
 
@@ -88,7 +97,7 @@ def create_app(engine: EngineClient, model_name: str, access: AccessConfig | Non
                   description="An OpenAI-compatible server. Errors come as OpenAI's envelope "
                               "{\"error\": {message, type, param, code}}.")
     app.openapi = lambda: honest_openapi(app, [CompletionStreamResponse,
-                                               ChatCompletionStreamResponse],
+                                               ChatCompletionStreamResponse, *STREAM_EVENTS],
                                          len(engine.tokenizer), [model_name, "default"])
     bound = PromptBound(engine.tokenizer)
     if max_request_bytes is None:
@@ -100,6 +109,7 @@ def create_app(engine: EngineClient, model_name: str, access: AccessConfig | Non
     grammars = GrammarCompiler(engine.tokenizer, grammar_timeout)  # one cache for both
     completion_serving = CompletionServing(engine, model_name, grammars, bound)
     chat_serving = ChatServing(engine, model_name, grammars, bound)
+    responses_serving = ResponsesServing(engine, model_name, grammars, bound)
     tokenization = TokenizationServing(engine, completion_serving.accepted_model_names)
     created = int(time.time())
     guarded = guard(app)
@@ -140,6 +150,11 @@ def create_app(engine: EngineClient, model_name: str, access: AccessConfig | Non
                                              ChatCompletionStreamResponse, *auth))
     async def chat_completions(http_request: Request, body: ChatCompletionRequest) -> Response:
         return await chat_serving.create(body, http_request)
+
+    @app.post("/v1/responses", dependencies=guarded, response_model=None,
+              responses=named_event_responses(ResponseObject, STREAM_EVENTS, *auth))
+    async def responses(http_request: Request, body: ResponsesRequest) -> Response:
+        return await responses_serving.create_response(body, http_request)
 
     @app.post("/tokenize", dependencies=guarded,
               responses=error_responses(400, 404, 413, *auth))

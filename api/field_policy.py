@@ -1,7 +1,8 @@
 """What the generating endpoints do with each request field they may be sent.
 
 Every field that OpenAI's schema or vLLM's documented extensions define for
-/v1/completions or /v1/chat/completions is in one table per endpoint, with one of three
+/v1/completions or /v1/chat/completions, and every field of OpenAI's /v1/responses, is in
+one table per endpoint, with one of three
 statuses: implemented, accepted with no effect (and why), or refused (a 400 naming the
 field, unless its value asks for nothing: null, false, empty, or the one value that is
 this server's behaviour anyway). A field no API defines is accepted, as vLLM does, and
@@ -25,6 +26,7 @@ log = logging.getLogger("nano_vllm.api")
 
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
+RESPONSES = "/v1/responses"
 
 
 class Status(StrEnum):
@@ -184,8 +186,50 @@ CHAT_FIELDS: dict[str, FieldRule] = {
     "mm_processor_kwargs": refused("Only text is served.", V),
 }
 
+# OpenAI's CreateResponse, translated into a chat request (api/protocol_responses.py).
+RESPONSE_FIELDS: dict[str, FieldRule] = {
+    "model": SHARED["model"],
+    "input": done("A string, or a list of messages, function_call and function_call_output "
+                  "items (text only)."),
+    "instructions": done("A system message before the input."),
+    "stream": done("Server-sent events in the Responses API's event sequence."),
+    "max_output_tokens": done("Output tokens at most; default: as many as fit."),
+    "temperature": SHARED["temperature"],
+    "top_p": SHARED["top_p"],
+    "tools": done("Function tools; see Responses API."),
+    "tool_choice": done("none, auto, required, or one named function."),
+    "parallel_tool_calls": done("false: at most one call per answer."),
+    "text": done("format: text, json_object or json_schema, through llguidance; verbosity "
+                 "has no effect."),
+    "metadata": done("Echoed in the response; nothing is stored."),
+    "store": no_effect("This server is stateless: responses are never stored."),
+    "previous_response_id": refused("This server is stateless and stores no responses; send "
+                                    "the whole conversation in input."),
+    "conversation": refused("This server is stateless and keeps no conversations; send the "
+                            "whole conversation in input."),
+    "background": refused("Responses run in the foreground only; nothing is stored to poll."),
+    "prompt": refused("Stored prompt templates are not offered."),
+    "include": refused("No extra output data is offered (no logprobs, no built-in tools' "
+                       "results)."),
+    "top_logprobs": refused("Logprobs are not offered here; /v1/chat/completions has them.",
+                            Origin.OPENAI, 0),
+    "reasoning": refused("The model does not reason before answering."),
+    "truncation": refused("Input is never truncated; too long an input is a 400.",
+                          Origin.OPENAI, "disabled"),
+    "context_management": refused("Context compaction is not offered."),
+    "moderation": CHAT_FIELDS["moderation"],
+    "max_tool_calls": no_effect("Limits built-in tool calls, and none are offered."),
+    "stream_options": no_effect("include_obfuscation: no obfuscation padding is sent."),
+    "user": SHARED["user"],
+    "request_timeout": SHARED["request_timeout"],
+    **{name: CHAT_FIELDS[name] for name in ("service_tier", "safety_identifier",
+                                            "prompt_cache_key", "prompt_cache_retention",
+                                            "prompt_cache_options")},
+}
+
 POLICIES: dict[str, dict[str, FieldRule]] = {COMPLETIONS: COMPLETION_FIELDS,
-                                             CHAT: CHAT_FIELDS}
+                                             CHAT: CHAT_FIELDS,
+                                             RESPONSES: RESPONSE_FIELDS}
 
 _warned: set[str] = set()
 _warned_lock = threading.Lock()
@@ -214,7 +258,7 @@ def warn_unknown(name: str) -> None:
 
 
 def render_markdown() -> str:
-    """Every field of both endpoints as one markdown table per endpoint, for the API docs."""
+    """Every field of each endpoint as one markdown table per endpoint, for the API docs."""
     parts = []
     for endpoint, table in POLICIES.items():
         parts += [f"### `{endpoint}`", "", "| Field | From | Status | Notes |",

@@ -66,16 +66,35 @@ def generation_responses(response: type[BaseModel], chunk: type[BaseModel],
             **error_responses(400, 404, 413, 429, 500, 503, 504, *statuses)}
 
 
+def json_of(model: type[BaseModel]) -> dict[str, Any]:
+    """A string holding a JSON `model`."""
+    return {"type": "string", "contentMediaType": "application/json",
+            "contentSchema": {"$ref": f"#/components/schemas/{model.__name__}"}}
+
+
 def sse_event(chunk: type[BaseModel]) -> dict[str, Any]:
     """One event of a stream (OpenAPI 3.2's way): its data is a JSON chunk, an error
     envelope, or the closing [DONE]."""
-    def json_of(model: type[BaseModel]) -> dict[str, Any]:
-        return {"type": "string", "contentMediaType": "application/json",
-                "contentSchema": {"$ref": f"#/components/schemas/{model.__name__}"}}
-
     return {"type": "object", "required": ["data"],
             "properties": {"data": {"anyOf": [{"const": "[DONE]"}, json_of(chunk),
                                               json_of(ErrorResponse)]}}}
+
+
+def named_event_responses(response: type[BaseModel], events: list[type[BaseModel]],
+                          *statuses: int) -> dict[int | str, dict[str, Any]]:
+    """A generating route whose stream names each event (the Responses API's): `event:` is
+    its type, `data:` one of `events` as JSON; no [DONE] closes it."""
+    item = {"type": "object", "required": ["event", "data"],
+            "properties": {"event": {"type": "string"},
+                           "data": {"anyOf": [json_of(event) for event in events]}}}
+    return {200: {"model": response,
+                  "description": "The answer as one JSON body; or, with `stream: true`: "
+                                 "Server-Sent Events, each named by its `type` (`event:`) and "
+                                 "carrying it as JSON (`data:`), numbered by `sequence_number`"
+                                 ", ending with response.completed or response.incomplete. An "
+                                 "error after the stream has begun comes as an `error` event.",
+                  "content": {"text/event-stream": {"itemSchema": item}}},
+            **error_responses(400, 404, 413, 429, 500, 503, 504, *statuses)}
 
 
 def text_response(description: str) -> dict[int | str, dict[str, Any]]:
