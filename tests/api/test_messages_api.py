@@ -22,6 +22,7 @@ from api.protocol_messages import CountTokensRequest, MessagesRequest
 from api.security import AccessConfig
 from engine.admission import QueueFullError
 from engine.batch_engine import EngineUnavailableError
+from engine.request import FinishReason, RequestOutput
 from tests.api.conftest import MODEL_NAME
 from tests.api.test_security import FakeEngine
 
@@ -284,6 +285,40 @@ def test_busy_and_unavailable_in_anthropic_shape(tokenizer, error, status, err_t
     print(r.status_code, r.headers.get("retry-after"), r.text)
     assert r.status_code == status and r.json()["error"]["type"] == err_type
     assert (r.headers.get("retry-after") == "3") == (status == 429)
+
+
+class TimingOutEngine(FakeEngine):
+    """Ends every request at once with a passed deadline, as the engine reports one."""
+
+    def add_request(self, request) -> None:
+        request.on_output(RequestOutput(request.request_id, "", [], finished=True,
+                                        finish_reason=FinishReason.TIMEOUT,
+                                        error="The request's deadline passed."))
+
+
+def test_errors_after_the_stream_began_are_error_events(tokenizer):
+    body = {"model": "m", "max_tokens": 4, "messages": ASK}
+    with TestClient(create_app(TimingOutEngine(tokenizer), "m")) as http:
+        r = http.post("/v1/messages", json=body)
+        assert r.status_code == 504 and r.json()["error"]["type"] == "timeout_error"
+        with http.stream("POST", "/v1/messages", json={**body, "stream": True}) as stream:
+            lines = [line for line in stream.iter_lines() if line]
+    print(lines)
+    assert lines[0] == "event: message_start" and lines[2] == "event: error"
+    assert json.loads(lines[3].removeprefix("data: ")) == {"type": "error", "error": {
+        "type": "timeout_error", "message": "The request's deadline passed."}}
+    assert len(lines) == 4  # nothing after the error
+
+
+def test_a_body_too_large_in_anthropic_shape(tokenizer):
+    app = create_app(FakeEngine(tokenizer), "m", max_request_bytes=200)
+    with TestClient(app) as http:
+        r = http.post("/v1/messages", json={"model": "m", "max_tokens": 4,
+                                            "messages": [{"role": "user", "content": "x" * 300}]})
+        assert r.status_code == 413 and r.json()["error"]["type"] == "request_too_large"
+        r = http.post("/v1/chat/completions", json={"messages": [{"role": "user",
+                                                                  "content": "x" * 300}]})
+        assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
 
 
 # --- the field policy covers Anthropic's request ---------------------------------------------
