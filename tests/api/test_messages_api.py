@@ -231,6 +231,21 @@ def test_the_sdk_raises_its_own_errors(claude):
     assert raised.value.body["error"]["message"].startswith("tool_choice")
 
 
+def test_no_effect_and_inert_fields_are_accepted(server):
+    ask = [{"role": "user", "content": [{"type": "text", "text": "Hi",
+                                         "cache_control": {"type": "ephemeral"}}]}]
+    body = {"model": "default", "max_tokens": 2, "messages": ask,
+            "metadata": {"user_id": "u-1"}, "service_tier": "auto", "speed": "standard",
+            "cache_control": {"type": "ephemeral"}, "thinking": {"type": "disabled"},
+            "inference_geo": "eu", "workspace_id": "w", "user_profile_id": "p"}
+    r = httpx.post(server.url + "/v1/messages", json=body, timeout=30)
+    print(r.text)
+    assert r.status_code == 200 and r.json()["usage"]["output_tokens"] >= 1
+    r = httpx.post(server.url + "/v1/messages", timeout=30,
+                   json={**body, "container": "c-1"})
+    assert r.status_code == 400 and r.json()["error"]["message"].startswith("container")
+
+
 def test_only_anthropic_routes_change_shape(server):
     r = httpx.post(server.url + "/v1/messages/nothing-here", json={}, timeout=10)
     assert r.status_code == 404 and r.json()["type"] == "error"
