@@ -37,6 +37,7 @@ from api.responses_messages import (
     TextDelta,
     TokenCount,
     ToolUseContent,
+    anthropic_error_body,
 )
 from api.serving import failure
 from api.serving_chat import ChatServing
@@ -111,8 +112,8 @@ class MessagesServing(ChatServing):
             async for prompt_index, output in outputs:
                 if output.error:
                     error = failure(output)
-                    yield {"event": "error",
-                           "data": error.body_for("/v1/messages").model_dump_json()}
+                    body_json = anthropic_error_body(error.status, error.message, error.param)
+                    yield {"event": "error", "data": body_json.model_dump_json()}
                     return
                 sample = job.record(prompt_index, output)
                 for block_event in blocks.advance(sample.text, output.text):
