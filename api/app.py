@@ -2,8 +2,9 @@
 
 The generating endpoints are api/serving.py's; request bodies are api/protocol.py's,
 response bodies api/responses.py's, and every error leaves as OpenAI's envelope
-(api/errors.py). Who may call which route is api/security.py's; what /openapi.json says,
-api/openapi.py's.
+(api/errors.py); Anthropic's Messages API (/v1/messages) has its own of each
+(api/protocol_messages.py, api/responses_messages.py, api/serving_messages.py). Who may
+call which route is api/security.py's; what /openapi.json says, api/openapi.py's.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from api.engine_client import EngineClient
 from api.errors import APIError, describe_validation_error, error_body, error_response
 from api.limits import BodySizeLimit, PromptBound, default_max_request_bytes
 from api.openapi import (
+    anthropic_error_responses,
+    anthropic_responses,
     error_responses,
     generation_responses,
     honest_openapi,
@@ -29,8 +32,10 @@ from api.openapi import (
     text_response,
 )
 from api.protocol import ChatCompletionRequest, CompletionRequest
+from api.protocol_messages import CountTokensRequest, MessagesRequest
 from api.protocol_responses import ResponsesRequest
-from api.response_objects import STREAM_EVENTS, ResponseObject
+from api.response_objects import STREAM_EVENTS as RESPONSE_EVENTS
+from api.response_objects import ResponseObject
 from api.responses import (
     ChatCompletionResponse,
     ChatCompletionStreamResponse,
@@ -42,10 +47,13 @@ from api.responses import (
     ModelList,
     TokenizeResponse,
 )
+from api.responses_messages import STREAM_EVENTS as MESSAGE_EVENTS
+from api.responses_messages import MessageResponse, TokenCount
 from api.security import AccessConfig, guard, install_access
 from api.serving import REQUEST_ID_HEADER
 from api.serving_chat import ChatServing
 from api.serving_completion import CompletionServing
+from api.serving_messages import MessagesServing
 from api.serving_responses import ResponsesServing
 from api.tokenization import DetokenizeRequest, TokenizationServing, TokenizeRequest
 from engine.structured.compiler import DEFAULT_COMPILE_TIMEOUT_S, GrammarCompiler
@@ -54,34 +62,34 @@ log = logging.getLogger("nano_vllm.api")
 
 
 async def on_api_error(request: Request, exc: APIError) -> JSONResponse:
-    response = error_response(exc)
-    response.headers.update(exc.headers)  # e.g. a 401's WWW-Authenticate
+    response = error_response(exc, request.url.path, exc.headers)  # e.g. a 401's
     if REQUEST_ID_HEADER in request.headers:  # echoed back, as on a success
         response.headers[REQUEST_ID_HEADER] = request.headers[REQUEST_ID_HEADER]
     return response
 
 
-async def on_validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+async def on_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
     message, param = describe_validation_error(exc)
-    return error_response(APIError(message, param))
+    return error_response(APIError(message, param), request.url.path)
 
 
-async def on_http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-    """Starlette's own errors (404 unknown path, 405 wrong method) in the envelope, with the
-    exception's headers (a 405's Allow)."""
+async def on_http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    """Starlette's own errors (404 unknown path, 405 wrong method) in the route's shape, with
+    the exception's headers (a 405's Allow)."""
     err_type = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-    return JSONResponse(error_body(str(exc.detail), err_type).model_dump(),
-                        status_code=exc.status_code, headers=exc.headers)
+    return error_response(APIError(str(exc.detail), status=exc.status_code, err_type=err_type),
+                          request.url.path, exc.headers)
 
 
-async def on_unexpected_error(_: Request, exc: Exception) -> JSONResponse:
+async def on_unexpected_error(request: Request, exc: Exception) -> JSONResponse:
     log.exception("unhandled error in a request handler")
-    return JSONResponse(error_body(f"Internal server error: {exc}", "server_error").model_dump(),
-                        status_code=500)
+    return error_response(APIError(f"Internal server error: {exc}", status=500,
+                                   err_type="server_error"), request.url.path)
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    """Every error leaves as OpenAI's envelope, whoever raised it."""
+    """Every error leaves as OpenAI's envelope (Anthropic's shape on /v1/messages...),
+    whoever raised it."""
     app.add_exception_handler(APIError, on_api_error)
     app.add_exception_handler(RequestValidationError, on_validation_error)
     app.add_exception_handler(StarletteHTTPException, on_http_error)
@@ -95,9 +103,12 @@ def create_app(engine: EngineClient, model_name: str, access: AccessConfig | Non
     body over `max_request_bytes` is a 413 (None: api/limits.py's default for this engine)."""
     app = FastAPI(title="nano-vLLM", version="1", docs_url=None, redoc_url=None,
                   description="An OpenAI-compatible server. Errors come as OpenAI's envelope "
-                              "{\"error\": {message, type, param, code}}.")
+                              "{\"error\": {message, type, param, code}}; on /v1/messages "
+                              "(Anthropic's Messages API) as Anthropic's {\"type\": "
+                              "\"error\", \"error\": {type, message}}.")
     app.openapi = lambda: honest_openapi(app, [CompletionStreamResponse,
-                                               ChatCompletionStreamResponse, *STREAM_EVENTS],
+                                               ChatCompletionStreamResponse, *RESPONSE_EVENTS,
+                                               *MESSAGE_EVENTS],
                                          len(engine.tokenizer), [model_name, "default"])
     bound = PromptBound(engine.tokenizer)
     if max_request_bytes is None:
@@ -110,6 +121,7 @@ def create_app(engine: EngineClient, model_name: str, access: AccessConfig | Non
     completion_serving = CompletionServing(engine, model_name, grammars, bound)
     chat_serving = ChatServing(engine, model_name, grammars, bound)
     responses_serving = ResponsesServing(engine, model_name, grammars, bound)
+    messages_serving = MessagesServing(engine, model_name, grammars, bound)
     tokenization = TokenizationServing(engine, completion_serving.accepted_model_names)
     created = int(time.time())
     guarded = guard(app)
@@ -152,9 +164,20 @@ def create_app(engine: EngineClient, model_name: str, access: AccessConfig | Non
         return await chat_serving.create(body, http_request)
 
     @app.post("/v1/responses", dependencies=guarded, response_model=None,
-              responses=named_event_responses(ResponseObject, STREAM_EVENTS, *auth))
+              responses=named_event_responses(ResponseObject, RESPONSE_EVENTS, *auth))
     async def responses(http_request: Request, body: ResponsesRequest) -> Response:
         return await responses_serving.create_response(body, http_request)
+
+    # Anthropic's Messages API, over the chat path; errors in Anthropic's shape.
+    @app.post("/v1/messages", dependencies=guarded, response_model=None,
+              responses=anthropic_responses(MessageResponse, *auth))
+    async def messages(http_request: Request, body: MessagesRequest) -> Response:
+        return await messages_serving.create_message(body, http_request)
+
+    @app.post("/v1/messages/count_tokens", dependencies=guarded,
+              responses=anthropic_error_responses(400, 404, 413, *auth))
+    async def count_tokens(body: CountTokensRequest) -> TokenCount:
+        return await messages_serving.count_tokens(body)
 
     @app.post("/tokenize", dependencies=guarded,
               responses=error_responses(400, 404, 413, *auth))

@@ -1,4 +1,6 @@
-"""Errors as OpenAI sends them: one envelope, {"error": {message, type, param, code}}."""
+"""Errors as OpenAI sends them: one envelope, {"error": {message, type, param, code}}; on
+Anthropic's routes (/v1/messages...) as Anthropic sends them: {"type": "error", "error":
+{type, message}} (api/responses_messages.py)."""
 
 from __future__ import annotations
 
@@ -8,10 +10,18 @@ from typing import ClassVar
 
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 
 from api.responses import ErrorDetail, ErrorResponse
+from api.responses_messages import anthropic_error_body
 
 RETRY_AFTER_SECONDS = 1
+ANTHROPIC_PATH = "/v1/messages"
+
+
+def speaks_anthropic(path: str) -> bool:
+    """Whether errors on `path` take Anthropic's shape (else OpenAI's envelope)."""
+    return path == ANTHROPIC_PATH or path.startswith(ANTHROPIC_PATH + "/")
 
 
 class APIError(Exception):
@@ -30,6 +40,12 @@ class APIError(Exception):
     def body(self) -> ErrorResponse:
         return error_body(self.message, self.type, self.param, self.code)
 
+    def body_for(self, path: str) -> BaseModel:
+        """The body as the route at `path` speaks errors."""
+        if speaks_anthropic(path):
+            return anthropic_error_body(self.status, self.message, self.param)
+        return self.body()
+
 
 def error_body(message: str, err_type: str = "invalid_request_error", param: str | None = None,
                code: str | None = None) -> ErrorResponse:
@@ -37,12 +53,17 @@ def error_body(message: str, err_type: str = "invalid_request_error", param: str
                                            code=code))
 
 
-def error_response(exc: APIError) -> JSONResponse:
+def error_response(exc: APIError, path: str = "",
+                   headers: Mapping[str, str] | None = None) -> JSONResponse:
+    """The error as the route at `path` speaks it, with `headers` (and Retry-After)."""
     retry_after = exc.retry_after
     if retry_after is None and exc.status == 429:
         retry_after = RETRY_AFTER_SECONDS
-    headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
-    return JSONResponse(exc.body().model_dump(), status_code=exc.status, headers=headers)
+    headers = dict(headers or {})
+    if retry_after is not None:
+        headers["Retry-After"] = str(retry_after)
+    return JSONResponse(exc.body_for(path).model_dump(), status_code=exc.status,
+                        headers=headers or None)
 
 
 def describe_validation_error(exc: RequestValidationError) -> tuple[str, str | None]:

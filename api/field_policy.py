@@ -1,8 +1,9 @@
 """What the generating endpoints do with each request field they may be sent.
 
 Every field that OpenAI's schema or vLLM's documented extensions define for
-/v1/completions or /v1/chat/completions, and every field of OpenAI's /v1/responses, is in
-one table per endpoint, with one of three
+/v1/completions or /v1/chat/completions, every field of OpenAI's /v1/responses, and
+every field of Anthropic's Messages API for /v1/messages and /v1/messages/count_tokens,
+is in one table per endpoint, with one of three
 statuses: implemented, accepted with no effect (and why), or refused (a 400 naming the
 field, unless its value asks for nothing: null, false, empty, or the one value that is
 this server's behaviour anyway). A field no API defines is accepted, as vLLM does, and
@@ -27,6 +28,8 @@ log = logging.getLogger("nano_vllm.api")
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
 RESPONSES = "/v1/responses"
+MESSAGES = "/v1/messages"
+COUNT_TOKENS = "/v1/messages/count_tokens"
 
 
 class Status(StrEnum):
@@ -38,6 +41,7 @@ class Status(StrEnum):
 class Origin(StrEnum):
     OPENAI = "OpenAI"
     VLLM = "vLLM"
+    ANTHROPIC = "Anthropic"
     OURS = "nano-vLLM"
 
 
@@ -227,9 +231,55 @@ RESPONSE_FIELDS: dict[str, FieldRule] = {
                                             "prompt_cache_options")},
 }
 
+A = Origin.ANTHROPIC
+
+# Anthropic's Messages API: fields that shape the prompt, which count_tokens reads too.
+MESSAGES_PROMPT: dict[str, FieldRule] = {
+    "model": done("The served model's name, or \"default\"; any other is a 404.", A),
+    "messages": done("user and assistant turns of text, tool_use and tool_result blocks, "
+                     "rendered as chat messages; see Anthropic Messages API.", A),
+    "system": done("A string or text blocks: the system turn.", A),
+    "tools": done("Client tools (name, description, input_schema), as function tools.", A),
+    "tool_choice": done("auto, any (required), tool (a named choice), none; "
+                        "disable_parallel_tool_use: at most one call.", A),
+    "cache_control": no_effect("The prefix cache finds shared prefixes by itself; no "
+                               "breakpoints are needed.", A),
+    "speed": no_effect("There is one speed.", A),
+    "user_profile_id": no_effect("Nothing is attributed or billed here.", A),
+    "workspace_id": no_effect("There are no workspaces; the API key alone decides access.",
+                              A),
+    "thinking": refused("The model does not think before answering.", A,
+                        {"type": "disabled"}),
+    "output_config": refused("Neither structured outputs (format) nor effort levels are "
+                             "offered here; /v1/chat/completions takes response_format.", A),
+    "output_format": refused("Structured outputs are not offered here; "
+                             "/v1/chat/completions takes response_format.", A),
+}
+
+MESSAGES_FIELDS: dict[str, FieldRule] = {
+    **MESSAGES_PROMPT,
+    "max_tokens": done("Required: output tokens at most.", A),
+    "stream": done("Anthropic's server-sent events, message_start to message_stop.", A),
+    "stop_sequences": done("Stop strings; the one that matched comes back as "
+                           "stop_sequence.", A),
+    "temperature": done("0 is greedy.", A),
+    "top_p": done("Nucleus sampling.", A),
+    "top_k": done("Top-k sampling; 0 is off.", A),
+    "metadata": no_effect("user_id, for the provider's abuse monitoring; not used here.", A),
+    "service_tier": no_effect("There is one tier.", A),
+    "inference_geo": no_effect("The answer is computed on this server.", A),
+    "container": refused("Code execution containers are not offered.", A),
+    "diagnostics": refused("Prompt-cache diagnostics are not reported.", A),
+    "mcp_servers": refused("MCP servers are not called by this server.", A),
+    "context_management": refused("The context is never edited; a history too long is a "
+                                  "400.", A),
+}
+
 POLICIES: dict[str, dict[str, FieldRule]] = {COMPLETIONS: COMPLETION_FIELDS,
                                              CHAT: CHAT_FIELDS,
-                                             RESPONSES: RESPONSE_FIELDS}
+                                             RESPONSES: RESPONSE_FIELDS,
+                                             MESSAGES: MESSAGES_FIELDS,
+                                             COUNT_TOKENS: MESSAGES_PROMPT}
 
 _warned: set[str] = set()
 _warned_lock = threading.Lock()
@@ -258,7 +308,7 @@ def warn_unknown(name: str) -> None:
 
 
 def render_markdown() -> str:
-    """Every field of each endpoint as one markdown table per endpoint, for the API docs."""
+    """Every field of every endpoint as one markdown table per endpoint, for the API docs."""
     parts = []
     for endpoint, table in POLICIES.items():
         parts += [f"### `{endpoint}`", "", "| Field | From | Status | Notes |",

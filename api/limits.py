@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.errors import APIError, error_body
+from api.errors import APIError
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -101,7 +101,7 @@ def check_max_request_bytes(value: int | None) -> None:
 
 
 class BodySizeLimit:
-    """ASGI middleware: 413 in OpenAI's envelope for a body over `max_bytes`, before the app
+    """ASGI middleware: 413 in the route's error shape for a body over `max_bytes`, before the app
     reads any of it; the app gets the body whole, from memory, once it is known to fit."""
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
@@ -114,7 +114,7 @@ class BodySizeLimit:
             return
         declared = content_length(scope)
         if declared is not None and declared > self.max_bytes:
-            await self.refuse(send, receive, f"is {declared} bytes")
+            await self.refuse(send, receive, f"is {declared} bytes", scope["path"])
             return
         chunks: list[bytes] = []
         size = 0
@@ -128,7 +128,7 @@ class BodySizeLimit:
             if size > self.max_bytes:
                 chunks.clear()
                 await self.refuse(send, receive, f"is over {self.max_bytes} bytes",
-                                  more=message.get("more_body", False))
+                                  scope["path"], more=message.get("more_body", False))
                 return
             chunks.append(chunk)
             if not message.get("more_body", False):
@@ -137,10 +137,12 @@ class BodySizeLimit:
         chunks.clear()  # only `whole` holds the body now, until the app has read it
         await self.app(scope, whole, send)
 
-    async def refuse(self, send: Send, receive: Receive, size: str, more: bool = True) -> None:
+    async def refuse(self, send: Send, receive: Receive, size: str, path: str,
+                     more: bool = True) -> None:
         message = (f"The request body {size}; this server takes at most {self.max_bytes} "
                    "bytes (--max-request-bytes).")
-        payload = error_body(message, code="request_too_large").model_dump_json().encode()
+        error = APIError(message, status=413, code="request_too_large")
+        payload = error.body_for(path).model_dump_json().encode()
         await send({"type": "http.response.start", "status": 413,
                     "headers": [(b"content-type", b"application/json"),
                                 (b"content-length", str(len(payload)).encode())]})

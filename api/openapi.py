@@ -5,7 +5,9 @@ we answer 400 in OpenAI's envelope (api/errors.py). The routes declare what they
 with the helpers here (`error_responses`, `generation_responses`, `text_response`), and
 `honest_openapi` drops the 422s FastAPI adds on its own. Streams are documented as
 text/event-stream whose events carry the chunk model or an error envelope (OpenAPI 3.2's
-`itemSchema`, which schemathesis checks each event against).
+`itemSchema`, which schemathesis checks each event against). Anthropic's routes
+(/v1/messages...) are documented in Anthropic's shapes: its error body and its named events
+(`anthropic_responses`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pydantic import BaseModel
 
 from api.protocol import TOKEN_ID_MARKER
 from api.responses import ErrorResponse
+from api.responses_messages import STREAM_EVENTS, AnthropicErrorResponse
 
 ERROR_DESCRIPTIONS = {
     400: "Invalid request: OpenAI's error envelope, naming the field (`param`).",
@@ -42,11 +45,22 @@ SSE_DESCRIPTION = ("with `stream: true`: Server-Sent Events, one `data:` line pe
                    "`request_timeout` when the deadline passed).")
 
 
-def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    """The error statuses a route can answer with, each in OpenAI's envelope."""
+ANTHROPIC_SSE_DESCRIPTION = (
+    "with `stream: true`: Server-Sent Events as Anthropic sends them, each an `event:` line "
+    "naming its type and a `data:` line with the event as JSON: message_start; for each "
+    "content block content_block_start, content_block_delta (text_delta or input_json_delta) "
+    "and content_block_stop; then message_delta and message_stop. An error after the stream "
+    "has begun comes as an `error` event in Anthropic's error shape.")
+ANTHROPIC_400 = ("Invalid request: Anthropic's error shape {type: error, error: {type, "
+                 "message}}, the message beginning with the field at fault.")
+
+
+def error_responses(*statuses: int, model: type[BaseModel] = ErrorResponse
+                    ) -> dict[int | str, dict[str, Any]]:
+    """The error statuses a route can answer with, each as `model` (OpenAI's envelope)."""
     out: dict[int | str, dict[str, Any]] = {}
     for status in statuses:
-        out[status] = {"model": ErrorResponse, "description": ERROR_DESCRIPTIONS[status]}
+        out[status] = {"model": model, "description": ERROR_DESCRIPTIONS[status]}
         if status in HEADER_DESCRIPTIONS:
             out[status]["headers"] = {
                 name: {"description": text, "schema": {"type": "string"}}
@@ -76,8 +90,37 @@ def sse_event(chunk: type[BaseModel]) -> dict[str, Any]:
     """One event of a stream (OpenAPI 3.2's way): its data is a JSON chunk, an error
     envelope, or the closing [DONE]."""
     return {"type": "object", "required": ["data"],
-            "properties": {"data": {"anyOf": [{"const": "[DONE]"}, json_of(chunk),
-                                              json_of(ErrorResponse)]}}}
+            "properties": {"data": {"anyOf": [{"const": "[DONE]"}, json_text(chunk),
+                                              json_text(ErrorResponse)]}}}
+
+
+def anthropic_error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """The error statuses an Anthropic route can answer with, each in Anthropic's shape."""
+    out = error_responses(*statuses, model=AnthropicErrorResponse)
+    if 400 in out:
+        out[400]["description"] = ANTHROPIC_400
+    return out
+
+
+def anthropic_responses(response: type[BaseModel],
+                        *statuses: int) -> dict[int | str, dict[str, Any]]:
+    """/v1/messages: one message as JSON, or Anthropic's named events; and its errors."""
+    def named(name: str, model: type[BaseModel]) -> dict[str, Any]:
+        return {"properties": {"event": {"const": name}, "data": json_text(model)}}
+
+    events = [named(m.model_fields["type"].default, m) for m in STREAM_EVENTS]
+    item = {"type": "object", "required": ["event", "data"],
+            "anyOf": [*events, named("error", AnthropicErrorResponse)]}
+    return {200: {"model": response,
+                  "description": "The message as one JSON body; or, " + ANTHROPIC_SSE_DESCRIPTION,
+                  "content": {"text/event-stream": {"itemSchema": item}}},
+            **anthropic_error_responses(400, 404, 413, 429, 500, 503, 504, *statuses)}
+
+
+def json_text(model: type[BaseModel]) -> dict[str, Any]:
+    """A string holding `model` as JSON (an event's data)."""
+    return {"type": "string", "contentMediaType": "application/json",
+            "contentSchema": {"$ref": f"#/components/schemas/{model.__name__}"}}
 
 
 def named_event_responses(response: type[BaseModel], events: list[type[BaseModel]],

@@ -1,5 +1,5 @@
-"""Who may call the server: API keys (`Authorization: Bearer`) and browsers from other
-origins (CORS).
+"""Who may call the server: API keys (`Authorization: Bearer KEY`, or `x-api-key: KEY` as
+Anthropic's clients send it) and browsers from other origins (CORS).
 
 Keys come from `--api-key` (repeatable) and from NANO_VLLM_API_KEY (several separated by
 commas). With none, every route is open. With some, every route needs one, except
@@ -20,18 +20,24 @@ from typing import Annotated, ClassVar
 from fastapi import FastAPI, Request, Security
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.params import Security as SecurityParam
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 
 from api.errors import APIError
 
 API_KEY_ENV = "NANO_VLLM_API_KEY"
 # Sent by our clients, and read back by them across origins.
-CORS_REQUEST_HEADERS = ["Authorization", "Content-Type", "X-Request-Id"]
+CORS_REQUEST_HEADERS = ["Authorization", "Content-Type", "X-Request-Id", "X-Api-Key",
+                        "Anthropic-Version", "Anthropic-Beta"]
 CORS_EXPOSED_HEADERS = ["X-Request-Id", "Retry-After", "Server-Timing"]
 
-# Declares the scheme in the OpenAPI document; the check itself is require_api_key's.
+# Declare the schemes (either will do) in the OpenAPI document; the check itself is
+# require_api_key's.
 bearer_scheme = HTTPBearer(auto_error=False, scheme_name="APIKey",
                            description="One of the server's --api-key keys.")
+api_key_header_scheme = APIKeyHeader(name="x-api-key", auto_error=False,
+                                     scheme_name="XAPIKey",
+                                     description="The same keys, as Anthropic's clients send "
+                                                 "them.")
 
 
 @dataclass(frozen=True)
@@ -43,8 +49,9 @@ class AccessConfig:
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--api-key", action="append", default=[], metavar="KEY",
-                            help="require 'Authorization: Bearer KEY'; repeat for several "
-                                 f"keys (also from ${API_KEY_ENV}, comma-separated)")
+                            help="require 'Authorization: Bearer KEY' (or 'x-api-key: KEY'); "
+                                 "repeat for several keys (also from "
+                                 f"${API_KEY_ENV}, comma-separated)")
         parser.add_argument("--protect-health-metrics", action="store_true",
                             help="with --api-key, /health and /metrics need a key too "
                                  "(default: they stay open)")
@@ -78,13 +85,20 @@ class APIKeyCheck:
         return bool(self._keys)
 
     def allows(self, authorization: str | None) -> bool:
+        """Whether an Authorization header carries a key (as a bearer token)."""
         if not self._keys:
             return True
         scheme, _, token = (authorization or "").partition(" ")
         if scheme.lower() != "bearer":
             return False
-        given = token.strip().encode()
-        matches = [hmac.compare_digest(given, key) for key in self._keys]  # no early exit
+        return self.allows_key(token)
+
+    def allows_key(self, key: str) -> bool:
+        """Whether `key` (from an x-api-key header or a query) is one of the keys."""
+        if not self._keys:
+            return True
+        given = key.strip().encode()
+        matches = [hmac.compare_digest(given, k) for k in self._keys]  # no early exit
         return any(matches)
 
 
@@ -97,14 +111,22 @@ class AuthenticationError(APIError):
 
 async def require_api_key(
         request: Request,
-        _: Annotated[HTTPAuthorizationCredentials | None, Security(bearer_scheme)]) -> None:
-    """The guard of every protected route: 401 in OpenAI's envelope without a valid key."""
+        _: Annotated[HTTPAuthorizationCredentials | None, Security(bearer_scheme)],
+        __: Annotated[str | None, Security(api_key_header_scheme)] = None) -> None:
+    """The guard of every protected route: 401 (in the route's error shape) without a valid
+    key in Authorization or x-api-key."""
     check: APIKeyCheck = request.app.state.api_key_check
     authorization = request.headers.get("authorization")
-    if check.allows(authorization):
+    api_key = request.headers.get("x-api-key")
+    if authorization is not None and check.allows(authorization):
         return
-    if not authorization:
-        raise AuthenticationError("No API key provided: send 'Authorization: Bearer KEY'.")
+    if api_key is not None and check.allows_key(api_key):
+        return
+    if not check.enabled:
+        return
+    if authorization is None and api_key is None:
+        raise AuthenticationError("No API key provided: send 'Authorization: Bearer KEY' "
+                                  "or 'x-api-key: KEY'.")
     raise AuthenticationError("Incorrect API key provided.")
 
 
@@ -113,9 +135,9 @@ async def require_api_key_or_query(request: Request) -> None:
     header when it loads a page or opens an EventSource, so the key may also come as
     `?api_key=KEY` (it then shows in the URL: use it only over a trusted connection)."""
     key = request.query_params.get("api_key")
-    if key is not None and request.app.state.api_key_check.allows(f"Bearer {key}"):
+    if key is not None and request.app.state.api_key_check.allows_key(key):
         return
-    await require_api_key(request, None)
+    await require_api_key(request, None, None)
 
 
 def guard(app: FastAPI, guarded: bool = True, browser: bool = False) -> list[SecurityParam]:

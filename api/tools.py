@@ -134,12 +134,15 @@ def read_tools(value: list[Any]) -> list[FunctionTool]:
     return read_functions(functions, "tools")
 
 
-def read_functions(value: list[Any], field: str) -> list[FunctionTool]:
+def read_functions(value: list[Any], field: str,
+                   schema_key: str = "parameters") -> list[FunctionTool]:
+    """Each function's name, description and arguments' schema (under `schema_key`: Anthropic
+    calls it input_schema)."""
     tools: list[FunctionTool] = []
     for i, function in enumerate(value):
         where = f"{field}[{i}]"
         if not isinstance(function, dict):
-            raise APIError(f"{where} must be a function: {{name, description, parameters}}.",
+            raise APIError(f"{where} must be a function: {{name, description, {schema_key}}}.",
                            field)
         name = function.get("name")
         if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
@@ -150,24 +153,25 @@ def read_functions(value: list[Any], field: str) -> list[FunctionTool]:
         description = function.get("description")
         if description is not None and not isinstance(description, str):
             raise APIError(f"{where}'s description must be a string.", field)
-        tools.append(FunctionTool(name, description,
-                                  parameters_schema(function.get("parameters"), where, field)))
+        tools.append(FunctionTool(name, description, parameters_schema(
+            function.get(schema_key), f"{where}'s {schema_key}", field)))
     return tools
 
 
 def parameters_schema(schema: Any, where: str, field: str) -> dict[str, Any]:
-    """A function's parameters: a valid JSON schema of an object (none: no arguments)."""
+    """A function's parameters (`where`: e.g. "tools[0]'s parameters"): a valid JSON schema
+    of an object (none: no arguments)."""
     if schema is None:
         return {"type": "object", "properties": {}, "additionalProperties": False}
     if not isinstance(schema, dict):
-        raise APIError(f"{where}'s parameters must be a JSON schema (an object).", field)
+        raise APIError(f"{where} must be a JSON schema (an object).", field)
     try:
         validator_for(schema).check_schema(schema)
     except SchemaError as exc:
-        raise APIError(f"{where}'s parameters are not a valid JSON schema: {exc.message}.",
+        raise APIError(f"{where} is not a valid JSON schema: {exc.message}.",
                        field) from exc
     if schema.get("type", "object") != "object":
-        raise APIError(f"{where}'s parameters must describe an object (type: object).", field)
+        raise APIError(f"{where} must describe an object (type: object).", field)
     return {**copy.deepcopy(schema), "type": "object"}
 
 

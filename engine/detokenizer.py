@@ -29,6 +29,7 @@ class IncrementalDetokenizer:
         self.text = ""  # all output text so far (cut at a stop string once found)
         self.emitted = 0  # characters of self.text already handed out
         self.stopped = False
+        self.matched_stop: str | None = None  # the stop string that ended the text
 
     def add(self, token_ids: Sequence[int]) -> None:
         """token_ids is the whole sequence (prompt + output) after a new token."""
@@ -45,9 +46,10 @@ class IncrementalDetokenizer:
                 self._find_stop(start)
 
     def _find_stop(self, search_from: int) -> None:
-        hits = [i for i in (self.text.find(s, search_from) for s in self.stop) if i >= 0]
+        hits = [(i, s) for s in self.stop if (i := self.text.find(s, search_from)) >= 0]
         if hits:
-            self.text = self.text[:min(hits)]
+            at, self.matched_stop = min(hits, key=lambda hit: hit[0])  # the first to appear
+            self.text = self.text[:at]
             self.stopped = True
 
     def take(self, final: bool) -> str:

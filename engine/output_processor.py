@@ -79,7 +79,7 @@ class OutputProcessor:
             request.request_id, text, new_token_ids or [], finished=True, finish_reason=reason,
             error=error, error_code=code, cumulative_logprob=(request.cumulative_logprob
                                 if request.params.logprobs is not None else None),
-            timing=timing_of(request))
+            timing=timing_of(request), stop_string=tracked.detok.matched_stop)
         if request.params.logprobs is not None and logprobs is None:
             logprobs = []
         self._send(request, output, logprobs)

@@ -105,6 +105,7 @@ class RequestOutput:
     prompt_logprobs: list[TokenLogprobs | None] | None = None
     cumulative_logprob: float | None = None  # final output, when logprobs were kept
     timing: RequestTiming | None = None  # final output
+    stop_string: str | None = None  # final output: the stop string that ended it, if one did
 
 
 @dataclass(eq=False)

@@ -58,7 +58,18 @@ def test_document_is_honest(fuzz_server):
     assert set(paths["/metrics"]["get"]["responses"]["200"]["content"]) == {"text/plain"}
     assert "401" not in paths["/metrics"]["get"]["responses"]  # open without the flag
     assert doc["components"]["securitySchemes"]["APIKey"]["scheme"] == "bearer"
-    assert paths["/v1/models"]["get"]["security"] == [{"APIKey": []}]
+    # Either scheme will do: a bearer token, or x-api-key (Anthropic's clients).
+    assert paths["/v1/models"]["get"]["security"] == [{"APIKey": []}, {"XAPIKey": []}]
+    assert doc["components"]["securitySchemes"]["XAPIKey"]["name"] == "x-api-key"
+    # Anthropic's route: its error shape and its named events.
+    messages = paths["/v1/messages"]["post"]["responses"]
+    for status in ("400", "401", "404", "429", "503"):
+        schema = messages[status]["content"]["application/json"]["schema"]
+        assert schema == {"$ref": "#/components/schemas/AnthropicErrorResponse"}
+    events = messages["200"]["content"]["text/event-stream"]["itemSchema"]["anyOf"]
+    assert {e["properties"]["event"]["const"] for e in events} == {
+        "message_start", "content_block_start", "content_block_delta", "content_block_stop",
+        "message_delta", "message_stop", "error"}
 
 
 # Bodies the server refuses with a 400, which the document must refuse too (and one each it
@@ -82,6 +93,10 @@ REFUSED_BY_THE_DOCUMENT = [
     ("TokenizeRequest", {"prompt": None, "messages": None}, {"prompt": "Hi", "messages": None}),
     ("DetokenizeRequest", {"tokens": [-1]}, {"tokens": [0, 49151]}),
     ("DetokenizeRequest", {"tokens": [49152]}, {"tokens": [7.0]}),
+    ("MessagesRequest", {"model": "default", "messages": [{"role": "user", "content": "Hi"}]},
+     {"model": "default", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}),
+    ("CountTokensRequest", {"model": "default", "messages": []},
+     {"model": "default", "messages": [{"role": "user", "content": "Hi"}]}),
 ]
 
 
@@ -102,7 +117,8 @@ def test_document_states_what_the_server_refuses(fuzz_server, name, refused, all
 
 
 PATHS = {"CompletionRequest": "/v1/completions", "ChatCompletionRequest": "/v1/chat/completions",
-         "TokenizeRequest": "/tokenize", "DetokenizeRequest": "/detokenize"}
+         "TokenizeRequest": "/tokenize", "DetokenizeRequest": "/detokenize",
+         "MessagesRequest": "/v1/messages", "CountTokensRequest": "/v1/messages/count_tokens"}
 
 
 def test_schemathesis_finds_nothing(fuzz_server):

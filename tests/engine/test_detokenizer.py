@@ -42,7 +42,7 @@ def test_a_stop_string_split_over_tokens_ends_the_text_before_it(tokenizer):
     assert "STOPWORD" not in stop_tokens and " STOPWORD" not in stop_tokens  # really split
     deltas, detok = feed(tokenizer, prompt, output, ["STOPWORD"])
     print("deltas:", deltas)
-    assert detok.stopped
+    assert detok.stopped and detok.matched_stop == "STOPWORD"
     assert "".join(deltas) == " one two three "
     # Nothing that could begin the stop string was handed out before the end.
     assert "S" not in "".join(deltas[:-1])
@@ -56,3 +56,14 @@ def test_text_is_held_back_only_as_long_as_the_longest_stop_string(tokenizer):
     assert not detok.stopped
     assert "".join(deltas) == " alpha beta gamma"
     assert len(deltas[-1]) <= len("xyz!") - 1  # all but the last 3 characters came earlier
+
+
+def test_the_stop_string_that_appears_first_is_the_one_matched(tokenizer):
+    prompt = tokenizer("Go:").input_ids
+    output = tokenizer(" red green blue", add_special_tokens=False).input_ids
+    deltas, detok = feed(tokenizer, prompt, output, ["blue", "green"])
+    print("deltas:", deltas, "matched:", detok.matched_stop)
+    assert detok.matched_stop == "green"  # listed second, but it comes first in the text
+    assert "".join(deltas) == " red "
+    _, unstopped = feed(tokenizer, prompt, output, ["xyz"])
+    assert unstopped.matched_stop is None

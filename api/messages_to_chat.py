@@ -1,0 +1,181 @@
+"""An Anthropic Messages body as the chat request /v1/chat/completions runs: the one place
+where Anthropic's terms become OpenAI's, so that the same chat rendering, tool grammar and
+call parsing serve both.
+
+- `system` becomes the system turn; a user message's text blocks a user turn, each of its
+  tool_result blocks a tool message (is_error shown as "Error: " before the content); an
+  assistant message's text its content and its tool_use blocks its tool_calls. Several text
+  blocks in a row are joined by newlines.
+- `tools` become function tools (input_schema as parameters); tool_choice `auto` stays auto,
+  `any` is required, `tool` a named choice, `none` none; disable_parallel_tool_use is
+  parallel_tool_calls false.
+- `stop_sequences` is stop; max_tokens, temperature, top_p, top_k and stream keep their names.
+
+Everything is checked here in Anthropic's terms (messages[1].content[0], tool_use_id,
+input_schema), so the chat path's own checks never see a malformed history.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from api.errors import APIError
+from api.protocol import ChatCompletionRequest
+from api.protocol_messages import (
+    CountTokensRequest,
+    MessagesRequest,
+    TextBlock,
+    ToolChoice,
+    ToolChoiceAny,
+    ToolChoiceNone,
+    ToolChoiceTool,
+    ToolDefinition,
+    ToolResultBlock,
+    ToolUseBlock,
+    UnreadBlock,
+)
+from api.tools import read_functions
+
+READ_BLOCKS = "this server reads text, tool_use and tool_result blocks only"
+
+
+def to_chat(body: CountTokensRequest) -> ChatCompletionRequest:
+    """The chat request for `body` (a count_tokens body has no sampling fields); APIError
+    naming the field for anything refused or malformed."""
+    body.check_supported()
+    fields: dict[str, Any] = {"model": body.model, "messages": chat_messages(body)}
+    if body.tools:
+        fields["tools"] = chat_tools(body.tools)
+    fields["tool_choice"], fields["parallel_tool_calls"] = chat_tool_choice(body.tool_choice,
+                                                                            body.tools or [])
+    if isinstance(body, MessagesRequest):
+        if body.max_tokens < 1:
+            raise APIError("max_tokens must be at least 1.", "max_tokens")
+        if any(not s for s in body.stop_sequences or []):
+            raise APIError("stop_sequences must not contain empty strings.", "stop_sequences")
+        fields.update(max_tokens=body.max_tokens, stream=body.stream, stop=body.stop_sequences,
+                      temperature=body.temperature, top_p=body.top_p, top_k=body.top_k)
+    return ChatCompletionRequest.model_validate({k: v for k, v in fields.items()
+                                                 if v is not None})
+
+
+def chat_messages(body: CountTokensRequest) -> list[dict[str, Any]]:
+    """The system turn and every message, as chat messages."""
+    rendered: list[dict[str, Any]] = []
+    if body.system:
+        system = body.system if isinstance(body.system, str) else joined(body.system)
+        rendered.append({"role": "system", "content": system})
+    calls: set[str] = set()  # the ids of the tool_use blocks so far
+    for i, message in enumerate(body.messages):
+        where = f"messages[{i}]"
+        blocks = ([TextBlock(type="text", text=message.content)]
+                  if isinstance(message.content, str) else message.content)
+        if not blocks:
+            raise APIError(f"{where}.content must not be empty.", "messages")
+        for j, block in enumerate(blocks):
+            check_block(block, message.role, f"{where}.content[{j}]", calls)
+        if message.role == "assistant":
+            rendered.append(assistant_message(blocks))
+        else:
+            rendered += user_messages(blocks)
+    if body.messages[-1].role == "assistant":
+        raise APIError("The last message must be the user's: continuing a final assistant "
+                       "message (prefill) is not supported.", "messages")
+    return rendered
+
+
+def check_block(block: Any, role: str, where: str, calls: set[str]) -> None:
+    """A block this role may send, every tool_result answering an earlier tool_use (whose id
+    `calls` collects)."""
+    if isinstance(block, UnreadBlock):
+        raise APIError(f"{where} is a block of type {block.type!r}; {READ_BLOCKS}.",
+                       "messages")
+    if isinstance(block, ToolUseBlock):
+        if role != "assistant":
+            raise APIError(f"{where}: tool_use blocks belong in assistant messages.",
+                           "messages")
+        if block.id in calls:
+            raise APIError(f"{where}: two tool_use blocks have the id {block.id!r}.",
+                           "messages")
+        calls.add(block.id)
+    if isinstance(block, ToolResultBlock):
+        if role != "user":
+            raise APIError(f"{where}: tool_result blocks belong in user messages.", "messages")
+        if block.tool_use_id not in calls:
+            raise APIError(f"{where}'s tool_use_id {block.tool_use_id!r} matches no tool_use "
+                           "block of an earlier assistant message.", "messages")
+        for k, part in enumerate(block.content if isinstance(block.content, list) else []):
+            if isinstance(part, UnreadBlock):
+                raise APIError(f"{where}.content[{k}] is a block of type {part.type!r}; "
+                               "tool results are read as text only.", "messages")
+
+
+def joined(blocks: list[Any]) -> str:
+    return "\n".join(block.text for block in blocks)
+
+
+def user_messages(blocks: list[Any]) -> list[dict[str, Any]]:
+    """Each run of text blocks as a user turn, each tool_result as a tool message."""
+    messages: list[dict[str, Any]] = []
+    texts: list[TextBlock] = []
+    for block in [*blocks, None]:  # None: the end, which closes the last run of text
+        if isinstance(block, TextBlock):
+            texts.append(block)
+            continue
+        if texts:
+            messages.append({"role": "user", "content": joined(texts)})
+            texts = []
+        if isinstance(block, ToolResultBlock):
+            content = (block.content if isinstance(block.content, str)
+                       else joined(block.content or []))
+            if block.is_error:
+                content = f"Error: {content}"
+            messages.append({"role": "tool", "tool_call_id": block.tool_use_id,
+                             "content": content})
+    return messages
+
+
+def assistant_message(blocks: list[Any]) -> dict[str, Any]:
+    texts = [block for block in blocks if isinstance(block, TextBlock)]
+    calls = [{"id": block.id, "type": "function",
+              "function": {"name": block.name, "arguments": json.dumps(block.input)}}
+             for block in blocks if isinstance(block, ToolUseBlock)]
+    message: dict[str, Any] = {"role": "assistant", "content": joined(texts) if texts else None}
+    if calls:
+        message["tool_calls"] = calls
+    return message
+
+
+def chat_tools(tools: list[ToolDefinition]) -> list[dict[str, Any]]:
+    """Function tools, checked in Anthropic's terms (input_schema) first."""
+    described = [{"name": t.name, "description": t.description, "input_schema": t.input_schema}
+                 for t in tools]
+    read_functions(described, "tools", schema_key="input_schema")
+    functions = []
+    for tool in tools:
+        function: dict[str, Any] = {"name": tool.name, "parameters": tool.input_schema}
+        if tool.description is not None:
+            function["description"] = tool.description
+        functions.append({"type": "function", "function": function})
+    return functions
+
+
+def chat_tool_choice(choice: ToolChoice | None,
+                     tools: list[ToolDefinition]) -> tuple[Any, bool | None]:
+    """tool_choice and parallel_tool_calls in chat's terms."""
+    if choice is None:
+        return None, None
+    if isinstance(choice, ToolChoiceNone):
+        return "none", None
+    parallel = False if choice.disable_parallel_tool_use else None
+    if isinstance(choice, ToolChoiceAny | ToolChoiceTool) and not tools:
+        raise APIError(f"tool_choice {choice.type!r} needs at least one tool in tools.",
+                       "tool_choice")
+    if isinstance(choice, ToolChoiceTool):
+        if all(tool.name != choice.name for tool in tools):
+            names = ", ".join(tool.name for tool in tools)
+            raise APIError(f"tool_choice names the tool {choice.name!r}, which is not among "
+                           f"the tools ({names}).", "tool_choice")
+        return {"type": "function", "function": {"name": choice.name}}, parallel
+    return ("required" if isinstance(choice, ToolChoiceAny) else "auto"), parallel

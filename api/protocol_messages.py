@@ -1,0 +1,145 @@
+"""Anthropic Messages API request bodies (/v1/messages and /v1/messages/count_tokens), as
+far as we serve them: strict types for the fields we read. api/messages_to_chat.py turns a
+body into the chat request that /v1/chat/completions would run.
+
+Content blocks are typed (extra keys are a 400, not dropped); the kinds this server cannot
+read (images, documents, thinking, server tools' blocks) parse as UnreadBlock, which the
+translation refuses by name. Fields not declared here are kept (in model_extra) for
+api/field_policy.py to judge.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import ConfigDict, Field
+
+from api.field_policy import COUNT_TOKENS, MESSAGES, check_fields
+from api.protocol import APIModel
+
+
+class Block(APIModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+    cache_control: dict | None = None  # no effect: the prefix cache needs no breakpoints
+
+
+class TextBlock(Block):
+    type: Literal["text"]
+    text: str
+    citations: list[dict] | None = None  # where an earlier answer's text came from: not shown
+
+
+class ToolUseBlock(Block):
+    """An earlier call of the assistant's."""
+
+    type: Literal["tool_use"]
+    id: str = Field(min_length=1)
+    name: str
+    input: dict[str, Any]
+
+
+class UnreadBlock(APIModel):
+    """A block this server cannot read; refused, naming its type."""
+
+    model_config = ConfigDict(strict=True, extra="allow")
+    type: Literal["image", "document", "search_result", "thinking", "redacted_thinking",
+                  "server_tool_use", "web_search_tool_result", "web_fetch_tool_result",
+                  "code_execution_tool_result", "container_upload", "tool_reference"]
+
+
+ResultContentBlock = Annotated[TextBlock | UnreadBlock, Field(discriminator="type")]
+
+
+class ToolResultBlock(Block):
+    """The user's answer to an earlier tool_use."""
+
+    type: Literal["tool_result"]
+    tool_use_id: str = Field(min_length=1)
+    content: str | list[ResultContentBlock] | None = None
+    is_error: bool | None = None  # shown to the model as "Error: " before the content
+
+
+ContentBlock = Annotated[TextBlock | ToolUseBlock | ToolResultBlock | UnreadBlock,
+                         Field(discriminator="type")]
+
+
+class InputMessage(APIModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+    role: Literal["user", "assistant"]
+    content: str | list[ContentBlock]
+
+
+class ToolDefinition(APIModel):
+    """A client tool; server tools (web search and the like) are not offered."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+    name: str
+    description: str | None = None
+    input_schema: dict[str, Any]
+    type: Literal["custom"] | None = None
+    cache_control: dict | None = None  # no effect
+    strict: bool | None = None  # calls always validate against input_schema (a grammar)
+
+
+class ToolChoiceAuto(APIModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+    type: Literal["auto"]
+    disable_parallel_tool_use: bool | None = None
+
+
+class ToolChoiceAny(APIModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+    type: Literal["any"]
+    disable_parallel_tool_use: bool | None = None
+
+
+class ToolChoiceTool(APIModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+    type: Literal["tool"]
+    name: str
+    disable_parallel_tool_use: bool | None = None
+
+
+class ToolChoiceNone(APIModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+    type: Literal["none"]
+
+
+ToolChoice = Annotated[ToolChoiceAuto | ToolChoiceAny | ToolChoiceTool | ToolChoiceNone,
+                       Field(discriminator="type")]
+
+
+class CountTokensRequest(APIModel):
+    """What shapes the prompt: the body of /v1/messages/count_tokens."""
+
+    model_config = ConfigDict(strict=True, extra="allow")
+    ENDPOINT: ClassVar[str] = COUNT_TOKENS
+
+    model: str
+    messages: list[InputMessage] = Field(min_length=1)
+    system: str | list[TextBlock] | None = None
+    tools: list[ToolDefinition] | None = None
+    tool_choice: ToolChoice | None = None
+
+    def sent_fields(self) -> dict[str, Any]:
+        """Every field the body was sent with, declared or not, and its value."""
+        sent = {name: getattr(self, name) for name in self.model_fields_set}
+        return {**sent, **(self.model_extra or {})}
+
+    def check_supported(self) -> None:
+        """A 400 for a field this endpoint refuses; a logged warning for an unknown one."""
+        check_fields(self.ENDPOINT, self.sent_fields())
+
+
+class MessagesRequest(CountTokensRequest):
+    """The body of /v1/messages."""
+
+    ENDPOINT: ClassVar[str] = MESSAGES
+
+    max_tokens: int  # required, as Anthropic requires it
+    stream: bool = False
+    stop_sequences: list[str] | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    metadata: dict | None = None  # no effect

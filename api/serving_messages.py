@@ -1,0 +1,183 @@
+"""POST /v1/messages and /v1/messages/count_tokens: Anthropic's Messages API over the chat
+path. The body becomes a chat request (api/messages_to_chat.py) and runs as chat
+completions run (rendering, tool grammar, call parsing: ChatServing's); only the answer's
+shapes are Anthropic's (api/responses_messages.py).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+
+from fastapi import Request
+from fastapi.responses import Response
+from pydantic import BaseModel
+from starlette.concurrency import run_in_threadpool
+
+from api.job import Job
+from api.messages_to_chat import to_chat
+from api.protocol import ChatCompletionRequest
+from api.protocol_messages import CountTokensRequest, MessagesRequest
+from api.responses_messages import (
+    ContentBlockDeltaEvent,
+    ContentBlockStartEvent,
+    ContentBlockStopEvent,
+    InputJSONDelta,
+    MessageDelta,
+    MessageDeltaEvent,
+    MessageDeltaUsage,
+    MessageResponse,
+    MessageStartEvent,
+    MessageStopEvent,
+    MessageUsage,
+    StopReason,
+    TextContent,
+    TextDelta,
+    TokenCount,
+    ToolUseContent,
+    anthropic_error_body,
+)
+from api.serving import failure
+from api.serving_chat import ChatServing
+from api.tool_calls import CallStream, is_call_text, scan
+from engine.request import FinishReason, RequestOutput
+
+
+def event(message: BaseModel) -> dict[str, str]:
+    """One SSE event, named by its type as Anthropic's are."""
+    return {"event": message.type, "data": message.model_dump_json()}  # type: ignore[attr-defined]
+
+
+def new_tool_use_id() -> str:
+    return f"toolu_{uuid.uuid4().hex[:24]}"
+
+
+def stop_reason(last: RequestOutput, calls: bool) -> tuple[StopReason, str | None]:
+    """Why the answer ended, and the stop sequence that ended it, if one did."""
+    if last.finish_reason == FinishReason.LENGTH:
+        return "max_tokens", None
+    if last.stop_string is not None:
+        return "stop_sequence", last.stop_string
+    return ("tool_use" if calls else "end_turn"), None
+
+
+class MessagesServing(ChatServing):
+    request_id_prefix = "msg"
+
+    async def create_message(self, body: MessagesRequest, http_request: Request) -> Response:
+        return await self.create(to_chat(body), http_request)
+
+    async def count_tokens(self, body: CountTokensRequest) -> TokenCount:
+        """The rendered prompt's tokens, tools included, as /v1/messages would run it."""
+        chat = to_chat(body)
+        self.check_model(chat)
+        prompts = await run_in_threadpool(self.prompts, chat)
+        return TokenCount(input_tokens=len(prompts[0].token_ids))
+
+    @staticmethod
+    def message_id(job: Job) -> str:
+        return "msg_" + job.response_id.removeprefix(f"{MessagesServing.request_id_prefix}-")
+
+    def response(self, job: Job, body: ChatCompletionRequest) -> MessageResponse:
+        sample = job.samples[0, 0]
+        assert sample.last is not None
+        calls = self.tool_calls(body, sample.text)
+        content: list[TextContent | ToolUseContent]
+        if calls:
+            content = [ToolUseContent(id=new_tool_use_id(), name=call.function.name,
+                                      input=json.loads(call.function.arguments))
+                       for call in calls]
+        else:
+            content = [TextContent(text=sample.text)] if sample.text else []
+        reason, sequence = stop_reason(sample.last, calls is not None)
+        return self.message(job, content, reason, sequence, sample.num_output_tokens)
+
+    def message(self, job: Job, content: list[TextContent | ToolUseContent],
+                reason: StopReason | None, sequence: str | None,
+                output_tokens: int) -> MessageResponse:
+        return MessageResponse(id=self.message_id(job), content=content, model=job.model,
+                               stop_reason=reason, stop_sequence=sequence,
+                               usage=MessageUsage(input_tokens=len(job.prompts[0].token_ids),
+                                                  output_tokens=output_tokens))
+
+    async def events(self, job: Job, body: ChatCompletionRequest,
+                     http_request: Request) -> AsyncIterator[dict[str, str]]:
+        """message_start, each block's start, deltas and stop, message_delta, message_stop;
+        an `error` event (Anthropic's shape) if the request fails on the way."""
+        yield event(MessageStartEvent(message=self.message(job, [], None, None, 0)))
+        blocks = BlockStream(self.may_call(body))
+        async with aclosing(self.outputs(job, http_request)) as outputs:
+            async for prompt_index, output in outputs:
+                if output.error:
+                    error = failure(output)
+                    body_json = anthropic_error_body(error.status, error.message, error.param)
+                    yield {"event": "error", "data": body_json.model_dump_json()}
+                    return
+                sample = job.record(prompt_index, output)
+                for block_event in blocks.advance(sample.text, output.text):
+                    yield event(block_event)
+        if not job.done:
+            return  # the client left
+        sample = job.samples[0, 0]
+        assert sample.last is not None
+        for block_event in blocks.close():
+            yield event(block_event)
+        calls = blocks.calling and scan(sample.text).complete
+        reason, sequence = stop_reason(sample.last, calls)
+        yield event(MessageDeltaEvent(delta=MessageDelta(stop_reason=reason,
+                                                         stop_sequence=sequence),
+                                      usage=MessageDeltaUsage(
+                                          output_tokens=sample.num_output_tokens)))
+        yield event(MessageStopEvent())
+
+
+class BlockStream:
+    """One streamed answer's content blocks: a text block, or one tool_use block per call
+    (read from the calls' text by CallStream, as chat's streamed tool calls are)."""
+
+    def __init__(self, may_call: bool) -> None:
+        self.may_call = may_call
+        self.calls = CallStream()
+        self.open: int | None = None  # the index of the block still open
+        self.started = 0  # blocks started so far
+        self.calling = False  # the answer is calls
+
+    def advance(self, text: str, new_text: str) -> list[BaseModel]:
+        """The events that bring the client up to `text` (the answer so far; `new_text`
+        its newest piece)."""
+        if self.may_call and is_call_text(text) is not False:
+            self.calling = bool(text)
+            return self.call_events(text)
+        if not new_text:
+            return []
+        events: list[BaseModel] = []
+        if self.open is None:
+            events.append(self.start(TextContent(text="")))
+        events.append(ContentBlockDeltaEvent(index=self.open, delta=TextDelta(text=new_text)))
+        return events
+
+    def call_events(self, text: str) -> list[BaseModel]:
+        events: list[BaseModel] = []
+        for entry in self.calls.deltas(text):
+            if "id" in entry:  # a call's first entry: its name
+                events += self.close()
+                events.append(self.start(ToolUseContent(
+                    id=new_tool_use_id(), name=entry["function"]["name"], input={})))
+            else:
+                events.append(ContentBlockDeltaEvent(index=entry["index"], delta=InputJSONDelta(
+                    partial_json=entry["function"]["arguments"])))
+        return events
+
+    def start(self, block: TextContent | ToolUseContent) -> ContentBlockStartEvent:
+        self.open = self.started
+        self.started += 1
+        return ContentBlockStartEvent(index=self.open, content_block=block)
+
+    def close(self) -> list[BaseModel]:
+        """The open block's stop, if one is open."""
+        if self.open is None:
+            return []
+        index, self.open = self.open, None
+        return [ContentBlockStopEvent(index=index)]
