@@ -26,6 +26,9 @@ then decodes one token for every seated request in one batched forward pass. Eve
 else is the engine's own code: BatchEngine drives a BaselineEngineCore through the same
 `EngineCore` protocol as the paged core (engine/core.py), so the request queue, aborts and
 timeouts, sampling, stop conditions, detokenization, metrics and the HTTP app are shared.
+The process layout is shared too: by default the core runs in an engine core process of
+its own behind the same front end (engine/core_client.py), `--no-engine-process` keeps it
+on a thread of the server's process, so a comparison with server.py isolates the core.
 """
 
 from __future__ import annotations
@@ -316,7 +319,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main() -> int:
-    return run_server(__doc__, "nano-vLLM BASELINE", BaselineEngineCore,
+    return run_server(__doc__, "nano-vLLM BASELINE", "baseline_server:BaselineEngineCore",
                       fixed={"matmul": "torch", "fused_ops": False, "weights": "default",
                              "scheduling_policy": "fcfs"}, args=parse_args())
 

@@ -17,8 +17,8 @@ from api.engine_client import ServedEngine
 from api.security import AccessConfig
 from engine.batch_engine import load_engine
 from engine.config import EngineConfig
-from engine.core import EngineCore, PagedEngineCore
 from engine.core_client import EngineProcessClient, EngineStartError
+from engine.core_process import PAGED_CORE, core_class_at
 from model.prepare import MODEL_NAME, ModelPreparationError
 from model.quantized import QuantizedKernelUnavailable
 
@@ -31,13 +31,14 @@ def build_parser(description: str | None) -> argparse.ArgumentParser:
                         help="name clients use in 'model' (default: the model folder's name)")
     EngineConfig.add_cli_args(parser)
     parser.add_argument("--engine-process", action=argparse.BooleanOptionalAction,
-                        default=False,
+                        default=True,
                         help="run the engine core in a process of its own, so that it does "
-                             "not share the GIL with the HTTP server (the dashboard's live "
-                             "view is then unavailable)")
+                             "not share the GIL with the HTTP server (the default); "
+                             "--no-engine-process runs it on a thread of the server's "
+                             "process, for debugging")
     parser.add_argument("--engine-cpus", default=None,
-                        help="with --engine-process: CPU ids to pin the core process to, "
-                             "e.g. 0,1 (default: every CPU the server may use)")
+                        help="CPU ids to pin the engine core process to, e.g. 0,1 "
+                             "(default: every CPU the server may use)")
     AccessConfig.add_cli_args(parser)
     limits.add_cli_args(parser)
     lifecycle.add_cli_args(parser)
@@ -83,13 +84,12 @@ def given_flags(description: str | None, argv: Sequence[str] | None = None) -> d
     return vars(parser.parse_args(argv))
 
 
-def run_server(description: str | None, title: str = "nano-vLLM",
-               core_class: type[EngineCore] = PagedEngineCore,
+def run_server(description: str | None, title: str = "nano-vLLM", core: str = PAGED_CORE,
                fixed: dict[str, object] | None = None,
                args: argparse.Namespace | None = None) -> int:
-    """Parse the CLI (unless `args` come parsed), load the model into an engine, serve until
-    stopped. `fixed` sets config fields whatever the flags say (the baseline keeps PyTorch's
-    model math)."""
+    """Parse the CLI (unless `args` come parsed), load the model into an engine around the
+    core class at `core` ("module:Class"), serve until stopped. `fixed` sets config fields
+    whatever the flags say (the baseline keeps PyTorch's model math)."""
     if args is None:
         args = build_parser(description).parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -97,7 +97,7 @@ def run_server(description: str | None, title: str = "nano-vLLM",
         config = replace(EngineConfig.from_args(args), **(fixed or {}))
         access = AccessConfig.from_args(args)
         limits.check_max_request_bytes(args.max_request_bytes)
-        engine = build_engine(config, args, core_class)
+        engine = build_engine(config, args, core)
     except (ModelPreparationError, ValueError, QuantizedKernelUnavailable,
             EngineStartError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -107,20 +107,15 @@ def run_server(description: str | None, title: str = "nano-vLLM",
     return serve(engine, args, served_name(args), access)
 
 
-def build_engine(config: EngineConfig, args: argparse.Namespace,
-                 core_class: type[EngineCore]) -> ServedEngine:
-    """The engine on a thread of this process, or (--engine-process) the client of a core
-    process; ValueError for a combination that cannot run."""
-    if not args.engine_process:
-        if args.engine_cpus is not None:
-            raise ValueError("--engine-cpus pins the engine core process: it needs "
-                             "--engine-process")
-        return load_engine(config, core_class)
-    if core_class is not PagedEngineCore:
-        raise ValueError("--engine-process runs nano-vLLM's own engine core only")
-    logging.getLogger("nano_vllm.server").warning(
-        "--engine-process: the dashboard's live view (/dashboard) is not available")
-    return EngineProcessClient(config, args.engine_cpus)
+def build_engine(config: EngineConfig, args: argparse.Namespace, core: str) -> ServedEngine:
+    """The client of an engine core process, or (--no-engine-process) the engine on a thread
+    of this process; ValueError for a combination that cannot run."""
+    if args.engine_process:
+        return EngineProcessClient(config, args.engine_cpus, core=core)
+    if args.engine_cpus is not None:
+        raise ValueError("--engine-cpus pins the engine core process, which "
+                         "--no-engine-process does without")
+    return load_engine(config, core_class_at(core))
 
 
 def main() -> int:

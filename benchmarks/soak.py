@@ -14,7 +14,8 @@ Then, once the server is idle, it checks:
 - no KV block leaked: none used, free + cached-free = total;
 - /metrics agrees with the client: finished requests by reason equal the client's counts
   (length = completed, abort = dropped streams, error = errors seen);
-- the server's resident memory grew less than --rss-bound-mib from the end of the warm-up
+- the server's resident memory (its process and the engine core process beside it) grew
+  less than --rss-bound-mib from the end of the warm-up
   (the first --warmup seconds of traffic) to the end; traffic that ends within the warm-up
   measures nothing, which fails;
 - SIGTERM then drains it and it exits 0 with nothing in flight.
@@ -290,8 +291,29 @@ def scrape(url: str) -> dict[str, float]:
 
 
 def rss_mib(pid: int) -> float:
-    status = Path(f"/proc/{pid}/status").read_text()
-    return int(re.search(r"VmRSS:\s+(\d+) kB", status)[1]) / 1024
+    """The resident memory of `pid` and its child processes (the engine core's)."""
+    total = 0.0
+    for child in [pid, *children(pid)]:
+        try:
+            status = Path(f"/proc/{child}/status").read_text()
+        except FileNotFoundError:  # exited meanwhile
+            continue
+        found = re.search(r"VmRSS:\s+(\d+) kB", status)
+        total += int(found[1]) / 1024 if found else 0.0
+    return total
+
+
+def children(pid: int) -> list[int]:
+    """The ids of `pid`'s child processes (from each process's parent id in /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
 
 
 def wait_idle(url: str, timeout: float = 60) -> dict[str, float]:

@@ -8,7 +8,9 @@ comparison).
 
 from __future__ import annotations
 
+import argparse
 import shlex
+from collections.abc import Sequence
 from typing import Any
 
 from ray import serve
@@ -23,6 +25,19 @@ from engine.config import EngineConfig
 ROUTERS = ("prefix", "power-of-two")
 HEALTH_CHECK_PERIOD_S = 2.0
 HEALTH_CHECK_TIMEOUT_S = 30.0
+IN_PROCESS = ("each replica runs its engine on a thread of its own Ray actor process, which "
+              "Ray places, counts and health-checks")
+
+
+def replica_engine_config(args: argparse.Namespace, argv: Sequence[str]) -> EngineConfig:
+    """server.py's engine flags (`args`, parsed from `argv`) for every replica, with the
+    in-process defaults (--single-thread-below 16); ValueError for the flags of an engine
+    core process, which replicas do not start."""
+    for flag in ("--engine-process", "--engine-cpus"):
+        if any(arg == flag or arg.startswith(flag + "=") for arg in argv):
+            raise ValueError(f"{flag} is not supported by the Ray replicas: {IN_PROCESS}")
+    args.engine_process = False
+    return EngineConfig.from_args(args)
 
 
 def build_app(config: EngineConfig, model_name: str, replicas: int = 2,
@@ -62,6 +77,7 @@ def app_builder(args: dict[str, str]) -> Application:
     unknown = set(args) - {"replicas", "router", "engine_args"}
     if unknown:
         raise ValueError(f"unknown application args: {', '.join(sorted(unknown))}")
-    engine_args = build_parser(None).parse_args(shlex.split(args.get("engine_args", "")))
-    return build_app(EngineConfig.from_args(engine_args), served_name(engine_args),
+    argv = shlex.split(args.get("engine_args", ""))
+    engine_args = build_parser(None).parse_args(argv)
+    return build_app(replica_engine_config(engine_args, argv), served_name(engine_args),
                      int(args.get("replicas", 2)), args.get("router", "prefix"))

@@ -59,7 +59,8 @@ def start(config: EngineConfig, model_name: str, replicas: int = 2, router: str 
 def main() -> int:
     args = parser().parse_args()
     try:
-        config = EngineConfig.from_args(args)
+        from deploy.app import replica_engine_config
+        config = replica_engine_config(args, sys.argv[1:])
         if args.replicas < 1:
             raise ValueError("--replicas must be at least 1")
     except ValueError as exc:

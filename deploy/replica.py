@@ -7,6 +7,12 @@ messages back, tagged with the replica's id (`X-Nano-Vllm-Replica`) and process 
 `check_health` every few seconds: a replica whose engine thread has stopped reports itself
 unhealthy and is replaced, which also ends its in-flight requests with an error at the
 ingress.
+
+The engine runs on a thread of the replica's own process, not in an engine core process as
+server.py's does: the replica already is a process of its own with no HTTP server in it (the
+ingress parses HTTP), and Ray places it, counts its CPUs and health-checks it, which it
+could not do for a child process it does not know of (deploy/app.py refuses the
+engine-process flags).
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
 
 import torch
@@ -34,7 +35,7 @@ from engine.core import EngineCore, EngineStats, PagedEngineCore, StepResult
 from engine.metrics import EngineMetrics
 from engine.output_processor import OutputProcessor
 from engine.request import FinishReason, Request, RequestOutput
-from engine.snapshot import SnapshotBoard, StepRecord
+from engine.snapshot import CachedBlock, SnapshotBoard, StepRecord, read_cached_block
 from model.llama import LlamaModel
 
 log = logging.getLogger("nano_vllm.engine")
@@ -47,6 +48,9 @@ __all__ = [
     "QueueFullError",
     "load_engine",
 ]
+
+
+BLOCK_QUERY_TIMEOUT = 2.0  # seconds for the engine thread to read a block for the dashboard
 
 
 class EngineUnavailableError(RuntimeError):
@@ -89,8 +93,10 @@ class BatchEngine:
         self._failure_callbacks: list[Callable[[], None]] = []
         # The dashboard's view (engine/snapshot.py); only a paged core has a pool to show.
         self._scheduler = getattr(self.core, "scheduler", None)
-        self.snapshots = (SnapshotBoard(wake=self._wakeup.set)
+        self.snapshots = (SnapshotBoard(wake=self._wakeup.set,
+                                        counters=self.metrics.dashboard_totals)
                           if self._scheduler is not None else None)
+        self._block_queries: list[tuple[int, Future[CachedBlock | None]]] = []  # under _lock
 
     # --- called from other threads -------------------------------------------------------
 
@@ -191,6 +197,27 @@ class BatchEngine:
             self._aborts.add(request_id)
         self._wakeup.set()
 
+    def cached_block(self, block_id: int,
+                     timeout: float = BLOCK_QUERY_TIMEOUT) -> CachedBlock | None:
+        """A cached-free block's content for the dashboard (None: not cached-free), read by
+        the engine thread between steps; TimeoutError if it does not answer in time."""
+        future: Future[CachedBlock | None] = Future()
+        with self._lock:
+            self._block_queries.append((block_id, future))
+        self._wakeup.set()
+        return future.result(timeout)
+
+    def read_cached_block(self, block_id: int) -> CachedBlock | None:
+        """cached_block's answer, on the engine thread (a core without a pool has none)."""
+        if self._scheduler is None:
+            return None
+        return read_cached_block(self._scheduler.kv.allocator, block_id)
+
+    def snapshot_when_idle(self) -> None:
+        """With nothing to step: the last step's end for a watcher (engine thread)."""
+        if self.snapshots is not None:
+            self.snapshots.maybe_snapshot(self._scheduler, idle=True)
+
     def stats(self) -> EngineStats:
         stats = self.core.stats()
         stats["waiting"] += len(self._inbox)
@@ -250,13 +277,20 @@ class BatchEngine:
 
     def _loop(self) -> None:
         while not self._stop.is_set():
+            if self._block_queries:
+                self._answer_block_queries()
             if self.has_work():
                 self.guarded_step()
             else:
-                if self.snapshots is not None:  # the last step's end, for a watcher
-                    self.snapshots.maybe_snapshot(self._scheduler, idle=True)
+                self.snapshot_when_idle()
                 self._wakeup.wait(timeout=1.0)
                 self._wakeup.clear()  # anything that arrived meanwhile is seen above
+
+    def _answer_block_queries(self) -> None:
+        with self._lock:
+            queries, self._block_queries = self._block_queries, []
+        for block_id, future in queries:
+            future.set_result(self.read_cached_block(block_id))
 
     def step(self) -> None:
         """One round: intake, one core step, output processing, a record for the dashboard."""

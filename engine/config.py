@@ -67,9 +67,10 @@ class EngineConfig:
                             help="most threads one step uses (default: PyTorch's, the cores)")
         parser.add_argument("--single-thread-below", type=int, default=None,
                             help="steps computing fewer tokens than this run on one thread "
-                                 f"(0: always all threads; default {d.single_thread_below}, or "
-                                 "0 with --engine-process, where the step's threads do not "
-                                 "share the process with the HTTP server)")
+                                 "(0: always all threads; default 0 in the engine core "
+                                 "process, where the step's threads do not share the "
+                                 f"process with the HTTP server, {d.single_thread_below} "
+                                 "with --no-engine-process)")
         parser.add_argument("--weights", default=d.weights, choices=["default", "q4_1", "int8"],
                             help="q4_1: the default model's own 4-bit GGUF codes (exact to "
                                  "the fp32 model); int8: per-channel int8 made at load; both "

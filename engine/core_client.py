@@ -11,6 +11,8 @@ with the engine in engine/core_process.py. This process loads only the tokenizer
   `on_output` (as the engine thread does in-process) and mirrors the core's counts.
 - /metrics asks the core for its Prometheus text (the core's counters, exactly as they
   stand once the outputs received so far were sent).
+- The dashboard reads the snapshots the core sends while someone watches, and asks the
+  core for a cached-free block's content (engine/core_dashboard.py).
 - If the core process dies, every request in flight ends with an error (ENGINE_FAILED),
   new ones get EngineUnavailableError, and the `on_failure` callbacks run.
 """
@@ -35,13 +37,15 @@ import msgspec
 import zmq
 
 from engine.admission import check_line, retry_seconds
-from engine.batch_engine import ENGINE_FAILED, EngineUnavailableError
+from engine.batch_engine import BLOCK_QUERY_TIMEOUT, ENGINE_FAILED, EngineUnavailableError
 from engine.config import EngineConfig
 from engine.core import EngineStats
+from engine.core_dashboard import ReceivedSnapshots
 from engine.core_messages import (
     Abort,
     AbortAll,
     AddRequest,
+    BlockAnswer,
     CoreState,
     Failed,
     FromCore,
@@ -49,12 +53,15 @@ from engine.core_messages import (
     Ready,
     Report,
     Shutdown,
+    Snapshot,
     Stopped,
     ToCore,
     encode_config,
     open_socket,
 )
+from engine.core_process import PAGED_CORE
 from engine.request import FinishReason, Request, RequestOutput
+from engine.snapshot import CachedBlock
 
 log = logging.getLogger("nano_vllm.engine")
 
@@ -64,8 +71,6 @@ STOP_TIMEOUT = 10.0  # seconds for the core to stop when told, before it is kill
 METRICS_TIMEOUT = 2.0  # seconds for the core to answer a metrics query
 POLL_MS = 100  # the receiver notices a dead core within about this long
 STDERR_LINES = 40  # of the core's stderr, kept for an error at start-up
-NO_DASHBOARD = ("The dashboard's live view is not available with --engine-process: its "
-                "snapshots stay in the engine core process.")
 
 
 class EngineStartError(RuntimeError):
@@ -89,13 +94,11 @@ class RemoteMetrics:
 
 
 class EngineProcessClient:
-    snapshots = None  # the dashboard's board lives in the core: see NO_DASHBOARD
-    no_dashboard_reason = NO_DASHBOARD
-
     def __init__(self, config: EngineConfig, cpus: str | None = None,
-                 start_timeout: float = START_TIMEOUT) -> None:
-        """Start the core process (pinned to `cpus`, e.g. "0,1"; default all) and wait until
-        it has loaded the model; EngineStartError if it exits or takes too long."""
+                 start_timeout: float = START_TIMEOUT, core: str = PAGED_CORE) -> None:
+        """Start the core process (pinned to `cpus`, e.g. "0,1"; default all; its engine
+        core the class at `core`, "module:Class") and wait until it has loaded the model;
+        EngineStartError if it exits or takes too long."""
         from transformers import AutoTokenizer
 
         from model.prepare import resolve_model_dir
@@ -125,21 +128,24 @@ class EngineProcessClient:
         self._requests = self._bind(zmq.PUSH, addresses["requests"])
         self._outputs = self._bind(zmq.PULL, addresses["outputs"])
         self._metrics = self._bind(zmq.DEALER, addresses["metrics"])
-        self._proc = self._spawn(addresses, cpus)
+        self._proc = self._spawn(addresses, cpus, core)
         ready = self._wait_ready(start_timeout)
         self.core_pid = ready.pid
         self._max_tokens = ready.max_tokens_per_request
         self._description = ready.description
         self._state = ready.state
+        # The dashboard's view; None for a core with no pool to show (the baseline's).
+        self.snapshots = ReceivedSnapshots(self._send_now) if ready.dashboard else None
         self._receiver = threading.Thread(target=self._receive, name="engine-client",
                                           daemon=True)
 
     def _bind(self, kind: int, address: str) -> zmq.Socket:
         return open_socket(self._context, kind, address, bind=True, linger_ms=0)
 
-    def _spawn(self, addresses: dict[str, str], cpus: str | None) -> subprocess.Popen:
+    def _spawn(self, addresses: dict[str, str], cpus: str | None,
+               core: str) -> subprocess.Popen:
         argv = [sys.executable, "-m", "engine.core_process", "--config",
-                encode_config(self.config), *(["--cpus", cpus] if cpus else [])]
+                encode_config(self.config), "--core", core, *(["--cpus", cpus] if cpus else [])]
         for name, address in addresses.items():
             argv += [f"--{name}", address]
         path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
@@ -266,6 +272,21 @@ class EngineProcessClient:
         with self._lock:
             self._send(AbortAll(error))
 
+    def cached_block(self, block_id: int,
+                     timeout: float = BLOCK_QUERY_TIMEOUT) -> CachedBlock | None:
+        """A cached-free block's content for the dashboard (None: not cached-free), read by
+        the core between two steps; TimeoutError if it does not answer in time."""
+        if self.snapshots is None:
+            return None
+        if not self.is_alive:
+            raise TimeoutError("the engine core process is gone")
+        return self.snapshots.cached_block(block_id, timeout)
+
+    def _send_now(self, message: ToCore) -> None:
+        with self._lock:
+            if self._failure is None:
+                self._send(message)
+
     def _send(self, message: ToCore) -> None:  # with _lock held
         if not self._requests.closed:  # (after shutdown, an abort has nothing left to end)
             self._requests.send(self._encoder.encode(message))
@@ -320,6 +341,10 @@ class EngineProcessClient:
                 message = self._decoder.decode(self._outputs.recv())
                 if isinstance(message, Report):
                     self._deliver(message)
+                elif isinstance(message, Snapshot) and self.snapshots is not None:
+                    self.snapshots.received(message)
+                elif isinstance(message, BlockAnswer) and self.snapshots is not None:
+                    self.snapshots.answered(message)
                 elif isinstance(message, Failed):
                     self._failure = message.error
                 elif isinstance(message, Stopped):

@@ -3,11 +3,18 @@ as typed msgpack (msgspec): plain fields only, never pickled engine objects.
 
 Three ZMQ sockets, all bound by the API process on private ipc:// paths:
 
-- requests (API PUSH -> core PULL): `AddRequest`, `Abort`, `AbortAll`, `Shutdown`;
+- requests (API PUSH -> core PULL): `AddRequest`, `Abort`, `AbortAll`, `Shutdown`, and for
+  the dashboard `Watch` and `BlockQuery`;
 - outputs (core PUSH -> API PULL): `Ready` once, a `Report` after every step (its outputs
-  and the core's counts), `Failed` if the engine dies, `Stopped` after a `Shutdown`;
+  and the core's counts), `Failed` if the engine dies, `Stopped` after a `Shutdown`; for
+  the dashboard, a `Snapshot` whenever the core took one (only while watched, at most ~10
+  a second) and a `BlockAnswer` to each `BlockQuery` (between two steps: only the engine's
+  own thread reads its pool);
 - metrics (API DEALER <-> core ROUTER): a query id in, the id and the rendered
   Prometheus text out, answered by a thread of the core so a long step does not delay it.
+
+The dashboard's dataclasses (engine/snapshot.py) travel as msgspec JSON, decoded into their
+own types: their block hashes have 128 bits, and msgpack's integers stop at 64.
 """
 
 from __future__ import annotations
@@ -58,7 +65,16 @@ class Shutdown(msgspec.Struct, tag=True):
     pass
 
 
-ToCore = AddRequest | Abort | AbortAll | Shutdown
+class Watch(msgspec.Struct, tag=True):
+    """Someone watches the dashboard: take snapshots for the next few seconds."""
+
+
+class BlockQuery(msgspec.Struct, tag=True):
+    query: int
+    block_id: int
+
+
+ToCore = AddRequest | Abort | AbortAll | Shutdown | Watch | BlockQuery
 
 # --- core -> API ------------------------------------------------------------------------------
 
@@ -84,6 +100,7 @@ class Ready(msgspec.Struct, tag=True):
     max_tokens_per_request: int
     description: str
     state: CoreState
+    dashboard: bool  # the core has a pool to show (not the baseline's)
 
 
 class Report(msgspec.Struct, tag=True):
@@ -99,7 +116,16 @@ class Stopped(msgspec.Struct, tag=True):
     state: CoreState
 
 
-FromCore = Ready | Report | Failed | Stopped
+class Snapshot(msgspec.Struct, tag=True):
+    snapshot: bytes  # an EngineSnapshot, in JSON (see above)
+
+
+class BlockAnswer(msgspec.Struct, tag=True):
+    query: int
+    block: bytes  # a CachedBlock or null, in JSON (see above)
+
+
+FromCore = Ready | Report | Failed | Stopped | Snapshot | BlockAnswer
 
 
 def encode_config(config: EngineConfig) -> str:

@@ -5,9 +5,12 @@ pins itself to its CPUs, loads the model into a BatchEngine (engine/batch_engine
 runs it on its main thread in a busy loop, with no HTTP server beside it to share the GIL:
 
 1. take what the API process sent (engine/core_messages.py): new requests (admitted there
-   already), aborts, the end of every request at a drain's timeout, shutdown;
+   already), aborts, the end of every request at a drain's timeout, shutdown; for the
+   dashboard, that someone watches, and queries for a cached-free block's content (answered
+   at once: between steps, this thread may read the pool);
 2. one step of the engine;
-3. send the outputs that step produced, and the core's counts, as one Report.
+3. send the outputs that step produced, and the core's counts, as one Report; and the
+   dashboard's snapshot, when the step (or, idle, the last one) took a new one.
 
 A thread answers the API's metrics queries meanwhile. The process exits when told to
 (status 0), when the engine dies (after reporting the failure; status 70), or when its
@@ -19,6 +22,7 @@ tells the core to stop.
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
 import signal
@@ -30,22 +34,28 @@ import msgspec
 import zmq
 
 from engine.batch_engine import BatchEngine, load_engine
+from engine.core import EngineCore
 from engine.core_messages import (
     Abort,
     AbortAll,
     AddRequest,
+    BlockAnswer,
+    BlockQuery,
     CoreState,
     Failed,
     Rates,
     Ready,
     Report,
     Shutdown,
+    Snapshot,
     Stopped,
     ToCore,
+    Watch,
     decode_config,
     open_socket,
 )
 from engine.request import Request, RequestOutput
+from engine.snapshot import EngineSnapshot
 from engine.structured.compiler import GrammarCompiler
 from model.prepare import ModelPreparationError
 from model.quantized import QuantizedKernelUnavailable
@@ -54,6 +64,7 @@ log = logging.getLogger("nano_vllm.core")
 
 FAILURE_EXIT_CODE = 70  # as api/lifecycle.py's ENGINE_FAILURE_EXIT_CODE
 IDLE_POLL_MS = 200  # with nothing to do: how long to wait for a message (and check the parent)
+PAGED_CORE = "engine.core:PagedEngineCore"  # --core's default: nano-vLLM's own
 
 
 def no_custom_types(kind: type, value: object) -> object:
@@ -74,6 +85,7 @@ class CoreProcess:
         self._pending: list[tuple[str, RequestOutput]] = []  # filled by the step's callbacks
         self._received = 0  # the last AddRequest.seq received
         self._stopping = False
+        self._sent_snapshot: EngineSnapshot | None = None
 
     def _socket(self, kind: int, address: str) -> zmq.Socket:
         return open_socket(self.context, kind, address, bind=False, linger_ms=2000)
@@ -83,14 +95,14 @@ class CoreProcess:
         return CoreState(self.engine.stats(), self.engine.core.num_waiting_tokens(),
                          self._received, Rates(rate.requests_per_second, rate.tokens_per_second))
 
-    def send(self, message: Ready | Report | Failed | Stopped) -> None:
+    def send(self, message: Ready | Report | Failed | Stopped | Snapshot | BlockAnswer) -> None:
         self.outputs.send(self._encoder.encode(message))
 
     def run(self) -> int:
         """The busy loop; the process's exit status."""
         threading.Thread(target=self._answer_metrics, name="metrics", daemon=True).start()
         self.send(Ready(os.getpid(), self.engine.max_tokens_per_request, self.engine.describe(),
-                        self.state()))
+                        self.state(), self.engine.snapshots is not None))
         engine = self.engine
         try:
             while not self._stopping:
@@ -101,6 +113,9 @@ class CoreProcess:
                 if engine.has_work():
                     engine.guarded_step()
                     self._report()
+                else:
+                    engine.snapshot_when_idle()
+                self._send_snapshot()
         except BaseException as exc:  # what the step's own error handling could not catch
             log.critical("the engine core died", exc_info=exc)
             error = f"The engine failed and takes no more requests: {exc!r}"
@@ -114,6 +129,14 @@ class CoreProcess:
     def _report(self) -> None:
         outputs, self._pending = self._pending, []
         self.send(Report(outputs, self.state()))
+
+    def _send_snapshot(self) -> None:
+        """The dashboard's latest snapshot, if the core took one since the last sent (only
+        while watched: otherwise none is taken, and this costs one comparison a step)."""
+        board = self.engine.snapshots
+        if board is not None and board.latest is not self._sent_snapshot:
+            self._sent_snapshot = board.latest
+            self.send(Snapshot(msgspec.json.encode(board.latest)))
 
     def _take(self, timeout_ms: int) -> None:
         """Handle every message waiting, after waiting up to `timeout_ms` for the first."""
@@ -137,6 +160,12 @@ class CoreProcess:
             engine.abort_all(message.error)
         elif isinstance(message, Shutdown):
             self._stopping = True
+        elif isinstance(message, Watch):
+            if engine.snapshots is not None:
+                engine.snapshots.want()
+        elif isinstance(message, BlockQuery):
+            block = engine.read_cached_block(message.block_id)
+            self.send(BlockAnswer(message.query, msgspec.json.encode(block)))
 
     def _request(self, message: AddRequest) -> Request:
         params = message.params
@@ -169,6 +198,12 @@ def pin_to(cpus: set[int] | None) -> None:
     os.sched_setaffinity(0, cpus or os.sched_getaffinity(0))
 
 
+def core_class_at(path: str) -> type[EngineCore]:
+    """The engine core class at "module:Class" (--core; e.g. the baseline's)."""
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="nano-vLLM's engine core process")
     parser.add_argument("--requests", required=True)
@@ -176,6 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--metrics", required=True)
     parser.add_argument("--config", required=True, help="EngineConfig as JSON")
     parser.add_argument("--cpus", default=None, help="CPU ids to pin to, e.g. 0,1")
+    parser.add_argument("--core", default=PAGED_CORE,
+                        help="the engine core class, as module:Class")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server drains, then says stop
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -183,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     parent = os.getppid()
     pin_to({int(c) for c in args.cpus.split(",")} if args.cpus else None)
     try:
-        engine = load_engine(decode_config(args.config))
+        engine = load_engine(decode_config(args.config), core_class_at(args.core))
     except (ModelPreparationError, ValueError, QuantizedKernelUnavailable) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -19,6 +19,20 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5
                    1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
 P = "nano_vllm:"
 
+# The counters the dashboard charts, by sample name (summed over labels), with the page's keys.
+DASHBOARD_COUNTERS = {
+    P + "generation_tokens_total": "generation_tokens",
+    P + "prompt_tokens_total": "prompt_tokens",
+    P + "prefix_cache_queries_total": "prefix_queries",
+    P + "prefix_cache_hits_total": "prefix_hits",
+    P + "num_preemptions_total": "preemptions",
+    P + "request_success_total": "finished",
+    P + "time_to_first_token_seconds_sum": "ttft_sum",
+    P + "time_to_first_token_seconds_count": "ttft_count",
+    P + "inter_token_latency_seconds_sum": "itl_sum",
+    P + "inter_token_latency_seconds_count": "itl_count",
+}
+
 
 class EngineMetrics:
     def __init__(self) -> None:
@@ -42,6 +56,20 @@ class EngineMetrics:
                              buckets=LATENCY_BUCKETS, registry=r)
         self.queue_time = Histogram(P + "request_queue_time_seconds", "Arrival to first seated.",
                                     buckets=LATENCY_BUCKETS, registry=r)
+
+    def dashboard_totals(self) -> dict[str, float]:
+        """DASHBOARD_COUNTERS' values, read from the metric objects /metrics renders (only
+        these: collecting the whole registry would also compute every gauge)."""
+        totals = dict.fromkeys(DASHBOARD_COUNTERS.values(), 0.0)
+        for metric in (self.generation_tokens, self.prompt_tokens, self.prefix_cache_queries,
+                       self.prefix_cache_hits, self.preemptions, self.request_success,
+                       self.ttft, self.itl):
+            for family in metric.collect():
+                for sample in family.samples:
+                    key = DASHBOARD_COUNTERS.get(sample.name)
+                    if key is not None:
+                        totals[key] += sample.value
+        return totals
 
     def add_gauges(self, read: Callable[[], EngineStats]) -> None:
         """Gauges computed at scrape time from the engine's stats() (a dict of counts)."""

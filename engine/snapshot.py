@@ -3,10 +3,13 @@
 The engine thread owns the scheduler and the block pool, so only it may read them. After
 a step it appends a small `StepRecord` (always: a few ints), and, only while someone
 watches and at most every `min_interval` seconds, takes an `EngineSnapshot`: counts, ids
-and copies of each seated request's block table, hashes and token ids, no tensors. The
-snapshot is immutable and replaces the previous one in a single attribute, which the API
-thread reads as it is. Everything derived from it (each block's reference count and
-owners, token text) is computed on the reader's side, not on the engine thread.
+and copies of each seated request's block table, hashes and token ids, and the counters
+the page charts; no tensors. The snapshot is immutable and replaces the previous one in a
+single attribute, which the API thread reads as it is (or, with the engine core in its own
+process, which is sent to the API process as it is: engine/core_messages.py). Everything
+derived from it (each block's reference count and owners, token text) is computed on the
+reader's side, not on the engine thread. What a snapshot does not copy, a cached-free
+block's content, the engine thread reads on request (`read_cached_block`).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from dataclasses import dataclass, field
 
 from engine.request import Request
 from engine.scheduler import Scheduler
+from kvcache.block_allocator import BlockAllocator
 from kvcache.pool import BLOCK_SIZE
 
 STEP_HISTORY = 120  # step records kept, for the page's step chart
@@ -80,6 +84,7 @@ class EngineSnapshot:
     requests: tuple[RequestView, ...]  # running in seating order, then the waiting line
     cached_free: tuple[int, ...]  # oldest first: the next to be evicted comes first
     steps: tuple[StepRecord, ...]  # the most recent steps, oldest first
+    counters: dict[str, float] = field(default_factory=dict)  # EngineMetrics.dashboard_totals
 
     def grid(self) -> tuple[list[int], list[int]]:
         """The whole pool in two lists indexed by block id, cheap enough for every frame:
@@ -131,13 +136,47 @@ def view_request(request: Request) -> RequestView:
 
 
 def take_snapshot(scheduler: Scheduler, seq: int = 0, step: int = 0,
-                  steps: tuple[StepRecord, ...] = ()) -> EngineSnapshot:
+                  steps: tuple[StepRecord, ...] = (),
+                  counters: dict[str, float] | None = None) -> EngineSnapshot:
     """Copy what the page needs out of the scheduler and its pool (engine thread only)."""
     allocator = scheduler.kv.allocator
     requests = tuple(view_request(r) for r in [*scheduler.running, *scheduler.waiting])
     return EngineSnapshot(seq, time.monotonic(), step, allocator.num_blocks, BLOCK_SIZE,
                           scheduler.max_num_batched_tokens, scheduler.max_num_seqs, requests,
-                          allocator.cached_free_ids(), steps)
+                          allocator.cached_free_ids(), steps, counters or {})
+
+
+@dataclass(frozen=True)
+class CachedBlock:
+    """What a cached-free block holds (the pool's record, not in any snapshot)."""
+
+    block_hash: int
+    parent_hash: int | None
+    token_ids: tuple[int, ...]
+    position: int | None  # findable blocks before it in its hash chain (None: chain broken)
+
+
+def read_cached_block(allocator: BlockAllocator, block_id: int) -> CachedBlock | None:
+    """A cached-free block's content, or None if it is not cached-free (engine thread only)."""
+    if not 0 < block_id < allocator.num_blocks:
+        return None
+    block = allocator.blocks[block_id]
+    if block.ref_count or block.block_hash is None:
+        return None
+    return CachedBlock(block.block_hash, block.parent_hash, tuple(block.token_ids),
+                       chain_depth(allocator, block.parent_hash, allocator.num_blocks))
+
+
+def chain_depth(allocator: BlockAllocator, parent_hash: int | None, limit: int) -> int | None:
+    """How many findable blocks come before one whose parent is `parent_hash` (None if the
+    chain breaks: an ancestor was evicted)."""
+    depth = 0
+    while parent_hash is not None:
+        parent = allocator.block_for_hash(parent_hash)
+        if parent is None or depth >= limit:
+            return None
+        parent_hash, depth = allocator.blocks[parent].parent_hash, depth + 1
+    return depth
 
 
 @dataclass
@@ -154,6 +193,7 @@ class SnapshotBoard:
     steps: deque[StepRecord] = field(default_factory=lambda: deque(maxlen=STEP_HISTORY))
     num_steps: int = 0
     wake: Callable[[], None] | None = None  # wakes an idle engine thread
+    counters: Callable[[], dict[str, float]] | None = None  # read into each snapshot
     _wanted_at: float = float("-inf")
     _dirty: bool = True  # the engine changed since the latest snapshot
 
@@ -188,4 +228,5 @@ class SnapshotBoard:
             return
         seq = 0 if self.latest is None else self.latest.seq + 1
         self._dirty = False
-        self.latest = take_snapshot(scheduler, seq, self.num_steps, tuple(self.steps))
+        counters = self.counters() if self.counters is not None else None
+        self.latest = take_snapshot(scheduler, seq, self.num_steps, tuple(self.steps), counters)

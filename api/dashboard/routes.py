@@ -14,15 +14,16 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from fastapi import APIRouter
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from sse_starlette.sse import EventSourceResponse
+from starlette.concurrency import run_in_threadpool
 
-from api.dashboard.feed import FrameCache, block_details, counter_totals, event_data
+from api.dashboard.feed import FrameCache, block_details, event_data
 from api.errors import APIError
-from engine.snapshot import SnapshotBoard
+from engine.snapshot import EngineSnapshot
 
 STATIC = Path(__file__).parent / "static"
 MEDIA_TYPES = {"dashboard.js": "text/javascript", "dashboard.css": "text/css"}
@@ -30,19 +31,30 @@ FRAME_INTERVAL = 0.1  # seconds between looks at the latest snapshot: at most 10
 HEARTBEAT = 1.0  # a frame at least this often, so the charts' time axis moves when idle
 
 
+class Board(Protocol):
+    """Where the latest snapshot is read: engine/snapshot.py's SnapshotBoard in-process,
+    engine/core_client.py's ReceivedSnapshots for a core in its own process."""
+
+    latest: EngineSnapshot | None
+
+    def want(self) -> None:
+        """Someone watches: snapshots are taken only while someone does."""
+        ...
+
+
 def dashboard_router(engine: Any, guarded: Sequence[Any] = ()) -> APIRouter:
-    """The routes over `engine`: one with a `snapshots` board (engine/batch_engine.py's).
-    `guarded`: the dependencies that check a key (all but the static files)."""
+    """The routes over `engine`: one with a `snapshots` board and a `cached_block(id)`
+    (BatchEngine and EngineProcessClient both have them). `guarded`: the dependencies that
+    check a key (all but the static files)."""
     router = APIRouter(tags=["dashboard"])
-    board: SnapshotBoard | None = getattr(engine, "snapshots", None)
+    board: Board | None = getattr(engine, "snapshots", None)
     cache = FrameCache()
     page = (STATIC / "index.html").read_text()
     static = {name: (STATIC / name).read_text() for name in MEDIA_TYPES}
 
-    def need_board() -> SnapshotBoard:
-        if board is None:  # a baseline core, or a core in another process
-            raise APIError(getattr(engine, "no_dashboard_reason", None)
-                           or "This engine has no paged KV cache to show.", status=404,
+    def need_board() -> Board:
+        if board is None:  # a baseline core
+            raise APIError("This engine has no paged KV cache to show.", status=404,
                            err_type="not_found_error")
         return board
 
@@ -68,9 +80,8 @@ def dashboard_router(engine: Any, guarded: Sequence[Any] = ()) -> APIRouter:
                 snapshot, now = watched.latest, time.monotonic()
                 if snapshot is not None and (snapshot.seq != last_seq
                                              or now - last_sent >= HEARTBEAT):
-                    counters = counter_totals(engine.metrics)
                     yield {"event": "snapshot",
-                           "data": event_data(cache.frame_json(snapshot), counters)}
+                           "data": event_data(cache.frame_json(snapshot), snapshot.counters)}
                     last_seq, last_sent = snapshot.seq, now
                 await asyncio.sleep(FRAME_INTERVAL)
 
@@ -82,11 +93,17 @@ def dashboard_router(engine: Any, guarded: Sequence[Any] = ()) -> APIRouter:
         if snapshot is None:
             raise APIError("No snapshot yet: open the event stream first.", status=503,
                            err_type="server_error")
-        allocator = getattr(getattr(engine, "core", None), "allocator", None)
         try:
-            details = block_details(snapshot, block_id, allocator, engine.tokenizer)
+            view = snapshot.block(block_id)
         except IndexError as exc:
             raise APIError(str(exc), "block_id", status=404, err_type="not_found_error") from exc
-        return JSONResponse(details)
+        cached = None
+        if view.state == "cached":  # its content is the engine's to read, between steps
+            try:
+                cached = await run_in_threadpool(engine.cached_block, block_id)
+            except TimeoutError as exc:
+                raise APIError(f"The engine did not answer: {exc}", status=503,
+                               err_type="server_error") from exc
+        return JSONResponse(block_details(snapshot, view, cached, engine.tokenizer))
 
     return router

@@ -1,11 +1,13 @@
-"""`server.py --engine-process`: the engine core in a process of its own, behind the same API.
+"""server.py's default: the engine core in a process of its own, behind the same API.
 
-Real server processes (tests/api/test_lifecycle.py's helpers): the answers match the
-in-process engine's token for token; samples, logprobs, structured outputs and /metrics
-cross; a client that leaves frees its blocks; SIGTERM drains and both processes exit 0; a
-killed core fails its streams, the server answers 503 and exits for its supervisor, and
-no process is left behind, also when the API process is killed. One server serves the
-first tests, the last of them stopping it; the others start their own.
+Real server processes (tests/api/test_lifecycle.py's helpers), started with no flag for
+it: the answers match the in-process engine's token for token; samples, logprobs,
+structured outputs, /metrics and the dashboard's snapshots and block details cross; a
+client that leaves frees its blocks; SIGTERM drains and both processes exit 0; a killed
+core fails its streams, the server answers 503 and exits for its supervisor, and no
+process is left behind, also when the API process is killed; the baseline's core runs in
+such a process too. One server serves the first tests, the last of them stopping it; the
+others start their own.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,8 +28,18 @@ import jsonschema
 import pytest
 
 from api.lifecycle import ENGINE_FAILURE_EXIT_CODE
+from benchmarks.live_server import LiveServer
 from tests.api.conftest import RunningServer
-from tests.api.test_lifecycle import COMPLETIONS, StreamReader, small_server, wait_for
+from tests.api.dashboard_load import PREFIX, QUESTIONS, shared_prefix_streams
+from tests.api.test_dashboard import frames
+from tests.api.test_lifecycle import (
+    COMPLETIONS,
+    ROOT,
+    START_TIMEOUT,
+    StreamReader,
+    small_server,
+    wait_for,
+)
 from tests.api.test_server import check_error
 from tests.api.test_structured_outputs import ASK, ITEM, schema_format
 
@@ -45,7 +58,7 @@ class ProcessServer:
 
 
 def launch(log: Path, *flags: str) -> ProcessServer:
-    live = small_server(log, "--engine-process", *flags)
+    live = small_server(log, *flags)  # the engine process is the default
     live.start()
     return ProcessServer(live.proc, live.url, log)
 
@@ -136,6 +149,51 @@ def test_structured_output_crosses(split):
     assert choice["finish_reason"] == "stop"
 
 
+def test_the_default_is_two_processes(split):
+    """No flag: the core runs in a child process of the server, on every step's threads."""
+    core = split.core_pid
+    with open(f"/proc/{core}/stat") as f:
+        parent = int(f.read().rsplit(")", 1)[1].split()[1])
+    print(f"server {split.proc.pid}, core {core} (parent {parent})")
+    assert core != split.proc.pid and parent == split.proc.pid
+    assert "(1 below 0 tokens a step)" in split.log.read_text()
+
+
+def test_dashboard_snapshots_and_block_details_cross(split, tokenizer):
+    """While three requests share a prefix: the snapshots the core sends show the shared
+    blocks and the counters; a used block's details come from the snapshot, a cached-free
+    block's (after the requests) from the core's pool."""
+    prompt_ids = tokenizer(PREFIX + QUESTIONS[0]).input_ids
+    with shared_prefix_streams(split.url, max_tokens=60):
+        def shared_by_all(message: dict) -> bool:
+            running = [r for r in message["frame"]["requests"] if r["status"] == "running"]
+            return len(running) == len(QUESTIONS) and all(r["shared_blocks"] for r in running)
+
+        message = frames(split, shared_by_all)
+        frame = message["frame"]
+        shared = [b for b, ref in enumerate(frame["refs"]) if ref > 1]
+        print(f"snapshot {frame['seq']} at step {frame['step']}: shared blocks {shared}; "
+              f"counters {message['counters']}")
+        assert frame["num_blocks"] == 64  # --num-blocks 64, the dummy block 0 included
+        assert {frame["refs"][b] for b in shared} == {len(QUESTIONS)}
+        assert message["counters"]["prompt_tokens"] >= len(prompt_ids)
+        used = httpx.get(f"{split.url}/dashboard/blocks/{shared[1]}").json()
+        print("a shared block:", used)
+        assert used["state"] == "used" and used["ref_count"] == len(QUESTIONS)
+        assert used["token_ids"] == prompt_ids[16:32] and used["position"] == 1
+
+    def idle_with_cached_blocks(message: dict) -> bool:
+        return not message["frame"]["requests"] and message["frame"]["cached_free"] > 0
+
+    frame = frames(split, idle_with_cached_blocks)["frame"]
+    assert frame["refs"][shared[1]] == -1, "the prefix's blocks stay findable"
+    cached = httpx.get(f"{split.url}/dashboard/blocks/{shared[1]}").json()
+    print("the same block, cached-free:", cached)
+    assert cached["state"] == "cached" and cached["ref_count"] == 0 and not cached["owners"]
+    assert cached["hash"] == used["hash"] and cached["parent_hash"] == used["parent_hash"]
+    assert cached["token_ids"] == used["token_ids"] and cached["position"] == 1
+
+
 def test_metrics_show_the_cores_counters(split):
     finished = metric(split.url, "request_success_total")
     generated = metric(split.url, "generation_tokens_total")
@@ -217,4 +275,21 @@ def test_the_core_exits_when_the_server_is_killed(tmp_path):
     core = server.core_pid
     server.proc.kill()
     server.proc.wait()
+    wait_for(lambda: gone(core), timeout=5)
+
+
+def test_the_baseline_core_runs_in_a_core_process(tmp_path):
+    """baseline_server.py behind the same front end: its core in a process of its own, an
+    answer, and no pool for the dashboard to show."""
+    log = tmp_path / "baseline.log"
+    argv = [sys.executable, "baseline_server.py", "--port", "{port}", "--max-num-seqs", "2"]
+    with LiveServer(argv, log, cwd=ROOT, start_timeout=START_TIMEOUT) as live:
+        core = ProcessServer(live.proc, live.url, log).core_pid
+        answer = post(live.url, COMPLETIONS, {"prompt": "Hi", "max_tokens": 3,
+                                              "ignore_eos": True})
+        dashboard = httpx.get(live.url + "/dashboard/events", timeout=10)
+    print(log.read_text()[-1500:])
+    print(answer["usage"], dashboard.status_code, dashboard.text)
+    assert core != live.proc.pid and answer["usage"]["completion_tokens"] == 3
+    assert check_error(dashboard, 404, "not_found_error")
     wait_for(lambda: gone(core), timeout=5)

@@ -187,9 +187,12 @@ raise SystemExit(server.main())
 
 def test_an_engine_failure_exits_non_zero_for_the_supervisor(tmp_path):
     """By default a dead engine ends the process (status 70) after failing what was in
-    flight, so systemd or Kubernetes restarts it."""
+    flight, so systemd or Kubernetes restarts it (here the engine thread of
+    --no-engine-process)."""
     log = tmp_path / "server.log"
-    with small_server(log, code=CRASHING_SERVER) as server:
+    # In-process: the patch reaches the engine thread (a core process is killed in
+    # tests/api/test_engine_process.py).
+    with small_server(log, "--no-engine-process", code=CRASHING_SERVER) as server:
         url, proc = server.url, server.proc
         bystander = StreamReader(url, {"prompt": "Hello", "max_tokens": 300, "ignore_eos": True})
         wait_for(lambda: len(bystander.texts()) >= 2)

@@ -124,6 +124,20 @@ def test_the_serve_config_file_builds_the_app() -> None:
         app_builder({"replica": "2"})
 
 
+def test_replicas_run_their_engine_in_process() -> None:
+    """Each replica's engine is on a thread of its actor: the in-process thread default, and
+    the engine-process flags refused rather than ignored."""
+    from deploy.app import replica_engine_config
+    from server import build_parser
+
+    args = build_parser(None).parse_args([])
+    assert replica_engine_config(args, []).single_thread_below == 16
+    for argv in (["--engine-process"], ["--engine-cpus", "1"]):
+        with pytest.raises(ValueError, match="Ray actor process") as refused:
+            replica_engine_config(build_parser(None).parse_args(argv), argv)
+        print(argv, "->", refused.value)
+
+
 # --- through the cluster -----------------------------------------------------------------------
 
 
