@@ -261,7 +261,7 @@ def engine_process(folder: Path) -> list[str]:
                                           "30 users tok/s, thread", "30 users tok/s, process"],
                             first), "",
             "Second run, the engine process with every step on both threads "
-            "(`--single-thread-below 0`, now the default with `--engine-process`):", "",
+            "(`--single-thread-below 0`, the default in the engine core process):", "",
             *markdown_table("precision", ["1 user ITL p50 (ms)", "1 user ITL p99 (ms)"],
                             second)]
 
@@ -312,12 +312,14 @@ def sections(folder: Path) -> list[Section]:
             charts=["throughput.png", "ttft.png", "itl.png"]),
         Section(
             "The engine core in its own process",
-            "The same server with the engine on a thread of the HTTP process (the default) "
-            "and with `--engine-process`, in turns, 100 tokens per user. In its own process "
-            "the engine no longer shares the GIL with the HTTP loop, so two OpenMP threads "
-            "pay off even for one user's steps.",
+            "The same server with the engine on a thread of the HTTP process "
+            "(`--no-engine-process`; the default when this was measured) and in a process of "
+            "its own (`--engine-process`, the default now), in turns, 100 tokens per user. "
+            "In its own process the engine no longer shares the GIL with the HTTP loop, so "
+            "two OpenMP threads pay off even for one user's steps.",
             ["python3 benchmarks/side_by_side.py results/engine-process "
-             + " ".join(f'"thread-{p}=server.py{FLAGS[p]}" "process-{p}=server.py '
+             + " ".join(f'"thread-{p}=server.py --no-engine-process{FLAGS[p]}" '
+                        f'"process-{p}=server.py '
                         f'--engine-process{FLAGS[p]}"' for p in PRECISIONS)
              + " --turns 2 -- --users 1 30 --max-tokens 100",
              "python3 benchmarks/side_by_side.py results/engine-process "
