@@ -42,6 +42,9 @@ constexpr int kGroups = 2;       // groups per tile
 // Explicit rounding: these intrinsics are opaque to -ffast-math, so the quantization is
 // exactly IEEE division and multiplication, which the tests reproduce in PyTorch bit for bit.
 constexpr int kNearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+// A block whose largest |x| is below this quantizes to zeros with scale 0: near fp32's
+// smallest normals, 1 / dx would overflow to inf.
+constexpr float kTiniest = 1e-30f;
 
 // x quantized per block: codes [M][K] (stored as int32 words: 4 codes each), and per block
 // the scale dx and dx * sum(xq) (the min term's factor).
@@ -65,7 +68,7 @@ inline __m512i round_codes(__m512 x, __m512 inverse) {
 inline void quantize_block(const float* x, int8_t* codes, float* scale, float* scaled_sum) {
   const __m512 a = _mm512_loadu_ps(x), b = _mm512_loadu_ps(x + 16);
   const float peak = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
-  const float dx = divide(peak, 127.0f);
+  const float dx = peak >= kTiniest ? divide(peak, 127.0f) : 0.0f;
   const __m512 inverse = _mm512_set1_ps(dx > 0.0f ? divide(1.0f, dx) : 0.0f);
   const __m512i qa = round_codes(a, inverse), qb = round_codes(b, inverse);
   _mm_storeu_si128(reinterpret_cast<__m128i*>(codes), _mm512_cvtepi32_epi8(qa));
