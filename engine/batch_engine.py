@@ -396,11 +396,11 @@ def load_engine(config: EngineConfig,
 
     model_dir = resolve_model_dir(config.model)
     device = pick_device(config.device)
-    log.info("loading %s on %s (%s, %s weights)", model_dir, device, config.dtype,
-             config.weights)
+    log.info("loading %s on %s (%s, %s weights, %s activations)", model_dir, device,
+             config.dtype, config.weights, config.activations)
     if config.weights == "q4_1":
         from model.quantized import load_q4_1_model
-        model = load_q4_1_model(model_dir)
+        model = load_q4_1_model(model_dir, activations=config.activations)
     elif config.weights == "int8":
         from model.int8 import load_int8_model
         model = load_int8_model(model_dir)

@@ -26,6 +26,7 @@ class EngineConfig:
     threads: int | None = None  # most threads a step uses; None = PyTorch's default (cores)
     single_thread_below: int = 16  # steps computing fewer tokens run on one thread; 0 = never
     weights: str = "default"  # "default" (the folder's, in --dtype), "q4_1" or "int8" (CPU)
+    activations: str = "float32"  # q4_1's layers: "float32" (exact) or "int8" (VNNI, faster)
     max_waiting: int = 256  # beyond this, new requests are refused with 429
     request_timeout: float | None = None  # seconds from arrival; None = no limit
     max_num_queued_tokens: int | None = None  # prompt tokens waiting beyond this: 429
@@ -75,6 +76,11 @@ class EngineConfig:
                             help="q4_1: the default model's own 4-bit GGUF codes (exact to "
                                  "the fp32 model); int8: per-channel int8 made at load; both "
                                  "CPU, float32 activations, AVX-512")
+        parser.add_argument("--activations", default=d.activations, choices=["float32", "int8"],
+                            help="with --weights q4_1: int8 rounds each layer's input to 8 "
+                                 "bits per block of 32 for integer dot products (AVX512-VNNI; "
+                                 "faster with many sequences, not exact: docs/performance.md); "
+                                 "float32 (default) is exact")
         parser.add_argument("--max-waiting", type=int, default=d.max_waiting,
                             help="queued requests beyond this get HTTP 429")
         parser.add_argument("--request-timeout", type=float, default=None,
@@ -114,6 +120,7 @@ class EngineConfig:
                      max_num_batched_tokens=args.max_num_batched_tokens,
                      max_prefills_per_step=args.max_prefills_per_step,
                      attention=args.attention, matmul=args.matmul, weights=args.weights,
+                     activations=args.activations,
                      threads=args.threads, single_thread_below=single_thread_below(args),
                      max_waiting=args.max_waiting,
                      request_timeout=args.request_timeout,
@@ -137,6 +144,11 @@ class EngineConfig:
                                           or self.device not in (None, "cpu")):
             raise ValueError(f"--weights {self.weights} runs on the CPU with float32 "
                              "activations: drop --dtype / --device")
+        if self.activations not in ("float32", "int8"):
+            raise ValueError("--activations must be float32 or int8")
+        if self.activations == "int8" and self.weights != "q4_1":
+            raise ValueError("--activations int8 needs --weights q4_1 (it multiplies the Q4_1 "
+                             "codes by int8 activations)")
         if self.request_timeout is not None and not self.request_timeout > 0:
             raise ValueError("--request-timeout must be a positive number of seconds")
         if self.max_waiting < 1:

@@ -50,6 +50,12 @@ def cpu_supports(bf16: bool = False) -> bool:
     return AVX512.issubset(flags) and (not bf16 or "avx512_bf16" in flags)
 
 
+def cpu_has_vnni() -> bool:
+    """Has this CPU AVX512-VNNI (`vpdpbusd`, the int8 dot products of --activations int8)?
+    Read from /proc/cpuinfo; where there is none, no."""
+    return "avx512_vnni" in cpu_flags()
+
+
 def cpu_identity() -> str:
     """The CPU model and flags: what -march=native compiled for."""
     try:

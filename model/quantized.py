@@ -5,6 +5,11 @@ each weight in fp32 and multiplies by FMA computes the fp32 model, summed in ano
 The kernel (model/csrc/quantized_linear_cpu.cpp) does exactly that from the codes, so each
 decode step streams ~66 MB of Q4_1 layers and a 30 MB Q8_0 LM head instead of 538 MB of fp32.
 
+`--activations int8` (opt-in, not exact) multiplies the same Q4_1 codes by activations rounded
+to int8 per block of 32, with integer dot products (AVX512-VNNI,
+model/csrc/q4_1_int8act_cpu.cpp); its error against this exact path is measured in
+tests/model/test_q4_1_int8act.py. The LM head stays on the exact Q8_0 path.
+
 `load_q4_1_model(model_dir)` builds the model straight from the GGUF (no fp32 weights ever);
 `quantize_model_q4_1(model, gguf_path)` swaps a loaded fp32 model's linear layers, embedding
 and LM head for quantized ones (same attribute names, same x @ Wᵀ contract) and drops the fp32
@@ -22,6 +27,7 @@ from torch import Tensor, nn
 
 from model.config import ModelConfig
 from model.cpu_kernel import (
+    cpu_has_vnni,
     cpu_kernels_error,
     cpu_supports,
     load_cpu_kernels,
@@ -57,11 +63,27 @@ def quantized_kernels() -> dict[str, Callable[[Tensor, Tensor, int], Tensor]]:
     return {"Q4_1": module.q4_1_linear, "Q8_0": module.q8_0_linear}
 
 
-def pack_for_kernel(weight: BlockTensor) -> Tensor:
+ACTIVATIONS = ("float32", "int8")  # of the Q4_1 layers: exact, or the VNNI speed mode
+
+
+def int8_activation_kernel() -> Callable[[Tensor, Tensor, int], Tensor]:
+    """fn(x [M, K] fp32, packed, out_features) of `--activations int8`, or
+    QuantizedKernelUnavailable naming what is missing (AVX512-VNNI, or the build)."""
+    quantized_kernels()  # AVX-512 and the build first: their own errors
+    if not cpu_has_vnni():
+        raise QuantizedKernelUnavailable(
+            "--activations int8 needs a CPU with AVX512-VNNI (avx512_vnni in /proc/cpuinfo) "
+            "for its int8 dot products; this one has none. Drop --activations to run the "
+            "exact q4_1 path.")
+    return load_cpu_kernels().q4_1_int8act_linear
+
+
+def pack_for_kernel(weight: BlockTensor, code_width: int = 1) -> Tensor:
     """GGUF blocks [rows, blocks, bytes] -> the kernel's [groups, blocks, bytes] layout.
 
     Rows are padded with zero blocks (w = 0) to a multiple of 16, then each group's 16 rows
-    are interleaved per block: scales side by side, then the codes with the row fastest."""
+    are interleaved per block: scales side by side, then the codes with the row fastest in
+    runs of code_width bytes (4 for the int8-activation kernel: one int32 lane's inputs)."""
     rows, blocks = weight.rows, weight.blocks.shape[1]
     groups = -(-rows // GROUP)
     raw = torch.zeros(groups * GROUP, blocks, weight.blocks.shape[2], dtype=torch.uint8)
@@ -74,7 +96,7 @@ def pack_for_kernel(weight: BlockTensor) -> Tensor:
 
     if weight.kind == "Q4_1":  # d, m, then 16 code bytes (weights j and j + 16)
         parts = [interleave(raw[..., 0:2], 2), interleave(raw[..., 2:4], 2),
-                 interleave(raw[..., 4:20], 1)]
+                 interleave(raw[..., 4:20], code_width)]
     else:  # Q8_0: d, then 32 int8 codes
         parts = [interleave(raw[..., 0:2], 2), interleave(raw[..., 2:34], 1)]
     return torch.cat(parts, dim=-1).contiguous()
@@ -84,14 +106,22 @@ class QuantizedLinear(nn.Module):
     """y = x @ Wᵀ for x [..., in] fp32, W kept as Q4_1 or Q8_0 codes ([out, in] blocks).
 
     The same contract as model/llama.py's Linear; the result is the fp32 matmul on the
-    dequantized weights up to summation order."""
+    dequantized weights up to summation order, or with activations="int8" (Q4_1 only) the
+    matmul on x rounded to int8 per block of 32."""
 
-    def __init__(self, weight: BlockTensor) -> None:
+    def __init__(self, weight: BlockTensor, activations: str = "float32") -> None:
         super().__init__()
-        self.kind = weight.kind
+        if activations not in ACTIVATIONS or (activations == "int8" and weight.kind != "Q4_1"):
+            raise ValueError(f"{weight.kind} weights take activations float32"
+                             f"{' or int8' if weight.kind == 'Q4_1' else ''}, not {activations}")
+        self.kind, self.activations = weight.kind, activations
         self.in_features, self.out_features = weight.cols, weight.rows
-        self.kernel = quantized_kernels()[weight.kind]
-        self.register_buffer("packed", pack_for_kernel(weight))
+        if activations == "int8":
+            self.kernel = int8_activation_kernel()
+            self.register_buffer("packed", pack_for_kernel(weight, code_width=4))
+        else:
+            self.kernel = quantized_kernels()[weight.kind]
+            self.register_buffer("packed", pack_for_kernel(weight))
 
     def forward(self, x: Tensor) -> Tensor:
         if x.dim() == 2:  # the engine's flat batch: skip the reshapes (121 calls a step)
@@ -102,10 +132,11 @@ class QuantizedLinear(nn.Module):
 
     @property
     def matmul_path(self) -> str:
-        return f"{self.kind}-kernel"
+        return f"{self.kind}-{'int8act-' if self.activations == 'int8' else ''}kernel"
 
     def extra_repr(self) -> str:
-        return f"{self.kind}, in={self.in_features}, out={self.out_features}"
+        return (f"{self.kind}, in={self.in_features}, out={self.out_features}, "
+                f"activations={self.activations}")
 
 
 class QuantizedEmbedding(nn.Module):
@@ -137,27 +168,30 @@ class QuantizedEmbedding(nn.Module):
         return out.reshape(*input_ids.shape, self.embedding_dim)
 
 
-def _swap(parent: nn.Module, name: str, weight: BlockTensor) -> QuantizedLinear:
+def _swap(parent: nn.Module, name: str, weight: BlockTensor,
+          activations: str = "float32") -> QuantizedLinear:
     old = getattr(parent, name)
     expected = tuple(old.weight_t.shape[::-1])  # our Linear keeps [in, out]
     if (weight.rows, weight.cols) != expected:
         raise ValueError(f"GGUF tensor for {name} is {weight.rows}x{weight.cols}, the model's "
                          f"is {expected[0]}x{expected[1]}: not the same model")
-    new = QuantizedLinear(weight)
+    new = QuantizedLinear(weight, activations)
     setattr(parent, name, new)  # the fp32 weight goes with the old module
     return new
 
 
-def _install(model: LlamaModel, gguf: GGUFModel) -> None:
-    """Swap the model's linear layers, LM head and embedding for the GGUF's codes."""
+def _install(model: LlamaModel, gguf: GGUFModel, activations: str = "float32") -> None:
+    """Swap the model's linear layers, LM head and embedding for the GGUF's codes; the
+    layers' Q4_1 matmuls take `activations`, the Q8_0 LM head always float32."""
     if gguf.num_layers != len(model.layers):
         raise ValueError(f"GGUF has {gguf.num_layers} layers, the model {len(model.layers)}")
     q = gguf.quantized
     for i, layer in enumerate(model.layers):
-        _swap(layer.self_attn, "qkv_proj", q[f"layers.{i}.self_attn.qkv_proj"])
-        _swap(layer.self_attn, "o_proj", q[f"layers.{i}.self_attn.o_proj"])
-        _swap(layer.mlp, "gate_up_proj", q[f"layers.{i}.mlp.gate_up_proj"])
-        _swap(layer.mlp, "down_proj", q[f"layers.{i}.mlp.down_proj"])
+        attn, mlp = layer.self_attn, layer.mlp
+        _swap(attn, "qkv_proj", q[f"layers.{i}.self_attn.qkv_proj"], activations)
+        _swap(attn, "o_proj", q[f"layers.{i}.self_attn.o_proj"], activations)
+        _swap(mlp, "gate_up_proj", q[f"layers.{i}.mlp.gate_up_proj"], activations)
+        _swap(mlp, "down_proj", q[f"layers.{i}.mlp.down_proj"], activations)
     embedding = q["embed_tokens"]
     if "lm_head" in q:  # untied: the embedding keeps its own codes
         _swap(model, "lm_head", q["lm_head"])
@@ -166,7 +200,18 @@ def _install(model: LlamaModel, gguf: GGUFModel) -> None:
         model.embed_tokens = QuantizedEmbedding(_swap(model, "lm_head", embedding))
 
 
-def quantize_model_q4_1(model: LlamaModel, gguf_path: str | Path) -> None:
+def check_activations(activations: str) -> None:
+    """Fail (before touching a model) if the layers cannot run with these activations here."""
+    if activations not in ACTIVATIONS:
+        raise ValueError(f"activations must be one of {ACTIVATIONS}, not {activations!r}")
+    if activations == "int8":
+        int8_activation_kernel()
+    else:
+        quantized_kernels()
+
+
+def quantize_model_q4_1(model: LlamaModel, gguf_path: str | Path,
+                        activations: str = "float32") -> None:
     """Replace a loaded fp32 model's linear layers, LM head and embedding with the GGUF's
     codes, dropping the fp32 weights.
 
@@ -177,8 +222,8 @@ def quantize_model_q4_1(model: LlamaModel, gguf_path: str | Path) -> None:
     if weight.device.type != "cpu" or weight.dtype != torch.float32:
         raise ValueError(f"--weights q4_1 runs on the CPU in float32; the model is on "
                          f"{weight.device} in {weight.dtype}")
-    quantized_kernels()  # fail here, before touching the model, if the kernel cannot run
-    _install(model, read_gguf(gguf_path))
+    check_activations(activations)  # fail here, before touching the model
+    _install(model, read_gguf(gguf_path), activations)
 
 
 def load_q4_1_weights(model: LlamaModel) -> None:
@@ -188,19 +233,21 @@ def load_q4_1_weights(model: LlamaModel) -> None:
     quantize_model_q4_1(model, fetch_default_gguf())
 
 
-def load_q4_1_model(model_dir: str | Path, gguf_path: str | Path | None = None) -> LlamaModel:
+def load_q4_1_model(model_dir: str | Path, gguf_path: str | Path | None = None,
+                    activations: str = "float32") -> LlamaModel:
     """`--weights q4_1`: the model of model_dir (its config.json) built straight from the GGUF,
     never holding fp32 weights (~100 MB resident instead of ~650 MB at load).
 
-    gguf_path defaults to the default model's GGUF (downloaded once, then cached)."""
+    gguf_path defaults to the default model's GGUF (downloaded once, then cached);
+    activations="int8" is `--activations int8` (the layers' matmuls, not exact)."""
     from model.prepare import fetch_default_gguf
 
-    quantized_kernels()
+    check_activations(activations)
     gguf = read_gguf(gguf_path or fetch_default_gguf())
     cfg = ModelConfig.from_dir(model_dir)
     with torch.device("meta"):  # shapes only: every weight comes from the GGUF
         model = LlamaModel(cfg)
-    _install(model, gguf)
+    _install(model, gguf, activations)
     model.load_state_dict(gguf.dense, strict=False, assign=True)  # the RMSNorm weights
     missing = [name for name, t in model.state_dict().items() if t.is_meta]
     if missing:

@@ -31,11 +31,14 @@ PROMPTS = [
 
 
 def kernel_skip_is_a_failure(reason: str, has_compiler: bool, avx512: bool,
-                             avx512_bf16: bool) -> bool:
+                             avx512_bf16: bool, avx512_vnni: bool = True) -> bool:
     """Under CI, a kernel test (tests/model/) may skip only for a reason this machine really
-    has: no C++ compiler, no AVX-512, or (for the bf16 paths) no AVX512_BF16. Anything else,
-    e.g. a kernel that failed to build on a machine that could build it, is a failure."""
+    has: no C++ compiler, no AVX-512, (for the bf16 paths) no AVX512_BF16, or (for int8
+    activations) no AVX512-VNNI. Anything else, e.g. a kernel that failed to build on a
+    machine that could build it, is a failure."""
     if not has_compiler or not avx512:
+        return False
+    if "vnni" in reason.lower() and not avx512_vnni:
         return False
     return not ("bf16" in reason.lower() and not avx512_bf16)
 
@@ -47,11 +50,11 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     if not (report.skipped and os.environ.get("CI") == "true"
             and "tests/model/" in item.nodeid.replace("\\", "/")):
         return
-    from model.cpu_kernel import cpu_supports
+    from model.cpu_kernel import cpu_has_vnni, cpu_supports
 
     reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
     if kernel_skip_is_a_failure(reason, shutil.which("c++") is not None, cpu_supports(),
-                                cpu_supports(bf16=True)):
+                                cpu_supports(bf16=True), cpu_has_vnni()):
         report.outcome = "failed"
         report.longrepr = (f"CI=true: this machine has a C++ compiler and AVX-512, so this "
                            f"kernel test must run, but it skipped: {reason}")

@@ -213,6 +213,7 @@ REFUSED_FLAGS = {
     "priority_aging": ["--priority-aging", "0"],
     "matmul": ["--matmul", "auto"],
     "weights": ["--weights", "int8"],
+    "activations": ["--activations", "int8"],
     "scheduling_policy": ["--scheduling-policy", "priority"],
 }
 

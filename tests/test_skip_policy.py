@@ -11,3 +11,5 @@ def test_ci_turns_a_kernel_skip_into_a_failure_where_the_kernel_can_run():
     assert fails("no AVX-512 or no C++ toolchain here", True, True, False)
     assert not fails("no AVX-512 or no C++ toolchain here", True, False, False)
     assert not fails("no C++ toolchain to build the kernel", False, True, True)
+    assert not fails("needs a CPU with AVX512-VNNI", True, True, True, False)
+    assert fails("needs a CPU with AVX512-VNNI", True, True, True, True)

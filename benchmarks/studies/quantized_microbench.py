@@ -1,9 +1,11 @@
 """Microbenchmark: the model's matmuls from Q4_1/Q8_0 codes against fp32 `x @ weight_t`.
 
 All 30 layers' shapes (qkv 576->960, o 576->576, gate_up 576->3072, down 1536->576) with the
-default model's real weights, plus the LM head (576->49152), at 1 and 30 rows of x: fp32,
-q4_1 (the GGUF's codes; its LM head is Q8_0) and int8 (per output channel), in one run.
-Usage: `python3 -m benchmarks.studies.quantized_microbench [--repeats 30]`.
+default model's real weights, plus the LM head (576->49152), at 1, 8, 30 and 64 rows of x:
+fp32, q4_1 (the GGUF's codes; its LM head is Q8_0), q4_1-int8act (the same codes times int8
+activations, `--activations int8`; where the CPU has AVX512-VNNI; its LM head is q4_1's) and
+int8 (per output channel), in one run.
+Usage: `python3 -m benchmarks.studies.quantized_microbench [--repeats 30] [--rows 1 30]`.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import torch
 from model.gguf_weights import read_gguf
 from model.int8 import int8_per_channel
 from model.prepare import fetch_default_gguf
-from model.quantized import QuantizedLinear
+from model.quantized import QuantizedKernelUnavailable, QuantizedLinear, int8_activation_kernel
 
 LAYER_PARTS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
 
@@ -74,7 +76,7 @@ def measure(rows: int, layers: list[Matmul], head: Matmul,
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=30)
-    parser.add_argument("--rows", type=int, nargs="+", default=[1, 30])
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 8, 30, 64])
     args = parser.parse_args()
 
     gguf = read_gguf(fetch_default_gguf())
@@ -86,6 +88,12 @@ def main() -> None:
         "q4_1": [QuantizedLinear(w) for w in blocks],  # Q4_1 layers, Q8_0 LM head
         "int8": [QuantizedLinear(int8_per_channel(w)) for w in dense],
     }
+    try:
+        int8_activation_kernel()
+        formats["q4_1-int8act"] = [QuantizedLinear(w, "int8") for w in blocks[:-1]] + [
+            formats["q4_1"][-1]]
+    except QuantizedKernelUnavailable as exc:
+        print(f"q4_1-int8act left out: {exc}")
     del dense
     for name, matmuls in formats.items():
         print(f"{name}: layers {megabytes(matmuls[:-1]):.1f} MB, "

@@ -13,6 +13,8 @@ void set_prefetch_bytes(int64_t bytes);
 void set_chunk_steps(int64_t steps);
 torch::Tensor q4_1_linear(torch::Tensor x, torch::Tensor packed, int64_t out_features);
 torch::Tensor q8_0_linear(torch::Tensor x, torch::Tensor packed, int64_t out_features);
+torch::Tensor q4_1_int8act_linear(torch::Tensor x, torch::Tensor packed, int64_t out_features);
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> quantize_rows_int8(torch::Tensor x);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode_attention", &paged_decode_attention,
@@ -25,4 +27,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_chunk_steps", &set_chunk_steps, "dense_linear tuning knob");
   m.def("q4_1_linear", &q4_1_linear, "x @ W^T from Q4_1 codes (quantized_linear_cpu.cpp)");
   m.def("q8_0_linear", &q8_0_linear, "x @ W^T from Q8_0 codes (quantized_linear_cpu.cpp)");
+  m.def("q4_1_int8act_linear", &q4_1_int8act_linear,
+        "x @ W^T from Q4_1 codes, x rounded to int8 per block (q4_1_int8act_cpu.cpp)");
+  m.def("quantize_rows_int8", &quantize_rows_int8,
+        "x's int8 codes, scales and scaled sums as q4_1_int8act_linear makes them");
 }

@@ -1,0 +1,213 @@
+// y ≈ x · Wᵀ from Q4_1 codes with x rounded to int8 per block of 32 (CPU, AVX512-VNNI).
+//
+// The opt-in speed mode of --weights q4_1, multiplying as llama.cpp does for its Q4 formats:
+// each row of x is quantized per block of 32 inputs, symmetric and to nearest,
+//   dx = max|x| / 127,  xq = round(x / dx) in [-127, 127],
+// and a block's 32 products become one integer dot product, the scales applied after:
+//   sum_k (d q_k + m) x_k  ≈  dx (d sum_k q_k xq_k + m sum_k xq_k).
+// `vpdpbusd` multiplies unsigned bytes (the codes, 0..15) by signed ones (xq) and adds each
+// 4 adjacent products into an int32 lane: 16 output rows by 4 inputs in one instruction, where
+// the exact kernel (quantized_linear_cpu.cpp) needs 4 FMAs and the unpacking for 16 by 1.
+// The integer sums are exact; only x's rounding to 8 bits changes the result
+// (tests/model/test_q4_1_int8act.py states how much).
+//
+// Layout (packed once at load, model/quantized.py): output rows in groups of 16; per group
+// and block of 32 inputs, 320 contiguous bytes: d[16] fp16, m[16] fp16, then codes[4][16][4]:
+// byte [c][r][t] is row r's GGUF code byte j = 4c + t (weight j in its low nibble, j + 16 in
+// its high one). One 64-byte load then gives each of 16 lanes (rows) 4 consecutive inputs:
+// the low nibbles pair with xq[4c .. 4c + 3], the high ones with xq[16 + 4c .. 16 + 4c + 3].
+// Groups follow one another: [groups][blocks][320].
+//
+// Threads first quantize x's blocks between them, then split the output groups as the exact
+// kernel does; each block's codes are unpacked once into registers for all rows of x.
+#include <torch/extension.h>
+
+#include <immintrin.h>
+#include <omp.h>
+
+// This file's code is AVX-512 with VNNI; model/quantized.py checks the CPU before calling it.
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")
+
+#include <algorithm>
+#include <cstring>
+#include <tuple>
+#include <vector>
+
+namespace {
+constexpr int64_t kLanes = 16;   // output rows per group
+constexpr int64_t kBlock = 32;   // inputs per block
+constexpr int64_t kBytes = 320;  // per group and block
+constexpr int64_t kAhead = 8;    // blocks to prefetch ahead, as in the exact kernel
+constexpr int kGroups = 2;       // groups per tile
+// Explicit rounding: these intrinsics are opaque to -ffast-math, so the quantization is
+// exactly IEEE division and multiplication, which the tests reproduce in PyTorch bit for bit.
+constexpr int kNearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+// A block whose largest |x| is below this quantizes to zeros with scale 0: near fp32's
+// smallest normals, 1 / dx would overflow to inf.
+constexpr float kTiniest = 1e-30f;
+
+// x quantized per block: codes [M][K] (stored as int32 words: 4 codes each), and per block
+// the scale dx and dx * sum(xq) (the min term's factor).
+struct QuantizedX {
+  int32_t* words;
+  float* scale;
+  float* scaled_sum;
+};
+
+inline float divide(float a, float b) {
+  return _mm_cvtss_f32(_mm_div_round_ss(_mm_set_ss(a), _mm_set_ss(b), kNearest));
+}
+
+inline __m512i round_codes(__m512 x, __m512 inverse) {
+  const __m512i q = _mm512_cvt_roundps_epi32(_mm512_mul_round_ps(x, inverse, kNearest),
+                                             kNearest);  // to nearest, ties to even
+  return _mm512_max_epi32(_mm512_min_epi32(q, _mm512_set1_epi32(127)), _mm512_set1_epi32(-127));
+}
+
+// One block of 32 inputs: codes (32 bytes), scale and scaled sum.
+inline void quantize_block(const float* x, int8_t* codes, float* scale, float* scaled_sum) {
+  const __m512 a = _mm512_loadu_ps(x), b = _mm512_loadu_ps(x + 16);
+  const float peak = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+  const float dx = peak >= kTiniest ? divide(peak, 127.0f) : 0.0f;
+  const __m512 inverse = _mm512_set1_ps(dx > 0.0f ? divide(1.0f, dx) : 0.0f);
+  const __m512i qa = round_codes(a, inverse), qb = round_codes(b, inverse);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(codes), _mm512_cvtepi32_epi8(qa));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + 16), _mm512_cvtepi32_epi8(qb));
+  *scale = dx;
+  *scaled_sum = dx * static_cast<float>(_mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb)));
+}
+
+// Blocks [begin, end) of the M x (K / 32) blocks of x (row-major).
+void quantize_blocks(const float* x, int64_t begin, int64_t end, const QuantizedX& out) {
+  for (int64_t i = begin; i < end; ++i)
+    quantize_block(x + i * kBlock, reinterpret_cast<int8_t*>(out.words + i * (kBlock / 4)),
+                   out.scale + i, out.scaled_sum + i);
+}
+
+// One group's block, unpacked: lo[c] holds rows' codes 4c..4c+3, hi[c] 16+4c..16+4c+3.
+struct Codes {
+  __m512i lo[4], hi[4];
+  __m512 d, m;
+};
+
+inline void load_codes(const uint8_t* p, Codes& c) {
+  for (int64_t line = 0; line < kBytes; line += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(p + kAhead * kBytes + line), _MM_HINT_T0);
+  c.d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  c.m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32)));
+  const __m512i nibble = _mm512_set1_epi8(0x0F);
+  for (int i = 0; i < 4; ++i) {
+    const __m512i v = _mm512_loadu_si512(p + 64 + 64 * i);
+    c.lo[i] = _mm512_and_si512(v, nibble);
+    c.hi[i] = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
+  }
+}
+
+// total + dx (d · dot(q, xq) + m · sum(xq)) for one row of x and one group's block.
+inline __m512 block_product(const Codes& c, const int32_t* words, float scale,
+                            float scaled_sum, __m512 total) {
+  __m512i lo = _mm512_setzero_si512(), hi = _mm512_setzero_si512();
+  for (int i = 0; i < 4; ++i) {
+    lo = _mm512_dpbusd_epi32(lo, c.lo[i], _mm512_set1_epi32(words[i]));
+    hi = _mm512_dpbusd_epi32(hi, c.hi[i], _mm512_set1_epi32(words[4 + i]));
+  }
+  const __m512 dot = _mm512_cvtepi32_ps(_mm512_add_epi32(lo, hi));  // |dot| < 2^16: exact
+  total = _mm512_fmadd_ps(dot, _mm512_mul_ps(c.d, _mm512_set1_ps(scale)), total);
+  return _mm512_fmadd_ps(c.m, _mm512_set1_ps(scaled_sum), total);
+}
+
+// All M rows of x against NG groups starting at w; total is the caller's scratch,
+// M * NG * 16 floats (in L1: 8 KB at 64 rows).
+template <int NG>
+void tile(int64_t M, const QuantizedX& xq, int64_t blocks, const uint8_t* w,
+          int64_t group_bytes, float* y, int64_t N, int64_t n0, float* total) {
+  std::fill(total, total + M * NG * kLanes, 0.0f);
+  for (int64_t b = 0; b < blocks; ++b) {
+    Codes codes[NG];
+    for (int g = 0; g < NG; ++g) load_codes(w + g * group_bytes + b * kBytes, codes[g]);
+    for (int64_t m = 0; m < M; ++m) {
+      const int64_t i = m * blocks + b;
+      const int32_t* words = xq.words + i * (kBlock / 4);
+      for (int g = 0; g < NG; ++g) {
+        float* t = total + (m * NG + g) * kLanes;
+        _mm512_storeu_ps(t, block_product(codes[g], words, xq.scale[i], xq.scaled_sum[i],
+                                          _mm512_loadu_ps(t)));
+      }
+    }
+  }
+  for (int g = 0; g < NG; ++g) {
+    const int64_t n = n0 + g * kLanes;
+    const __mmask16 mask = n + kLanes <= N ? 0xFFFF : (__mmask16)((1u << (N - n)) - 1);
+    for (int64_t m = 0; m < M; ++m)
+      _mm512_mask_storeu_ps(y + m * N + n, mask, _mm512_loadu_ps(total + (m * NG + g) * kLanes));
+  }
+}
+
+void check_x(const torch::Tensor& x, const char* name) {
+  TORCH_CHECK(x.dtype() == torch::kFloat32 && x.dim() == 2 && x.is_contiguous(), name,
+              ": x must be a contiguous float32 [rows, in] tensor");
+  TORCH_CHECK(x.size(1) % kBlock == 0, name, ": x's ", x.size(1), " inputs are not blocks of ",
+              kBlock);
+}
+}  // namespace
+
+torch::Tensor q4_1_int8act_linear(torch::Tensor x, torch::Tensor packed, int64_t N) {
+  const char* name = "q4_1_int8act_linear";
+  check_x(x, name);
+  TORCH_CHECK(packed.dtype() == torch::kUInt8 && packed.dim() == 3 && packed.is_contiguous() &&
+                  packed.size(2) == kBytes,
+              name, ": packed weights must be contiguous uint8 [groups, blocks, ", kBytes, "]");
+  const int64_t M = x.size(0), K = x.size(1), groups = packed.size(0), blocks = K / kBlock;
+  TORCH_CHECK(blocks == packed.size(1), name, ": x has ", K, " inputs, weights ",
+              packed.size(1) * kBlock);
+  TORCH_CHECK(N > (groups - 1) * kLanes && N <= groups * kLanes, name, ": ", N,
+              " outputs do not fit ", groups, " groups of 16 rows");
+  auto y = torch::empty({M, N}, x.options());
+  if (M == 0) return y;
+  pybind11::gil_scoped_release no_gil;  // pure C++ from here on
+  // Everything is allocated here: nothing may throw inside the OpenMP region.
+  std::vector<int32_t> words(M * K / 4);
+  std::vector<float> scale(M * blocks), scaled_sum(M * blocks);
+  const QuantizedX xq{words.data(), scale.data(), scaled_sum.data()};
+  const int64_t scratch_size = M * kGroups * kLanes;
+  std::vector<float> scratch(omp_get_max_threads() * scratch_size);
+  const float* xp = x.data_ptr<float>();
+  const uint8_t* wp = packed.data_ptr<uint8_t>();
+  float* yp = y.data_ptr<float>();
+  const int64_t group_bytes = blocks * kBytes;
+  const int64_t tiles = (groups + kGroups - 1) / kGroups;
+#pragma omp parallel
+  {
+    const int64_t threads = omp_get_num_threads(), me = omp_get_thread_num();
+    const int64_t all = M * blocks;
+    quantize_blocks(xp, all * me / threads, all * (me + 1) / threads, xq);
+#pragma omp barrier
+    float* total = scratch.data() + me * scratch_size;
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < tiles; ++t) {
+      const int64_t g0 = t * kGroups;
+      if (g0 + kGroups <= groups)
+        tile<kGroups>(M, xq, blocks, wp + g0 * group_bytes, group_bytes, yp, N, g0 * kLanes,
+                      total);
+      else
+        for (int64_t g = g0; g < groups; ++g)
+          tile<1>(M, xq, blocks, wp + g * group_bytes, group_bytes, yp, N, g * kLanes, total);
+    }
+  }
+  return y;
+}
+
+// x's int8 codes [M, K], scales [M, K / 32] and scaled sums [M, K / 32], exactly as
+// q4_1_int8act_linear computes them (for the tests).
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> quantize_rows_int8(torch::Tensor x) {
+  check_x(x, "quantize_rows_int8");
+  const int64_t M = x.size(0), K = x.size(1), blocks = K / kBlock;
+  auto codes = torch::empty({M, K}, x.options().dtype(torch::kInt8));
+  auto scale = torch::empty({M, blocks}, x.options());
+  auto scaled_sum = torch::empty({M, blocks}, x.options());
+  std::vector<int32_t> words(M * K / 4);
+  const QuantizedX xq{words.data(), scale.data_ptr<float>(), scaled_sum.data_ptr<float>()};
+  quantize_blocks(x.data_ptr<float>(), 0, M * blocks, xq);
+  std::memcpy(codes.data_ptr<int8_t>(), words.data(), M * K);
+  return {codes, scale, scaled_sum};
+}
