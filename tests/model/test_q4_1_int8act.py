@@ -218,7 +218,9 @@ def test_cpu_without_vnni_gets_a_clear_error(monkeypatch, model_dir, capsys):
     print("no VNNI:", err.value)
     import server
 
-    args = server.build_parser(None).parse_args(["--weights", "q4_1", "--activations", "int8"])
+    # In-process: the patched CPU check does not reach a core process.
+    args = server.build_parser(None).parse_args(["--weights", "q4_1", "--activations", "int8",
+                                                 "--no-engine-process"])
     assert server.run_server(None, args=args) == 1
     assert "AVX512-VNNI" in capsys.readouterr().err
 
