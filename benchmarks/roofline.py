@@ -50,11 +50,11 @@ from model.dense_linear import PackedLinear
 ROOT = Path(__file__).resolve().parents[1]
 ROWS = [1, 8, 30, 64]
 # name: (weights, the compute peak it is held against, model_matmuls.build's path)
-PATHS = {"ours fp32": ("float32", "float32", "ours"),
-         "ours bf16": ("bfloat16", "bfloat16", "ours"),
-         "ours q4_1": ("q4_1", "float32", "q4_1"),
-         "torch fp32": ("float32", "float32", "matmul"),
-         "torch bf16": ("bfloat16", "bfloat16", "matmul")}
+PATHS = {"ours-fp32": ("float32", "float32", "ours"),
+         "ours-bf16": ("bfloat16", "bfloat16", "ours"),
+         "ours-q4_1": ("q4_1", "float32", "q4_1"),
+         "torch-fp32": ("float32", "float32", "matmul"),
+         "torch-bf16": ("bfloat16", "bfloat16", "matmul")}
 Shapes = list[tuple[int, int]]
 
 
