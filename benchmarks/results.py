@@ -219,3 +219,63 @@ class DashboardOverheadRun(JsonFile):
         trials = [OverheadTrial(**{**t, "level": LevelResult(**t["level"])})
                   for t in raw["trials"]]
         return cls(**{**raw, "machine": Machine(**raw["machine"]), "trials": trials})
+
+
+@dataclass
+class ComputePeak:
+    """The best GFLOP/s of one dtype on a large square GEMM, by path, and what the CPU's
+    flags and clock promise, where they can be read."""
+
+    dtype: str  # "float32" or "bfloat16"
+    gemm_size: int  # M = N = K
+    gflops_by_path: dict[str, float]
+    best_gflops: float  # the achievable peak: the best path
+    theoretical_gflops: float | None  # per FMA unit of each thread; None: not read
+    theoretical_note: str  # how the figure was read, or why it was not
+
+
+@dataclass
+class RooflineCell:
+    """One path at one row count: a pass over all the model's matmuls against the peaks."""
+
+    path: str
+    dtype: str  # the compute peak it is held against: "float32" or "bfloat16"
+    rows: int
+    ms: float  # best pass
+    gflop: float  # 2 * M * N * K over the pass
+    weight_mb: float  # bytes of weights the pass reads (packed, as the path stores them)
+    activation_mb: float  # inputs read and outputs written
+    gflops: float
+    gbs: float
+    intensity: float  # FLOP per byte
+    bound: str  # "memory" or "compute": the intensity against the ridge point
+    of_bandwidth: float  # fractions of the measured peaks, 0..1 (or above: a cache hit)
+    of_compute: float
+    of_roofline: float  # of min(compute peak, intensity * bandwidth)
+
+
+@dataclass
+class RooflineRun(JsonFile):
+    """benchmarks/roofline.py: this CPU's measured peaks and every path's passes against
+    them."""
+
+    label: str
+    machine: Machine
+    started_at: str
+    command: str
+    threads: int
+    repeats: int
+    read_gbs: float  # a streaming sum over stream_mb
+    copy_gbs: float  # a copy: bytes read + written
+    stream_mb: float
+    compute: list[ComputePeak]
+    cells: list[RooflineCell]
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> RooflineRun:
+        return cls(**{**raw, "machine": Machine(**raw["machine"]),
+                      "compute": [ComputePeak(**c) for c in raw["compute"]],
+                      "cells": [RooflineCell(**c) for c in raw["cells"]]})
+
+    def peak(self, dtype: str) -> ComputePeak:
+        return next(c for c in self.compute if c.dtype == dtype)

@@ -18,9 +18,16 @@ from benchmarks.results import (
     LevelResult,
     Machine,
     ProfileRun,
+    RooflineRun,
     SpecDecodeRun,
 )
-from benchmarks.tables import markdown_table, profile_table, side_by_side, top_ops_table
+from benchmarks.tables import (
+    markdown_table,
+    profile_table,
+    roofline_tables,
+    side_by_side,
+    top_ops_table,
+)
 
 SERVER = "python3 server.py --port 8123"
 BENCH = "python3 benchmarks/bench.py --url http://127.0.0.1:8123"
@@ -266,12 +273,52 @@ def engine_process(folder: Path) -> list[str]:
                             second)]
 
 
+def newest_roofline_per_cpu(folder: Path) -> dict[str, str]:
+    """{CPU: the file under results/ of its newest roofline run}, for every CPU that has one."""
+    newest: dict[str, RooflineRun] = {}
+    names: dict[str, str] = {}
+    for path in sorted((folder / "roofline").glob("*.json")):
+        run = RooflineRun.load(path)
+        cpu = run.machine.cpu
+        if cpu not in newest or run.started_at > newest[cpu].started_at:
+            newest[cpu], names[cpu] = run, f"roofline/{path.name}"
+    return dict(sorted(names.items()))
+
+
+def roofline_sections(folder: Path) -> list[Section]:
+    """One section with a table per CPU, or none while results/roofline/ holds no run."""
+    files = newest_roofline_per_cpu(folder)
+
+    def body(folder: Path) -> list[str]:
+        lines: list[str] = []
+        for cpu, name in files.items():
+            run = RooflineRun.load(folder / name)
+            lines += [f"**{cpu}**, {run.threads} threads, best of {run.repeats} "
+                      f"(`results/{name}`: `{run.command}`):", "", *roofline_tables(run), ""]
+        return lines[:-1]
+
+    if not files:
+        return []
+    return [Section(
+        "Matmuls against this CPU's peaks (roofline)",
+        "`benchmarks/roofline.py` measures the CPU's peaks on the engine's 2 threads (memory "
+        "bandwidth: a streaming sum; compute: a large square GEMM through our kernel and "
+        "torch, the best taken), then times each matmul path over one decode step's matmuls "
+        "(30 layers' qkv, o_proj, gate_up, down + LM head, the default model's shapes) at "
+        "each row count. GFLOP/s is 2·M·N·K over the pass's time, GB/s the weight and "
+        "activation bytes over it; a pass whose FLOP per byte is below the ridge point "
+        "(compute peak / bandwidth) is memory bound, above it compute bound, and *% of "
+        "roofline* is GFLOP/s over the lower of the two roofs at that intensity. q4_1 is "
+        "held against the fp32 compute peak (it dequantizes and multiplies in fp32).",
+        ["python3 benchmarks/roofline.py"], list(files.values()), body)]
+
+
 def sections(folder: Path) -> list[Section]:
     llama_ratio = {p: ratio(folder, f"nano-vllm{s}", f"llama-cpp-{p}", 30)
                    for p, s in (("f32", ""), ("bf16", "-bf16"), ("q4_1", "-q4_1"))}
     base_ratio = ratio(folder, "nano-vllm-vs-baseline", "baseline", 30)
     kernels_ratio = ratio(folder, "nano-vllm", "baseline-with-our-kernels", 30)
-    return [
+    fixed = [
         Section(
             "Against llama.cpp, on the same weights",
             "llama.cpp's `llama-server` serves the same model in the same three forms (built "
@@ -477,6 +524,7 @@ def sections(folder: Path) -> list[Section]:
             ["python3 -m benchmarks.soak --duration 600 --out results/soak/soak-600s.json"],
             ["soak/soak-600s.json"], soak),
     ]
+    return [*fixed, *roofline_sections(folder)]
 
 
 def build_page(folder: Path) -> str:

@@ -1,8 +1,8 @@
-"""Markdown tables from the result files that bench.py and profile_decode.py save."""
+"""Markdown tables from the result files that bench.py, profile_decode.py and roofline.py save."""
 
 from __future__ import annotations
 
-from benchmarks.results import BenchRun, ProfileRun
+from benchmarks.results import BenchRun, ProfileRun, RooflineRun
 
 
 def side_by_side(a: BenchRun, b: BenchRun) -> list[str]:
@@ -55,3 +55,26 @@ def top_ops_table(profile: ProfileRun) -> list[str]:
             for name in sorted(names, key=names.__getitem__, reverse=True)]
     heads = [f"{c.users} x {c.context}" for c in cells]
     return markdown_table("op self time, ms per step (users x context)", heads, rows)
+
+
+def roofline_tables(run: RooflineRun) -> list[str]:
+    """The peaks (and how each was measured), then every path's passes against them."""
+    peaks = [("memory bandwidth, read", [f"{run.read_gbs:.1f} GB/s",
+                                         f"a sum over {run.stream_mb:.0f} MB"]),
+             ("memory bandwidth, copy", [f"{run.copy_gbs:.1f} GB/s",
+                                         "a copy, bytes read + written"])]
+    for c in run.compute:
+        paths = ", ".join(f"{name} {g:.0f}" for name, g in c.gflops_by_path.items())
+        theory = (f"{c.theoretical_gflops:.0f} GFLOP/s per FMA unit ({c.theoretical_note})"
+                  if c.theoretical_gflops is not None else c.theoretical_note)
+        peaks.append((f"{c.dtype} compute", [
+            f"{c.best_gflops:.0f} GFLOP/s",
+            f"the best of {paths} on a {c.gemm_size}³ GEMM; ridge point "
+            f"{c.best_gflops / run.read_gbs:.1f} FLOP/byte; theoretical: {theory}"]))
+    cells = [(x.path, [f"{x.rows}", f"{x.ms:.2f}", f"{x.gflops:.1f}", f"{x.gbs:.1f}",
+                       f"{x.intensity:.2f}", x.bound, f"{x.of_bandwidth:.0%}",
+                       f"{x.of_compute:.0%}", f"{x.of_roofline:.0%}"]) for x in run.cells]
+    return [*markdown_table("peak", ["measured", "how"], peaks), "",
+            *markdown_table("path", ["rows", "ms per pass", "GFLOP/s", "GB/s", "FLOP/byte",
+                                     "bound", "% of read bandwidth", "% of compute peak",
+                                     "% of roofline"], cells)]

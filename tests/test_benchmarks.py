@@ -23,6 +23,7 @@ from benchmarks.results import (
     BenchRun,
     DashboardOverheadRun,
     ProfileRun,
+    RooflineRun,
     SpecDecodeRun,
     result_path,
 )
@@ -45,6 +46,8 @@ def result_kind(path: Path) -> type | None:
         return ProfileRun
     if path.stem == "spec-decode":
         return SpecDecodeRun
+    if path.parent.name == "roofline":
+        return RooflineRun
     return DashboardOverheadRun if path.parent.name == "dashboard" else BenchRun
 
 

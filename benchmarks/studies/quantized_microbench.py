@@ -17,12 +17,11 @@ from collections.abc import Callable
 
 import torch
 
+from benchmarks.model_matmuls import LAYER_PARTS
 from model.gguf_weights import read_gguf
 from model.int8 import int8_per_channel
 from model.prepare import fetch_default_gguf
 from model.quantized import QuantizedKernelUnavailable, QuantizedLinear, int8_activation_kernel
-
-LAYER_PARTS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
 
 
 def timed_ms(run: Callable[[], None], repeats: int) -> tuple[float, float]:
