@@ -25,7 +25,7 @@ namespace {
 constexpr int64_t kPart = 256;  // tokens per task
 
 // dot(a, b) over kDim floats; with kDim known at compile time the loop unrolls fully into
-// a few vector FMAs (head_dim 64 is the common case).
+// a few vector FMAs (head_dim 64 is the common case; 128 for Qwen3, 256 for Gemma 3).
 template <int64_t kDim>
 inline float dot_fixed(const float* a, const float* b) {
   float sum = 0.0f;
@@ -37,6 +37,7 @@ inline float dot_fixed(const float* a, const float* b) {
 inline float dot(const float* a, const float* b, int64_t dim) {
   if (dim == 64) return dot_fixed<64>(a, b);
   if (dim == 128) return dot_fixed<128>(a, b);
+  if (dim == 256) return dot_fixed<256>(a, b);
   float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
   for (int64_t d = 0; d < dim; ++d) sum += a[d] * b[d];
