@@ -37,18 +37,21 @@ class PrefillChunk:
     context_len: int  # tokens of the sequence after this chunk (cached + new)
     block_table: Tensor  # [blocks covering context_len]
     mask: Tensor | None  # [length, context_len]: 0 = may attend, -inf = not; None = causal
-    window_masks: dict[int, Tensor] = field(default_factory=dict)
+    window_masks: dict[int, tuple[int, Tensor]] = field(default_factory=dict)
 
-    def window_mask(self, window: int, dtype: torch.dtype) -> Tensor:
-        """[length, context_len]: each query sees its own key and the window - 1 before it."""
+    def window_keys(self, window: int, dtype: torch.dtype) -> tuple[int, Tensor]:
+        """For a sliding-window layer: the first block any query of this chunk can see, and
+        the mask over the keys from that block on ([length, context_len - 16 * block]). Each
+        query sees its own key and the window - 1 before it."""
         if window not in self.window_masks:
             device = self.block_table.device
-            keys = torch.arange(self.context_len, device=device)
-            queries = torch.arange(self.context_len - self.length, self.context_len,
-                                   device=device)
+            first = self.context_len - self.length
+            first_block = max(0, first - window + 1) // BLOCK_SIZE
+            keys = torch.arange(first_block * BLOCK_SIZE, self.context_len, device=device)
+            queries = torch.arange(first, self.context_len, device=device)
             distance = queries[:, None] - keys[None, :]
-            self.window_masks[window] = additive_mask((distance >= 0) & (distance < window),
-                                                      dtype)
+            self.window_masks[window] = (first_block, additive_mask(
+                (distance >= 0) & (distance < window), dtype))
         return self.window_masks[window]
 
 

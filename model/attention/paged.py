@@ -8,7 +8,8 @@ Per layer, the new K/V are written once into their slots; then
 - each multi-token chunk attends causally over its sequence's cached K/V plus its own.
 
 A sliding-window layer (a `window` from the model) masks every key older than its window,
-in both paths; the whole context's K/V stay in the pool (they are the full-attention
+in both paths, and a chunk gathers only the blocks its window reaches; the whole context's
+K/V stay in the pool (they are the full-attention
 layers' too, and a block is freed for all layers at once).
 
 Query heads are grouped onto their shared K/V head by SDPA's `enable_gqa`, so K/V are
@@ -88,12 +89,18 @@ class TorchPagedAttention:
     @staticmethod
     def attend_chunk(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor,
                      chunk: PrefillChunk, window: int | None = None) -> Tensor:
+        """A chunk over its cached K/V and its own; a sliding-window layer gathers only the
+        blocks from the first one its window reaches."""
+        first_block, mask = 0, chunk.mask
+        if window is not None:
+            first_block, mask = chunk.window_keys(window, q.dtype)
         if chunk.mask is None:  # nothing before this chunk: attend over its own K/V
             keys, values = k, v
         else:
-            keys = k_cache.index_select(0, chunk.block_table).flatten(0, 1)[:chunk.context_len]
-            values = v_cache.index_select(0, chunk.block_table).flatten(0, 1)[:chunk.context_len]
-        mask = chunk.mask if window is None else chunk.window_mask(window, q.dtype)
+            table = chunk.block_table[first_block:]
+            length = chunk.context_len - first_block * BLOCK_SIZE
+            keys = k_cache.index_select(0, table).flatten(0, 1)[:length]
+            values = v_cache.index_select(0, table).flatten(0, 1)[:length]
         # As [1, heads, tokens, dim]: in 4-D, SDPA's CPU flash kernel maps query heads onto
         # their K/V head itself; in 3-D it falls back to copying K/V once per query head.
         out = F.scaled_dot_product_attention(
