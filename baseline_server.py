@@ -151,6 +151,10 @@ class BaselineRunner:
     """Runs the model for the baseline: one user's prefill, or one batched decode step."""
 
     def __init__(self, model: LlamaModel) -> None:
+        if model.cfg.sliding_layers and any(model.cfg.sliding_layers):
+            # The yardstick stays the default model's math: no sliding-window masks here.
+            raise ValueError(f"the baseline server does not run {model.cfg.model_type} "
+                             "(its sliding-window layers); serve it with server.py")
         self.model = model
         self.device = model.norm.weight.device  # (the embedding may be quantized)
 

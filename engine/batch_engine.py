@@ -389,12 +389,14 @@ def load_engine(config: EngineConfig,
                 core_class: type[EngineCore] = PagedEngineCore) -> BatchEngine:
     """Prepare or find the model, load it and its tokenizer, and build an engine around a
     core of `core_class` (baseline_server.py passes its own)."""
-    from transformers import AutoTokenizer
-
+    from model.gguf_source import load_tokenizer
     from model.loader import load_model, pick_device, pick_dtype
     from model.prepare import resolve_model_dir
 
     model_dir = resolve_model_dir(config.model)
+    if config.weights != "default" and model_dir.is_file():
+        raise ValueError(f"--weights {config.weights} quantizes a Hugging Face folder; a GGUF "
+                         "file is dequantized at load: drop --weights")
     device = pick_device(config.device)
     log.info("loading %s on %s (%s, %s weights, %s activations)", model_dir, device,
              config.dtype, config.weights, config.activations)
@@ -407,7 +409,7 @@ def load_engine(config: EngineConfig,
     else:
         model = load_model(model_dir, device, pick_dtype(config.dtype),
                            fused_ops=config.fused_ops, matmul=config.matmul)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer = load_tokenizer(model_dir)
     if config.chat_template is not None:
         use_chat_template(tokenizer, config.chat_template)
     torch.set_grad_enabled(False)

@@ -40,8 +40,9 @@ class EngineConfig:
     def add_cli_args(parser: argparse.ArgumentParser) -> None:
         d = EngineConfig()
         parser.add_argument("--model", default=None,
-                            help="local Hugging Face Llama folder (default: SmolLM2-135M-Instruct, "
-                                 "prepared on first use)")
+                            help="a local Hugging Face folder, a GGUF file, or gemma-3-270m "
+                                 "(fetched on first use); default: SmolLM2-135M-Instruct, "
+                                 "prepared on first use")
         parser.add_argument("--device", default=None, help="cuda, mps or cpu (default: best)")
         parser.add_argument("--dtype", default=d.dtype, choices=["float32", "bfloat16", "float16"])
         parser.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs)

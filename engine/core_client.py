@@ -99,13 +99,12 @@ class EngineProcessClient:
         """Start the core process (pinned to `cpus`, e.g. "0,1"; default all; its engine
         core the class at `core`, "module:Class") and wait until it has loaded the model;
         EngineStartError if it exits or takes too long."""
-        from transformers import AutoTokenizer
-
+        from model.gguf_source import load_tokenizer
         from model.prepare import resolve_model_dir
 
         self.config = config
         model_dir = resolve_model_dir(config.model)  # prepared here once, found by the core
-        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self.tokenizer = load_tokenizer(model_dir)
         self.metrics = RemoteMetrics(self)
         self._lock = threading.Lock()  # guards the fields below and the requests socket
         self._in_flight: dict[str, _InFlight] = {}

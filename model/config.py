@@ -1,8 +1,10 @@
 """The model's shape, read from a Hugging Face `config.json`.
 
 Which `model_type`s are read, and what each may hold, is decided here: a config asking for
-something the forward pass does not compute (a rope type, biases, a sliding window) is
-refused at load with the reason, never served with different math.
+something the forward pass does not compute (a rope type, biases, a sliding window where
+the architecture has none) is refused at load with the reason, never served with different
+math. Gemma 3's own fields (sliding windows, two RoPE bases, its attention scale) are read by
+`read_gemma3`.
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ ARCHITECTURE_FEATURES: dict[str, dict[str, bool]] = {
     "llama": {"qkv_bias": False, "qk_norm": False},
     "qwen2": {"qkv_bias": True, "qk_norm": False},
     "qwen3": {"qkv_bias": False, "qk_norm": True},
+    "gemma3_text": {"qkv_bias": False, "qk_norm": True},
 }
+GEMMA3_LAYER_TYPES = ("sliding_attention", "full_attention")
 ROPE_TYPES = ("default", "llama3")
 
 
@@ -51,6 +55,21 @@ class ModelConfig:
     rope_scaling: Llama3RopeScaling | None = None
     qkv_bias: bool = False
     qk_norm: bool = False
+    # Gemma 3: which layers attend only to the last `sliding_window` tokens (a query sees
+    # itself and the window - 1 tokens before it), the RoPE base of those layers, the
+    # attention's 1/sqrt scale (query_pre_attn_scalar, not head_dim) and a tanh cap on the
+    # final logits.
+    sliding_window: int | None = None
+    sliding_layers: tuple[bool, ...] = ()
+    rope_local_theta: float | None = None
+    query_pre_attn_scalar: float | None = None
+    final_logit_softcapping: float | None = None
+
+    def layer_window(self, layer_idx: int) -> int | None:
+        """The window of this layer's attention, None where it sees the whole context."""
+        if self.sliding_layers and self.sliding_layers[layer_idx]:
+            return self.sliding_window
+        return None
 
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> ModelConfig:
@@ -63,7 +82,8 @@ class ModelConfig:
             raise ValueError(f"model_type {model_type!r} is not supported; this server runs: "
                              f"{', '.join(sorted(ARCHITECTURE_FEATURES))}")
         check_architecture(model_type, raw)
-        rope_theta, rope_scaling = read_rope(raw)
+        gemma3 = read_gemma3(raw) if model_type == "gemma3_text" else {}
+        rope_theta, rope_scaling = (gemma3.pop("rope_theta"), None) if gemma3 else read_rope(raw)
         eos = raw.get("eos_token_id", [])
         eos_ids = tuple(eos) if isinstance(eos, list) else (eos,)
         hidden = raw["hidden_size"]
@@ -84,11 +104,15 @@ class ModelConfig:
             model_type=model_type,
             rope_scaling=rope_scaling,
             **ARCHITECTURE_FEATURES[model_type],
+            **gemma3,
         )
 
 
 def check_architecture(model_type: str, raw: dict[str, Any]) -> None:
     """Refuse what this model_type's config may ask for but the forward pass lacks."""
+    if model_type == "gemma3_text":
+        check_gemma3(raw)
+        return
     if raw.get("hidden_act", "silu") != "silu":
         raise ValueError(f"only SiLU MLPs are supported, got {raw['hidden_act']}")
     if raw.get("mlp_bias"):
@@ -123,3 +147,60 @@ def read_rope(raw: dict[str, Any]) -> tuple[float, Llama3RopeScaling | None]:
         factor=rope["factor"], low_freq_factor=rope["low_freq_factor"],
         high_freq_factor=rope["high_freq_factor"],
         original_max_position_embeddings=rope["original_max_position_embeddings"])
+
+
+def check_gemma3(raw: dict[str, Any]) -> None:
+    """What a Gemma 3 config may switch on that the forward pass (model/gemma3.py) lacks."""
+    activation = raw.get("hidden_activation") or raw.get("hidden_act") or "gelu_pytorch_tanh"
+    if activation != "gelu_pytorch_tanh":
+        raise ValueError(f"gemma3_text with hidden_activation {activation!r} is not supported: "
+                         "the MLP is tanh-approximated GELU (gelu_pytorch_tanh)")
+    refused = {
+        "attention_bias": "biases on q, k, v and o",
+        "attn_logit_softcapping": "a tanh cap on the attention scores",
+        "use_bidirectional_attention": "bidirectional attention",
+    }
+    for key, what in refused.items():
+        if raw.get(key):
+            raise ValueError(f"gemma3_text with {key}={raw[key]!r} ({what}) is not supported")
+
+
+def read_gemma3(raw: dict[str, Any]) -> dict[str, Any]:
+    """Gemma 3's fields of ModelConfig. Layer kinds come from layer_types, else from
+    sliding_window_pattern (every n-th layer full, the rest sliding; default 6). The two RoPE
+    bases come from transformers 5's per-kind rope_parameters, else from rope_theta and
+    rope_local_base_freq; both must be plain RoPE."""
+    layers = raw["num_hidden_layers"]
+    kinds = raw.get("layer_types")
+    if not kinds:
+        pattern = raw.get("sliding_window_pattern") or 6
+        kinds = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
+                 for i in range(layers)]
+    unknown = sorted(set(kinds) - set(GEMMA3_LAYER_TYPES))
+    if unknown or len(kinds) != layers:
+        raise ValueError(f"gemma3_text layer_types must name {layers} layers, each one of "
+                         f"{', '.join(GEMMA3_LAYER_TYPES)}; got {kinds}")
+    window = raw.get("sliding_window")
+    sliding = tuple(kind == "sliding_attention" for kind in kinds)
+    if any(sliding) and not (isinstance(window, int) and window > 0):
+        raise ValueError(f"gemma3_text has sliding layers but sliding_window is {window!r}")
+    rope = raw.get("rope_parameters") or {}
+    if raw.get("rope_scaling"):
+        rope = {**rope, "full_attention": {**rope.get("full_attention", {}),
+                                           **raw["rope_scaling"]}}
+    bases = {"full_attention": raw.get("rope_theta", 1_000_000.0),
+             "sliding_attention": raw.get("rope_local_base_freq", 10_000.0)}
+    for kind, params in rope.items():
+        rope_type = params.get("rope_type", params.get("type", "default"))
+        if rope_type != "default":
+            raise ValueError(f"gemma3_text {kind} rope type {rope_type!r} is not supported; "
+                             "supported rope types: default")
+        bases[kind] = params.get("rope_theta", bases[kind])
+    return {
+        "rope_theta": float(bases["full_attention"]),
+        "rope_local_theta": float(bases["sliding_attention"]),
+        "sliding_window": window if any(sliding) else None,
+        "sliding_layers": sliding,
+        "query_pre_attn_scalar": float(raw.get("query_pre_attn_scalar", 256)),
+        "final_logit_softcapping": raw.get("final_logit_softcapping"),
+    }

@@ -36,18 +36,27 @@ class FusedOps:
 
 
 class AttentionFn(Protocol):
-    def __call__(self, layer_idx: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        """q: [..., num_heads, head_dim]; k, v: [..., num_kv_heads, head_dim].
+    def __call__(self, layer_idx: int, q: Tensor, k: Tensor, v: Tensor,
+                 window: int | None = None) -> Tensor:
+        """q: [..., num_heads, head_dim]; k, v: [..., num_kv_heads, head_dim]. With a window,
+        the query at position p attends only to keys p - window + 1 .. p (sliding-window
+        attention); without, to every key up to p.
 
         Returns the attention output shaped like q."""
         ...
 
 
-def causal_attention(layer_idx: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+def causal_attention(layer_idx: int, q: Tensor, k: Tensor, v: Tensor,
+                     window: int | None = None) -> Tensor:
     """Attention of a batch of whole sequences over themselves: [batch, seq, heads, dim]."""
+    mask = None
+    if window is not None:
+        pos = torch.arange(q.shape[1], device=q.device)
+        distance = pos[:, None] - pos[None, :]  # query row minus key column
+        mask = (distance >= 0) & (distance < window)
     out = F.scaled_dot_product_attention(
-        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=True
-    )
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask,
+        is_causal=mask is None, enable_gqa=True)
     return out.transpose(1, 2)
 
 
@@ -113,6 +122,27 @@ class RMSNorm(nn.Module):
         return normed.view_as(x), residual
 
 
+class GemmaRMSNorm(nn.Module):
+    """Gemma's RMSNorm: the gain is (1 + weight), so a zero weight is the identity, and the
+    norm is taken in fp32 whatever the model's dtype (as Hugging Face's Gemma3RMSNorm)."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(dim))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
+        return (normed * (1.0 + self.weight.float())).to(x.dtype)
+
+
+def gelu_tanh_mul(gate_up: Tensor) -> Tensor:
+    """Gemma's gated MLP activation: gelu(gate) * up, GELU in its tanh approximation; gate
+    and up side by side on the last axis (one matmul made both)."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.gelu(gate, approximate="tanh") * up
+
+
 class RotaryEmbedding(nn.Module):
     """Rotary position embedding, rotate-half form, with a precomputed cos/sin table.
 
@@ -162,18 +192,23 @@ class QKNorm(nn.Module):
     for the query heads and one for the key heads. Both run in one pass over the fused
     q|k output [..., num_heads + num_kv_heads, head_dim], each head scaled by its own row of
     the two weights side by side. In PyTorch on every device: the fused norm kernel takes one
-    weight for all rows."""
+    weight for all rows. Gemma's gain is (1 + weight): `weight_offset` 1, the norm in fp32."""
 
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, eps: float) -> None:
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, eps: float,
+                 weight_offset: float = 0.0) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
-        self.q_weight = nn.Parameter(torch.ones(head_dim))
-        self.k_weight = nn.Parameter(torch.ones(head_dim))
+        self.q_weight = nn.Parameter(torch.full((head_dim,), 1.0 - weight_offset))
+        self.k_weight = nn.Parameter(torch.full((head_dim,), 1.0 - weight_offset))
         self.eps = eps
+        self.weight_offset = weight_offset
 
     def forward(self, qk: Tensor) -> Tensor:
         weight = torch.cat([self.q_weight.expand(self.num_heads, -1),
                             self.k_weight.expand(self.num_kv_heads, -1)])
+        if self.weight_offset:
+            normed = F.rms_norm(qk.float(), (qk.shape[-1],), eps=self.eps)
+            return (normed * (self.weight_offset + weight.float())).to(qk.dtype)
         return F.rms_norm(qk, (qk.shape[-1],), eps=self.eps) * weight
 
 

@@ -1,4 +1,6 @@
-"""Load a Hugging Face folder (an architecture of model/registry.py) into our model."""
+"""Load a Hugging Face folder or a GGUF file (an architecture of model/registry.py) into our
+model. A GGUF file is dequantized to fp32 at load (model/gguf_checkpoint.py) and from then
+on goes the folder's way."""
 
 from __future__ import annotations
 
@@ -51,6 +53,16 @@ def read_hf_weights(model_dir: Path) -> dict[str, torch.Tensor]:
     return weights
 
 
+def read_checkpoint(model_path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """The config and Hugging Face-named weights of a folder, or of a GGUF file."""
+    if model_path.is_file():
+        from model.gguf_checkpoint import read_gguf_checkpoint
+
+        checkpoint = read_gguf_checkpoint(model_path)
+        return checkpoint.config, checkpoint.hf_weights
+    return ModelConfig.from_dir(model_path), read_hf_weights(model_path)
+
+
 def load_model(model_dir: str | Path, device: torch.device | str = "cpu",
                dtype: torch.dtype = torch.float32, fused_ops: bool = True,
                matmul: str = "auto") -> nn.Module:
@@ -60,12 +72,12 @@ def load_model(model_dir: str | Path, device: torch.device | str = "cpu",
     (model/dense_linear.py); "torch" keeps PyTorch's matmuls."""
     if matmul not in MATMULS:
         raise ValueError(f"unknown matmul {matmul!r}; choose one of {', '.join(MATMULS)}")
-    model_dir = Path(model_dir)
-    cfg = ModelConfig.from_dir(model_dir)
+    cfg, hf_weights = read_checkpoint(Path(model_dir))
     arch = architecture(cfg.model_type)
     with torch.device("meta"):  # no time spent initialising weights we overwrite anyway
         model = arch.model_class(cfg)
-    state = arch.convert_hf_weights(read_hf_weights(model_dir), cfg)
+    state = arch.convert_hf_weights(hf_weights, cfg)
+    del hf_weights
     model.load_state_dict(state, assign=True, strict=True)
     model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
     on_cpu = torch.device(device).type == "cpu" and dtype in CPU_KERNEL_DTYPES
@@ -80,6 +92,11 @@ def load_model(model_dir: str | Path, device: torch.device | str = "cpu",
 
 def log_torch_pieces(cfg: ModelConfig) -> None:
     """Say which parts of this architecture our CPU kernels leave to PyTorch."""
+    if cfg.model_type == "gemma3_text":
+        log.info("gemma3_text: its (1 + weight) RMSNorms, RoPE and gated tanh-GELU run in "
+                 "PyTorch (the fused kernels implement Llama's forms); the matmuls and the "
+                 "paged decode attention (with its sliding window) use our kernels")
+        return
     if cfg.qkv_bias:
         log.info("%s: q/k/v biases are added in PyTorch after the QKV matmul (the packed "
                  "GEMM has no bias epilogue)", cfg.model_type)

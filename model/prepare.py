@@ -161,14 +161,23 @@ def prepare_default_model(target: Path | None = None) -> Path:
 
 
 def resolve_model_dir(model: str | None) -> Path:
-    """`--model DIR` is used as is; no value means the default model, prepared if needed."""
+    """What `--model` names: no value is the default model, prepared if needed; a short name
+    of model/gguf_source.py (gemma-3-270m) its GGUF file, fetched if needed; a GGUF file or a
+    Hugging Face folder is used as it is."""
+    from model.gguf_source import GGUF_RELEASES, fetch_release
+
     if model is None:
         return prepare_default_model()
+    if model in GGUF_RELEASES:
+        return fetch_release(model)
     path = Path(model).expanduser()
+    if path.is_file():
+        return path  # a GGUF file: model/gguf_checkpoint.py says if it is not one
     if not (path / "config.json").is_file():
         raise ModelPreparationError(
-            f"--model {model}: expected a local Hugging Face folder with config.json and "
-            "*.safetensors weights; none found there."
+            f"--model {model}: expected a GGUF file, a local Hugging Face folder with "
+            "config.json and *.safetensors weights, or one of: "
+            f"{', '.join(sorted(GGUF_RELEASES))}; none found there."
         )
     return path
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from torch import Tensor, nn
 
-from model import llama, qwen2, qwen3
+from model import gemma3, llama, qwen2, qwen3
 from model.config import ModelConfig
 
 
@@ -27,6 +27,7 @@ ARCHITECTURES: dict[str, Architecture] = {
     "llama": Architecture(llama.LlamaModel, llama.convert_hf_weights),
     "qwen2": Architecture(qwen2.Qwen2Model, qwen2.convert_hf_weights),
     "qwen3": Architecture(qwen3.Qwen3Model, qwen3.convert_hf_weights),
+    "gemma3_text": Architecture(gemma3.Gemma3Model, gemma3.convert_hf_weights),
 }
 
 

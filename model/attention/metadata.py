@@ -2,11 +2,15 @@
 
 A step's tokens are laid out flat: first the single-token sequences (decodes, and
 prefills with one token left to compute), then the multi-token chunks (prefills).
+
+Sliding-window layers (Gemma 3) need their own masks: a query at position p sees keys
+p - window + 1 .. p. Those are built on the first layer that asks for a window, and kept for
+the step's other layers of the same window.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -33,6 +37,22 @@ class PrefillChunk:
     context_len: int  # tokens of the sequence after this chunk (cached + new)
     block_table: Tensor  # [blocks covering context_len]
     mask: Tensor | None  # [length, context_len]: 0 = may attend, -inf = not; None = causal
+    window_masks: dict[int, tuple[int, Tensor]] = field(default_factory=dict)
+
+    def window_keys(self, window: int, dtype: torch.dtype) -> tuple[int, Tensor]:
+        """For a sliding-window layer: the first block any query of this chunk can see, and
+        the mask over the keys from that block on ([length, context_len - 16 * block]). Each
+        query sees its own key and the window - 1 before it."""
+        if window not in self.window_masks:
+            device = self.block_table.device
+            first = self.context_len - self.length
+            first_block = max(0, first - window + 1) // BLOCK_SIZE
+            keys = torch.arange(first_block * BLOCK_SIZE, self.context_len, device=device)
+            queries = torch.arange(first, self.context_len, device=device)
+            distance = queries[:, None] - keys[None, :]
+            self.window_masks[window] = (first_block, additive_mask(
+                (distance >= 0) & (distance < window), dtype))
+        return self.window_masks[window]
 
 
 @dataclass
@@ -45,6 +65,21 @@ class StepMetadata:
     # [num_single, 1, 1, max_blocks * BLOCK_SIZE]: 0 where a query may attend, -inf elsewhere;
     # only for backends that gather and mask (SDPA would rebuild a boolean mask every call).
     single_mask: Tensor | None = None
+    mask_dtype: torch.dtype = torch.float32
+    single_window_masks: dict[int, Tensor] = field(default_factory=dict)
+
+    def single_window_mask(self, window: int) -> Tensor:
+        """single_mask for a sliding-window layer: only the last `window` keys of each
+        sequence (its new token's and the window - 1 before it)."""
+        if window not in self.single_window_masks:
+            lengths = self.single_context_lens
+            key_pos = torch.arange(self.single_block_tables.shape[1] * BLOCK_SIZE,
+                                   device=lengths.device)
+            allowed = (key_pos[None, :] < lengths[:, None]) & (
+                key_pos[None, :] >= lengths[:, None] - window)
+            self.single_window_masks[window] = additive_mask(
+                allowed, self.mask_dtype)[:, None, None, :]
+        return self.single_window_masks[window]
 
     @classmethod
     def build(cls, single: list[tuple[list[int], int]], chunks: list[tuple[list[int], int, int]],
@@ -75,7 +110,7 @@ class StepMetadata:
             key_pos = torch.arange(width * BLOCK_SIZE, device=device)
             mask = additive_mask(key_pos[None, :] < lengths[:, None], dtype)[:, None, None, :]
         return cls(torch.tensor(slots, dtype=torch.long, device=device), len(single),
-                   tables.to(device), lengths, prefill_chunks, mask)
+                   tables.to(device), lengths, prefill_chunks, mask, dtype)
 
 
 def chunk_mask(first: int, context_len: int, device: torch.device | str,

@@ -7,6 +7,11 @@ Per layer, the new K/V are written once into their slots; then
   each sequence's length masked out;
 - each multi-token chunk attends causally over its sequence's cached K/V plus its own.
 
+A sliding-window layer (a `window` from the model) masks every key older than its window,
+in both paths, and a chunk gathers only the blocks its window reaches; the whole context's
+K/V stay in the pool (they are the full-attention
+layers' too, and a block is freed for all layers at once).
+
 Query heads are grouped onto their shared K/V head by SDPA's `enable_gqa`, so K/V are
 never repeated. `CpuKernelAttention` replaces the gather for the single-token rows with a
 compiled kernel (model/csrc/paged_attention_cpu.cpp) that reads K/V in place through the
@@ -39,17 +44,20 @@ class TorchPagedAttention:
         device, dtype = self.pool.k[0].device, self.pool.k[0].dtype
         return StepMetadata.build(single, chunks, device, dtype, with_single_mask=True)
 
-    def __call__(self, layer_idx: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    def __call__(self, layer_idx: int, q: Tensor, k: Tensor, v: Tensor,
+                 window: int | None = None) -> Tensor:
         step = self.step
         assert step is not None, "set .step before running the model"
         k_cache, v_cache = self.pool.k[layer_idx], self.pool.v[layer_idx]
         self.write(k_cache, v_cache, k, v, step)
         outputs = []
         if step.num_single:
-            outputs.append(self.attend_single(q[:step.num_single], k_cache, v_cache, step))
+            outputs.append(self.attend_single(q[:step.num_single], k_cache, v_cache, step,
+                                              window))
         for chunk in step.chunks:
             rows = slice(chunk.start, chunk.start + chunk.length)
-            outputs.append(self.attend_chunk(q[rows], k[rows], v[rows], k_cache, v_cache, chunk))
+            outputs.append(self.attend_chunk(q[rows], k[rows], v[rows], k_cache, v_cache, chunk,
+                                             window))
         return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
 
     @staticmethod
@@ -59,10 +67,11 @@ class TorchPagedAttention:
         v_cache.view(-1, *v.shape[1:]).index_copy_(0, step.slot_mapping, v)
 
     def attend_single(self, q: Tensor, k_cache: Tensor, v_cache: Tensor,
-                      step: StepMetadata) -> Tensor:
+                      step: StepMetadata, window: int | None = None) -> Tensor:
         keys, values = self.gather_single(k_cache, v_cache, step)
+        mask = step.single_mask if window is None else step.single_window_mask(window)
         out = F.scaled_dot_product_attention(q.unsqueeze(2), keys, values,
-                                             attn_mask=step.single_mask, enable_gqa=True)
+                                             attn_mask=mask, enable_gqa=True)
         return out.squeeze(2)  # [batch, heads, head_dim]
 
     @staticmethod
@@ -79,17 +88,24 @@ class TorchPagedAttention:
 
     @staticmethod
     def attend_chunk(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor,
-                     chunk: PrefillChunk) -> Tensor:
+                     chunk: PrefillChunk, window: int | None = None) -> Tensor:
+        """A chunk over its cached K/V and its own; a sliding-window layer gathers only the
+        blocks from the first one its window reaches."""
+        first_block, mask = 0, chunk.mask
+        if window is not None:
+            first_block, mask = chunk.window_keys(window, q.dtype)
         if chunk.mask is None:  # nothing before this chunk: attend over its own K/V
             keys, values = k, v
         else:
-            keys = k_cache.index_select(0, chunk.block_table).flatten(0, 1)[:chunk.context_len]
-            values = v_cache.index_select(0, chunk.block_table).flatten(0, 1)[:chunk.context_len]
+            table = chunk.block_table[first_block:]
+            length = chunk.context_len - first_block * BLOCK_SIZE
+            keys = k_cache.index_select(0, table).flatten(0, 1)[:length]
+            values = v_cache.index_select(0, table).flatten(0, 1)[:length]
         # As [1, heads, tokens, dim]: in 4-D, SDPA's CPU flash kernel maps query heads onto
         # their K/V head itself; in 3-D it falls back to copying K/V once per query head.
         out = F.scaled_dot_product_attention(
             q.transpose(0, 1)[None], keys.transpose(0, 1)[None], values.transpose(0, 1)[None],
-            attn_mask=chunk.mask, is_causal=chunk.mask is None, enable_gqa=True)
+            attn_mask=mask, is_causal=mask is None, enable_gqa=True)
         return out[0].transpose(0, 1)
 
 
@@ -108,6 +124,6 @@ class CpuKernelAttention(TorchPagedAttention):
         return StepMetadata.build(single, chunks, device, dtype, with_single_mask=False)
 
     def attend_single(self, q: Tensor, k_cache: Tensor, v_cache: Tensor,
-                      step: StepMetadata) -> Tensor:
+                      step: StepMetadata, window: int | None = None) -> Tensor:
         return self.kernel(q.contiguous(), k_cache, v_cache, step.single_block_tables,
-                           step.single_context_lens, q.shape[-1] ** -0.5)
+                           step.single_context_lens, q.shape[-1] ** -0.5, window or 0)

@@ -3,7 +3,7 @@
 
 torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache,
                                      torch::Tensor v_cache, torch::Tensor block_tables,
-                                     torch::Tensor context_lens, double scale);
+                                     torch::Tensor context_lens, double scale, int64_t window);
 torch::Tensor add_rms_norm(torch::Tensor residual, torch::Tensor delta, torch::Tensor weight,
                            double eps);
 void rope_inplace(torch::Tensor qk, int64_t heads, torch::Tensor cos, torch::Tensor sin);
@@ -18,7 +18,11 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> quantize_rows_int8(torch
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode_attention", &paged_decode_attention,
-        "decode attention over the paged KV cache (model/csrc/paged_attention_cpu.cpp)");
+        "decode attention over the paged KV cache, the last `window` tokens if window > 0 "
+        "(model/csrc/paged_attention_cpu.cpp)",
+        pybind11::arg("q"), pybind11::arg("k_cache"), pybind11::arg("v_cache"),
+        pybind11::arg("block_tables"), pybind11::arg("context_lens"), pybind11::arg("scale"),
+        pybind11::arg("window") = 0);
   m.def("add_rms_norm", &add_rms_norm, "residual += delta; RMSNorm (fused_ops_cpu.cpp)");
   m.def("rope_inplace", &rope_inplace, "rotate-half RoPE in place (fused_ops_cpu.cpp)");
   m.def("silu_mul", &silu_mul, "silu(gate) * up (fused_ops_cpu.cpp)");

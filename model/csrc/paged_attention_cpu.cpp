@@ -11,6 +11,9 @@
 // and the exp-weighted sum of V rows. A second pass merges a sequence's parts by
 // rescaling each to the common maximum. So one long sequence still uses every
 // core, and many short ones spread evenly.
+//
+// With a window w > 0 (sliding-window layers), a sequence of length n attends only to its
+// last w tokens, n - w .. n - 1: its parts start there instead of at token 0.
 #include <torch/extension.h>
 
 #include <algorithm>
@@ -22,7 +25,7 @@ namespace {
 constexpr int64_t kPart = 256;  // tokens per task
 
 // dot(a, b) over kDim floats; with kDim known at compile time the loop unrolls fully into
-// a few vector FMAs (head_dim 64 is the common case).
+// a few vector FMAs (head_dim 64 is the common case; 128 for Qwen3, 256 for Gemma 3).
 template <int64_t kDim>
 inline float dot_fixed(const float* a, const float* b) {
   float sum = 0.0f;
@@ -34,6 +37,7 @@ inline float dot_fixed(const float* a, const float* b) {
 inline float dot(const float* a, const float* b, int64_t dim) {
   if (dim == 64) return dot_fixed<64>(a, b);
   if (dim == 128) return dot_fixed<128>(a, b);
+  if (dim == 256) return dot_fixed<256>(a, b);
   float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
   for (int64_t d = 0; d < dim; ++d) sum += a[d] * b[d];
@@ -59,28 +63,33 @@ inline const float* as_float(const c10::BFloat16* slot, int64_t n, float* buffer
 template <typename T>
 torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_cache,
                                const torch::Tensor& v_cache, const torch::Tensor& block_tables,
-                               const torch::Tensor& context_lens, double scale);
+                               const torch::Tensor& context_lens, double scale,
+                               int64_t window);
 
 torch::Tensor paged_decode_attention(torch::Tensor q,             // [batch, heads, dim]
                                      torch::Tensor k_cache,       // [blocks, block_size, kv_heads, dim]
                                      torch::Tensor v_cache,       // same
                                      torch::Tensor block_tables,  // [batch, max_blocks] int64
                                      torch::Tensor context_lens,  // [batch] int64
-                                     double scale) {
+                                     double scale,
+                                     int64_t window) {            // 0: the whole context
   // Pure C++ from here on: let the server's other Python threads run meanwhile.
   pybind11::gil_scoped_release no_gil;
   TORCH_CHECK(q.dtype() == k_cache.dtype() && q.dtype() == v_cache.dtype() &&
                   (q.dtype() == torch::kFloat32 || q.dtype() == torch::kBFloat16),
               "paged_decode_attention: q, K and V all float32 or all bfloat16");
   if (q.dtype() == torch::kBFloat16)
-    return decode_attention<c10::BFloat16>(q, k_cache, v_cache, block_tables, context_lens, scale);
-  return decode_attention<float>(q, k_cache, v_cache, block_tables, context_lens, scale);
+    return decode_attention<c10::BFloat16>(q, k_cache, v_cache, block_tables, context_lens, scale,
+                                           window);
+  return decode_attention<float>(q, k_cache, v_cache, block_tables, context_lens, scale, window);
 }
 
 template <typename T>
 torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_cache,
                                const torch::Tensor& v_cache, const torch::Tensor& block_tables,
-                               const torch::Tensor& context_lens, double scale) {
+                               const torch::Tensor& context_lens, double scale,
+                               int64_t window) {
+  TORCH_CHECK(window >= 0, "paged_decode_attention: window must be >= 0");
   TORCH_CHECK(block_tables.dtype() == torch::kInt64 && context_lens.dtype() == torch::kInt64,
               "paged_decode_attention: int64 block tables and lengths");
   TORCH_CHECK(q.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous() &&
@@ -110,7 +119,8 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_ca
       TORCH_CHECK(tables[b * max_blocks + i] >= 0 && tables[b * max_blocks + i] < k_cache.size(0),
                   "paged_decode_attention: block id outside the pool");
     first_task[b] = static_cast<int64_t>(task_seq.size());
-    for (int64_t start = 0; start < lens[b]; start += kPart) {
+    const int64_t first = window > 0 ? std::max<int64_t>(0, lens[b] - window) : 0;
+    for (int64_t start = first; start < lens[b]; start += kPart) {
       task_seq.push_back(b);
       task_start.push_back(start);
     }

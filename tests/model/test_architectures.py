@@ -1,4 +1,5 @@
-"""Llama with llama3 rope scaling, Qwen2 and Qwen3 against Hugging Face, on tiny random models.
+"""Llama with llama3 rope scaling, Qwen2, Qwen3 and Gemma 3 against Hugging Face, on tiny
+random models.
 
 Each model is made with transformers' own config class, its weights drawn large enough that
 the logits are far from uniform, saved with save_pretrained and loaded through our loader
@@ -6,6 +7,8 @@ the logits are far from uniform, saved with save_pretrained and loaded through o
 prompt, through the paged cache (decode, prefix hit, chunks), and the engine's greedy answers
 must equal `generate`'s, also with the prefix cache, chunked prefill and preemption.
 The tokenizer is the default model's (49152 ids): the tiny models share its vocabulary.
+Gemma 3's has a sliding window of 12 tokens on two of its three layers, shorter than most
+prompts here, so a window applied wrongly (or not at all) changes the logits.
 """
 
 from __future__ import annotations
@@ -44,9 +47,19 @@ LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
                "original_max_position_embeddings": 32}
 
 
-def hf_config(name: str):
-    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
+GEMMA3_WINDOW = 12
 
+
+def hf_config(name: str):
+    from transformers import Gemma3TextConfig, LlamaConfig, Qwen2Config, Qwen3Config
+
+    if name == "gemma3":
+        # Gemma 3 270M's attention shape (one K/V head of dim 256), a query scale that is not
+        # head_dim's, and a logit cap (the released models have none) to test it.
+        shape = {**SHAPE, "num_hidden_layers": 3, "num_key_value_heads": 1}
+        return Gemma3TextConfig(**shape, head_dim=256, sliding_window=GEMMA3_WINDOW,
+                                sliding_window_pattern=3, query_pre_attn_scalar=64,
+                                final_logit_softcapping=30.0, tie_word_embeddings=True)
     if name == "llama3":
         return LlamaConfig(**SHAPE, rope_scaling=LLAMA3_ROPE, tie_word_embeddings=False)
     if name == "qwen2":
@@ -70,7 +83,7 @@ def save_tiny(name: str, folder: Path) -> torch.nn.Module:
     return hf.eval()
 
 
-@pytest.fixture(scope="module", params=["llama3", "qwen2", "qwen3"])
+@pytest.fixture(scope="module", params=["llama3", "qwen2", "qwen3", "gemma3"])
 def tiny(request, tmp_path_factory) -> tuple[str, Path, torch.nn.Module]:
     """(name, folder, Hugging Face model) of one tiny random architecture."""
     folder = tmp_path_factory.mktemp(request.param)
@@ -90,13 +103,20 @@ def hf(tiny):
 def test_config_reads_the_architecture(tiny, ours):
     cfg = ours.cfg
     kind = tiny[0]
-    assert cfg.model_type == {"llama3": "llama"}.get(kind, kind)
+    assert cfg.model_type == {"llama3": "llama", "gemma3": "gemma3_text"}.get(kind, kind)
     assert cfg.qkv_bias == (kind == "qwen2")
-    assert cfg.qk_norm == (kind == "qwen3")
-    assert cfg.head_dim == (32 if kind == "qwen3" else 16)
+    assert cfg.qk_norm == (kind in ("qwen3", "gemma3"))
+    assert cfg.head_dim == {"qwen3": 32, "gemma3": 256}.get(kind, 16)
     assert (cfg.rope_scaling is not None) == (kind == "llama3")
     if kind == "llama3":
         assert cfg.rope_scaling == Llama3RopeScaling(8.0, 1.0, 4.0, 32)
+    if kind == "gemma3":
+        assert cfg.sliding_layers == (True, True, False)
+        assert [cfg.layer_window(i) for i in range(3)] == [GEMMA3_WINDOW, GEMMA3_WINDOW, None]
+        assert (cfg.rope_theta, cfg.rope_local_theta) == (1e6, 1e4)
+        assert cfg.query_pre_attn_scalar == 64 and cfg.final_logit_softcapping == 30.0
+    else:
+        assert cfg.sliding_window is None and not any(cfg.sliding_layers)
 
 
 def test_full_prompt_logits_match_hf(ours, hf, tokenizer):
@@ -110,6 +130,15 @@ def test_full_prompt_logits_match_hf(ours, hf, tokenizer):
           f"logits std per position >= {spread:.2f}")
     assert spread > 1.0, "logits too close to uniform to tell a wrong model apart"
     assert diff < LOGITS_ATOL
+    if ours.cfg.sliding_window:  # the window matters: ignoring it gives other logits
+
+        def whole_context(layer_idx, q, k, v, window=None):
+            return causal_attention(layer_idx, q, k, v)
+
+        unwindowed = ours(ids, positions, whole_context)[0]
+        gap = (unwindowed - theirs).abs().max().item()
+        print(f"without the window of {ours.cfg.sliding_window}: max |diff| = {gap:.2e}")
+        assert gap > 100 * LOGITS_ATOL
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -226,12 +255,21 @@ def base_config(**changes) -> dict:
     ({"attention_bias": True}, "attention_bias"),
     ({"mlp_bias": True}, "MLP biases"),
     ({"model_type": "gemma3"}, "'gemma3' is not supported"),
+    ({"model_type": "gemma3_text", "attn_logit_softcapping": 50.0}, "attn_logit_softcapping"),
+    ({"model_type": "gemma3_text", "hidden_activation": "gelu"}, "hidden_activation 'gelu'"),
+    ({"model_type": "gemma3_text", "use_bidirectional_attention": True},
+     "bidirectional attention"),
+    ({"model_type": "gemma3_text", "sliding_window": 512,
+      "rope_scaling": {"rope_type": "linear", "factor": 8.0}}, "full_attention rope type 'linear'"),
+    ({"model_type": "gemma3_text", "layer_types": ["full_attention", "chunked_attention"]},
+     "chunked_attention"),
+    ({"model_type": "gemma3_text", "sliding_window_pattern": 2}, "sliding_window is None"),
 ])
 def test_unsupported_configs_are_refused_with_the_reason(changes, message):
     with pytest.raises(ValueError, match=re.escape(message)) as err:
         ModelConfig.from_dict(base_config(**changes))
     print(err.value)
-    if "rope" in message:
+    if "rope" in message and "gemma3" not in changes.get("model_type", ""):
         assert "default, llama3" in str(err.value)
 
 

@@ -95,3 +95,37 @@ def test_bf16_kernel_matches_the_fp32_path_on_the_same_values():
     bound = reference.abs().max().item() * 2**-8
     print(f"bf16 kernel vs fp32 gather path: max |diff| = {diff:.2e} (bound {bound:.2e})")
     assert ours.dtype == torch.bfloat16 and diff <= bound
+
+
+def test_kernel_window_reads_only_the_last_tokens():
+    """Sliding-window decode (Gemma 3's shape: head dim 256, one K/V head): each sequence
+    attends to its last `window` tokens only. The keys before the window hold huge garbage,
+    which the kernel must never read; lengths cross the kernel's 256-token parts."""
+    torch.manual_seed(3)
+    window = 40
+    pool = KVCachePool(num_layers=1, num_blocks=64, num_kv_heads=1, head_dim=256)
+    pool.k[0].normal_()
+    pool.v[0].normal_()
+    lengths = [5, 40, 41, 300, 530]
+    tables, start = [], 1
+    for n in lengths:
+        used = -(-n // BLOCK_SIZE)
+        tables.append(list(range(start, start + used)))
+        start += used
+    for table, n in zip(tables, lengths):
+        for pos in range(max(0, n - window)):  # everything the window has left behind
+            block, offset = table[pos // BLOCK_SIZE], pos % BLOCK_SIZE
+            pool.k[0][block, offset] = 1e30
+            pool.v[0][block, offset] = -1e30
+    step = StepMetadata.build(list(zip(tables, lengths)), [])
+    q = torch.randn(len(lengths), 4, 256)
+    ours = kernel(q, pool.k[0], pool.v[0], step.single_block_tables, step.single_context_lens,
+                  256 ** -0.5, window)
+    reference = TorchPagedAttention(pool).attend_single(q, pool.k[0], pool.v[0], step, window)
+    diff = (ours - reference).abs().max().item()
+    print(f"window {window}, lengths {lengths}: kernel vs masked gather, max |diff| = {diff:.2e}")
+    assert torch.isfinite(ours).all() and torch.isfinite(reference).all()
+    assert diff < 1e-5
+    whole = kernel(q, pool.k[0], pool.v[0], step.single_block_tables, step.single_context_lens,
+                   256 ** -0.5)
+    assert not torch.isfinite(whole[-1]).all() or (whole[-1] - ours[-1]).abs().max() > 1.0

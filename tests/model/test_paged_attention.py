@@ -163,3 +163,28 @@ def test_garbage_in_unused_slots_is_masked_out(model, tokenizer, backend):
     print(f"{backend}: clean pool vs pool full of +-1e30 garbage: max |diff| = {diff:.2e}")
     assert torch.isfinite(results[1]).all()
     assert diff < LOGITS_ATOL
+
+
+def test_windowed_chunk_gathers_from_the_window_and_matches_causal_attention():
+    """A chunk after cached tokens, in a sliding-window layer: only the blocks the window
+    reaches are gathered, and the result equals windowed causal attention over the whole
+    sequence (the first 37 tokens written by an earlier chunk)."""
+    from model.layers import causal_attention
+
+    torch.manual_seed(4)
+    window, n, cached = 12, 60, 37
+    pool = KVCachePool(num_layers=1, num_blocks=8, num_kv_heads=1, head_dim=32)
+    attention = TorchPagedAttention(pool)
+    table = [3, 1, 6, 2]
+    q, k, v = torch.randn(n, 4, 32), torch.randn(n, 1, 32), torch.randn(n, 1, 32)
+    attention.step = StepMetadata.build([], [(table, cached, cached)])
+    attention(0, q[:cached], k[:cached], v[:cached], window=window)
+    attention.step = StepMetadata.build([], [(table, n, n - cached)])
+    out = attention(0, q[cached:], k[cached:], v[cached:], window=window)
+    first_block, mask = attention.step.chunks[0].window_keys(window, torch.float32)
+    assert first_block == (cached - window + 1) // BLOCK_SIZE == 1
+    assert mask.shape == (n - cached, n - BLOCK_SIZE)
+    expected = causal_attention(0, q[None], k[None], v[None], window=window)[0, cached:]
+    diff = (out - expected).abs().max().item()
+    print(f"windowed chunk from block {first_block}: max |diff| vs causal = {diff:.2e}")
+    assert diff < 1e-5

