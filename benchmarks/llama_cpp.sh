@@ -4,7 +4,7 @@
 #   benchmarks/llama_cpp.sh build             build llama-server (once; ~4 min on 2 cores)
 #   benchmarks/llama_cpp.sh models            F32, BF16 and the original Q4_1 GGUF (once)
 #   benchmarks/llama_cpp.sh check             F32 GGUF == Q4_1 dequantized; same greedy text as ours
-#   benchmarks/llama_cpp.sh serve KIND PORT   run llama-server on KIND (f32|bf16|q4_1)
+#   benchmarks/llama_cpp.sh serve KIND PORT   run llama-server on KIND (f32|bf16|q4_1|gemma-3-270m)
 #   benchmarks/llama_cpp.sh bench [OUT]       for each kind: serve, benchmarks/bench.py, stop
 #   benchmarks/llama_cpp.sh path KIND         print the GGUF path of KIND
 #
@@ -42,7 +42,9 @@ gguf_path() {  # gguf_path KIND
     f32) echo "$MODELS/$MODEL_STEM-F32.gguf" ;;
     bf16) echo "$MODELS/$MODEL_STEM-BF16.gguf" ;;
     q4_1) echo "$MODELS/$MODEL_STEM-Q4_1.gguf" ;;
-    *) die "unknown model kind '$1' (f32, bf16 or q4_1)" ;;
+    # Gemma 3 270M's Q4_K_M file, as `server.py --model gemma-3-270m` fetched it.
+    gemma-3-270m) echo "$CACHE/gemma-3-270m-q4_k_m.gguf" ;;
+    *) die "unknown model kind '$1' (f32, bf16, q4_1 or gemma-3-270m)" ;;
   esac
 }
 
