@@ -524,7 +524,9 @@ def sections(folder: Path) -> list[Section]:
             ["python3 -m benchmarks.soak --duration 600 --out results/soak/soak-600s.json"],
             ["soak/soak-600s.json"], soak),
     ]
-    return [*fixed, *roofline_sections(folder)]
+    from benchmarks.results_sections import present_sections  # it builds on this module
+
+    return [*fixed, *roofline_sections(folder), *present_sections(folder)]
 
 
 def build_page(folder: Path) -> str:

@@ -25,6 +25,7 @@ import shlex
 import sys
 import time
 import uuid
+from dataclasses import asdict
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -264,7 +265,8 @@ def save(out: dict[str, Any], args: argparse.Namespace, started_at: str, command
              "temperature": args.temperature, "enum_values": args.enum_values,
              **{key: out[key] for key in ("enum_request_s", "known_request_s", "enum_status",
                                           "enum_body") if key in out},
-             "levels_order": parts, "command": command}
+             "levels_order": parts, "command": command,
+             "machine": asdict(Machine.this_one())}
     (folder / f"{args.label}-summary.json").write_text(json.dumps(extra, indent=2) + "\n")
 
 

