@@ -129,8 +129,10 @@ def _timed_steps(core: PagedEngineCore, batch: int) -> list[float]:
     try:
         for r in requests:
             core.add(r)
-        while any(len(r.token_ids) == len(PROMPT) for r in requests):
-            core.step()  # prefill (in chunks, if the step budget asks)
+        for _ in range(len(PROMPT) * batch):  # prefill (in chunks, if the step budget asks)
+            if all(len(r.token_ids) > len(PROMPT) for r in requests):
+                break
+            core.step()
         times = []
         for _ in range(1 + TIMED_STEPS):
             start = time.perf_counter()
@@ -145,21 +147,22 @@ def _timed_steps(core: PagedEngineCore, batch: int) -> list[float]:
 
 def measure(core: PagedEngineCore, batch_sizes: Sequence[int] | None = None) -> list[Timing]:
     """Median decode step times at each batch size (default BATCH_SIZES; those that fit the
-    seats), on one thread and on all; the core is left as it was (asserted): no request, no
-    block held."""
-    policy = core.runner.threads
-    before = policy.single_below
+    seats and the free blocks, one each), on one thread and on all, with no speculation; the
+    core is left as it was (asserted): no request, no block held."""
+    policy, scheduler = core.runner.threads, core.scheduler
+    before, speculative = policy.single_below, scheduler.speculative
+    fits = min(scheduler.max_num_seqs, core.allocator.num_free)
     timings = []
+    scheduler.speculative = None  # drafts would make a decode step more than one token
     try:
-        for batch in (b for b in batch_sizes or BATCH_SIZES
-                      if b <= core.scheduler.max_num_seqs):
+        for batch in (b for b in batch_sizes or BATCH_SIZES if b <= fits):
             medians = []
             for single_below in (batch + 1, 0):  # one thread, then all
                 policy.single_below = single_below
                 medians.append(statistics.median(_timed_steps(core, batch)))
             timings.append(Timing(batch, round(medians[0], 2), round(medians[1], 2)))
     finally:
-        policy.single_below = before
+        policy.single_below, scheduler.speculative = before, speculative
     check_clean(core)
     return timings
 
@@ -188,6 +191,7 @@ def choose_threads(core: object, again: bool = False) -> int | None:
         return None
     policy = core.runner.threads
     if policy.max_threads < 2:
+        log.info("threads: one thread for every step (one CPU, or --threads 1)")
         policy.single_below = 0
         return None
     path, key, threads = cache_file(), cache_key(core), policy.max_threads

@@ -12,6 +12,7 @@ import pytest
 from engine import thread_choice
 from engine.batch_engine import BatchEngine
 from engine.config import EngineConfig
+from engine.spec_decode import SpeculativeConfig
 from engine.thread_choice import (
     Timing,
     cache_key,
@@ -78,7 +79,8 @@ def test_measures_leaving_the_engine_clean_then_reads_the_cache(tmp_path, monkey
     monkeypatch.setenv(thread_choice.CACHE_ENV, str(tmp_path / "choices.json"))
     monkeypatch.setattr(thread_choice, "BATCH_SIZES", (1, 4))  # a few seconds
     monkeypatch.setattr(thread_choice, "TIMED_STEPS", 2)
-    first = engine(model, tokenizer)
+    spec = SpeculativeConfig(prompt_lookup_min=1)  # off while measuring: back after
+    first = engine(model, tokenizer, speculative=spec)
     before = first.metrics.render()
     caplog.set_level(logging.INFO, "nano_vllm.threads")
     chosen = choose_threads(first.core)
@@ -90,6 +92,9 @@ def test_measures_leaving_the_engine_clean_then_reads_the_cache(tmp_path, monkey
     stats = first.core.stats()
     assert stats["blocks_used"] == stats["blocks_cached_free"] == stats["running"] == 0
     assert first.metrics.render() == before  # no step, request or token counted
+    assert first.core.scheduler.speculative is spec
+    small = engine(model, tokenizer, num_blocks=3).core  # 2 usable blocks: batch 1 only
+    assert [t.batch for t in thread_choice.measure(small)] == [1]
 
     def no_measuring(core, batch_sizes=None):
         raise AssertionError("measured again, with a cached choice")
