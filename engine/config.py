@@ -25,6 +25,9 @@ class EngineConfig:
     fused_ops: bool = True  # the compiled small ops between the matmuls, where they build
     threads: int | None = None  # most threads a step uses; None = PyTorch's default (cores)
     single_thread_below: int = 16  # steps computing fewer tokens run on one thread; 0 = never
+    # The engine core process: "cached" (measure unless this machine's choice is cached),
+    # "again" (measure anew), "no" (use single_thread_below); engine/thread_choice.py.
+    measure_threads: str = "no"
     weights: str = "default"  # "default" (the folder's, in --dtype), "q4_1" or "int8" (CPU)
     activations: str = "float32"  # q4_1's layers: "float32" (exact) or "int8" (VNNI, faster)
     max_waiting: int = 256  # beyond this, new requests are refused with 429
@@ -67,12 +70,15 @@ class EngineConfig:
                                  "at load (auto: where the CPU has it), or PyTorch's matmul")
         parser.add_argument("--threads", type=int, default=None,
                             help="most threads one step uses (default: PyTorch's, the cores)")
-        parser.add_argument("--single-thread-below", type=int, default=None,
+        parser.add_argument("--single-thread-below", type=threshold_arg, default=None,
+                            metavar="N|measure",
                             help="steps computing fewer tokens than this run on one thread "
-                                 "(0: always all threads; default 0 in the engine core "
-                                 "process, where the step's threads do not share the "
-                                 f"process with the HTTP server, {d.single_thread_below} "
-                                 "with --no-engine-process)")
+                                 "(0: always all threads). Default in the engine core process: "
+                                 "measured at the first start on this machine (decode steps "
+                                 "at batch 1-16 on one thread and on all), then read from a "
+                                 "cache; 'measure' measures again. With --no-engine-process, "
+                                 f"where the step shares the process with the HTTP server: "
+                                 f"{d.single_thread_below}")
         parser.add_argument("--weights", default=d.weights, choices=["default", "q4_1", "int8"],
                             help="q4_1: the default model's own 4-bit GGUF codes (exact to "
                                  "the fp32 model); int8: per-channel int8 made at load; both "
@@ -123,6 +129,7 @@ class EngineConfig:
                      attention=args.attention, matmul=args.matmul, weights=args.weights,
                      activations=args.activations,
                      threads=args.threads, single_thread_below=single_thread_below(args),
+                     measure_threads=measure_threads(args),
                      max_waiting=args.max_waiting,
                      request_timeout=args.request_timeout,
                      max_num_queued_tokens=args.max_num_queued_tokens,
@@ -164,12 +171,41 @@ class EngineConfig:
             raise ValueError("--grammar-compile-timeout must be above 0")
 
 
+def threshold_arg(text: str) -> int | str:
+    """--single-thread-below's value: a count of tokens, or "measure"."""
+    if text == "measure":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of tokens or 'measure', "
+                                         f"got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError("must be 0 or more tokens")
+    return value
+
+
+def measure_threads(args: argparse.Namespace) -> str:
+    """Whether the engine core process measures --single-thread-below (see EngineConfig).
+    Never in-process: there the step shares the GIL with the HTTP server, and a measurement
+    taken at start, with no HTTP load, would pick threads that lose under it."""
+    value = args.single_thread_below
+    in_process = not getattr(args, "engine_process", False)
+    if value == "measure":
+        if in_process:
+            raise ValueError("--single-thread-below measure needs the engine core process: "
+                             "in-process the step shares the GIL with the HTTP server, so a "
+                             "measurement at start misleads; give a number")
+        return "again"
+    return "cached" if value is None and not in_process else "no"
+
+
 def single_thread_below(args: argparse.Namespace) -> int:
     """--single-thread-below, or its default: one thread for small steps in-process, where two
-    OpenMP threads lose to the HTTP loop and the GIL on a small machine; all threads in an
-    engine process of its own (both measured: docs/results.md, "The engine core in its own
-    process")."""
-    if args.single_thread_below is not None:
+    OpenMP threads lose to the HTTP loop and the GIL on a small machine (measured:
+    docs/results.md, "The engine core in its own process"); in an engine process of its own,
+    all threads until engine/thread_choice.py measures (or reads) this machine's value."""
+    if isinstance(args.single_thread_below, int):
         return args.single_thread_below
     return 0 if getattr(args, "engine_process", False) else EngineConfig.single_thread_below
 

@@ -1,8 +1,10 @@
 """The engine core in a process of its own (`server.py --engine-process`).
 
 `python3 -m engine.core_process ADDRESSES CONFIG` is started by engine/core_client.py. It
-pins itself to its CPUs, loads the model into a BatchEngine (engine/batch_engine.py) and
-runs it on its main thread in a busy loop, with no HTTP server beside it to share the GIL:
+pins itself to its CPUs, loads the model into a BatchEngine (engine/batch_engine.py), picks
+how many tokens a step needs to use every thread (engine/thread_choice.py: measured once per
+machine, then cached) and runs it on its main thread in a busy loop, with no HTTP server
+beside it to share the GIL:
 
 1. take what the API process sent (engine/core_messages.py): new requests (admitted there
    already), aborts, the end of every request at a drain's timeout, shutdown; for the
@@ -57,6 +59,7 @@ from engine.core_messages import (
 from engine.request import Request, RequestOutput
 from engine.snapshot import EngineSnapshot
 from engine.structured.compiler import GrammarCompiler
+from engine.thread_choice import choose_threads
 from model.prepare import ModelPreparationError
 from model.quantized import QuantizedKernelUnavailable
 
@@ -220,10 +223,13 @@ def main(argv: list[str] | None = None) -> int:
     parent = os.getppid()
     pin_to({int(c) for c in args.cpus.split(",")} if args.cpus else None)
     try:
-        engine = load_engine(decode_config(args.config), core_class_at(args.core))
+        config = decode_config(args.config)
+        engine = load_engine(config, core_class_at(args.core))
     except (ModelPreparationError, ValueError, QuantizedKernelUnavailable) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    if config.measure_threads != "no":
+        choose_threads(engine.core, again=config.measure_threads == "again")
     addresses = {"requests": args.requests, "outputs": args.outputs, "metrics": args.metrics}
     core = CoreProcess(engine, addresses, parent)
     code = core.run()

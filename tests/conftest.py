@@ -30,6 +30,16 @@ PROMPTS = [
 ]
 
 
+@pytest.fixture(scope="session", autouse=True)
+def thread_choices(tmp_path_factory) -> Path:
+    """The engine core process's measured thread choices (engine/thread_choice.py) go to a
+    file of this session's, read by every server it starts: the suite neither reads nor
+    writes the machine's own cache."""
+    path = tmp_path_factory.mktemp("threads") / "thread-choices.json"
+    os.environ["NANO_THREADS_CACHE"] = str(path)
+    return path
+
+
 def kernel_skip_is_a_failure(reason: str, has_compiler: bool, avx512: bool,
                              avx512_bf16: bool, avx512_vnni: bool = True) -> bool:
     """Under CI, a kernel test (tests/model/) may skip only for a reason this machine really

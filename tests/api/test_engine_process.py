@@ -110,6 +110,21 @@ def streamed_chat(url: str, body: dict) -> tuple[str, list]:
     return text, events
 
 
+def test_the_core_chose_its_threads_and_left_no_trace(split):
+    """First on this server: the core measured its thread threshold at start, or read it
+    from the session's cache; either way no request, token or block of it shows."""
+    text = split.log.read_text()
+    line = re.search(r"threads: (.*), (cached in|read from) (\S+)", text)
+    assert line, text[-3000:]
+    print(line[0])
+    chosen = re.search(r"1 below (\d+) tokens", line[1])
+    threshold = int(chosen[1]) if chosen else 0
+    assert f"(1 below {threshold} tokens a step)" in text  # what the core runs with
+    for name in ("prompt_tokens_total", "generation_tokens_total", "num_requests_running",
+                 "kv_blocks_used", "kv_blocks_cached_free"):
+        assert metric(split.url, name) == 0, name
+
+
 def test_greedy_answers_match_the_in_process_engine(split, server: RunningServer):
     completion = {"prompt": "The capital of France is", "max_tokens": 24, "temperature": 0}
     chat = {"messages": [{"role": "user", "content": "Name three colors."}],
@@ -150,13 +165,12 @@ def test_structured_output_crosses(split):
 
 
 def test_the_default_is_two_processes(split):
-    """No flag: the core runs in a child process of the server, on every step's threads."""
+    """No flag: the core runs in a child process of the server."""
     core = split.core_pid
     with open(f"/proc/{core}/stat") as f:
         parent = int(f.read().rsplit(")", 1)[1].split()[1])
     print(f"server {split.proc.pid}, core {core} (parent {parent})")
     assert core != split.proc.pid and parent == split.proc.pid
-    assert "(1 below 0 tokens a step)" in split.log.read_text()
 
 
 def test_dashboard_snapshots_and_block_details_cross(split, tokenizer):

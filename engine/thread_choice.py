@@ -1,0 +1,210 @@
+"""How many tokens a step needs before it uses every thread: measured on this machine, once.
+
+A decode step of a few sequences runs faster on one OpenMP thread on some CPUs (the
+threads' start and join cost more than they share) and slower on others. The engine core
+process, when --single-thread-below is not given, times decode steps here at batch sizes 1,
+2, 4, 8 and 16, on one thread and on all of them, and picks the first batch size where all
+threads win. The choice is kept in a JSON file under the cache root, keyed by what it
+depends on (the CPU's model, the thread count, the model, its dtype and weights, the
+attention and matmul paths), so a later start reads it in no time.
+
+In-process (--no-engine-process) the step shares the GIL with the HTTP server: a
+measurement taken at start, with no HTTP load, would favour threads that lose once requests
+arrive, so that mode keeps its fixed default (engine/config.py) and never measures.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.core import PagedEngineCore
+from engine.request import FinishReason, Request, SamplingParams
+
+log = logging.getLogger("nano_vllm.threads")
+
+BATCH_SIZES = (1, 2, 4, 8, 16)
+TIMED_STEPS = 4  # decode steps timed per batch size and thread count (after one warm-up)
+PROMPT = [1, 2, 3, 4]  # short enough, with the steps' tokens, to fill no block
+CACHE_ENV = "NANO_THREADS_CACHE"  # a file path replacing the default cache file
+FORCE_ENV = "NANO_MEASURE_THREADS"  # "1": measure again, as --single-thread-below measure
+
+
+@dataclass
+class Timing:
+    """The median decode step of `batch` sequences, in ms, on one thread and on all."""
+
+    batch: int
+    one_thread_ms: float
+    all_threads_ms: float
+
+
+def threshold_from(timings: Sequence[Timing]) -> int:
+    """The first batch size where all threads are faster (0 if they are at batch 1, so no
+    step runs on one thread); if they never are, twice the largest batch measured."""
+    for t in sorted(timings, key=lambda t: t.batch):
+        if t.all_threads_ms < t.one_thread_ms:
+            return 0 if t.batch == 1 else t.batch
+    return 2 * max(t.batch for t in timings)
+
+
+def cpu_model_name() -> str:
+    """The CPU's model name from /proc/cpuinfo ("unknown" where there is none)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"
+
+
+def cache_file() -> Path:
+    """$NANO_THREADS_CACHE, else thread-choices.json under the cache root (model/prepare.py)."""
+    from model.prepare import cache_dir
+
+    return Path(os.environ.get(CACHE_ENV) or cache_dir() / "thread-choices.json")
+
+
+def cache_key(core: PagedEngineCore, cpu: str | None = None) -> dict[str, object]:
+    """What the choice depends on."""
+    config, runner = core.config, core.runner
+    from model.prepare import resolve_model_dir
+
+    return {"cpu": cpu or cpu_model_name(), "threads": runner.threads.max_threads,
+            "model": str(resolve_model_dir(config.model)), "dtype": config.dtype,
+            "weights": config.weights, "attention": runner.attention_backend,
+            "matmul": runner.matmul_path, "fused_ops": config.fused_ops}
+
+
+def _key_text(key: dict[str, object]) -> str:
+    return json.dumps(key, sort_keys=True)
+
+
+def _read_all(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        log.warning("threads: ignoring the unreadable cache %s (%s)", path, exc)
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def read_cached(path: Path, key: dict[str, object]) -> tuple[int, list[Timing]] | None:
+    """The cached threshold and its timings for `key`, or None."""
+    entry = _read_all(path).get(_key_text(key))
+    if not isinstance(entry, dict) or not isinstance(entry.get("single_thread_below"), int):
+        return None
+    timings = [Timing(**t) for t in entry.get("timings", [])]
+    return entry["single_thread_below"], timings
+
+
+def write_cached(path: Path, key: dict[str, object], threshold: int,
+                 timings: Sequence[Timing]) -> None:
+    """Add (or replace) `key`'s entry, written whole to a temporary file then renamed, so a
+    reader never sees half a file."""
+    data = _read_all(path)
+    data[_key_text(key)] = {"key": key, "single_thread_below": threshold,
+                            "timings": [vars(t) for t in timings]}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+    os.replace(tmp, path)
+
+
+def _timed_steps(core: PagedEngineCore, batch: int) -> list[float]:
+    """Seat `batch` short greedy requests, prefill them, then time decode steps of exactly
+    `batch` tokens, in ms; the requests are finished after."""
+    params = SamplingParams(max_tokens=2 + 2 * TIMED_STEPS, temperature=0, ignore_eos=True)
+    requests = [Request(f"thread-measure-{batch}-{i}", list(PROMPT), params, lambda _: None)
+                for i in range(batch)]
+    try:
+        for r in requests:
+            core.add(r)
+        for _ in range(len(PROMPT) * batch):  # prefill (in chunks, if the step budget asks)
+            if all(len(r.token_ids) > len(PROMPT) for r in requests):
+                break
+            core.step()
+        times = []
+        for _ in range(1 + TIMED_STEPS):
+            start = time.perf_counter()
+            result = core.step()
+            times.append((time.perf_counter() - start) * 1000)
+            assert result.num_scheduled_tokens == batch and not result.failed, result
+        return times[1:]  # the first: a warm-up
+    finally:
+        for r in requests:
+            core.finish(r, FinishReason.ABORT)
+
+
+def measure(core: PagedEngineCore, batch_sizes: Sequence[int] | None = None) -> list[Timing]:
+    """Median decode step times at each batch size (default BATCH_SIZES; those that fit the
+    seats and the free blocks, one each), on one thread and on all, with no speculation; the
+    core is left as it was (asserted): no request, no block held."""
+    policy, scheduler = core.runner.threads, core.scheduler
+    before, speculative = policy.single_below, scheduler.speculative
+    fits = min(scheduler.max_num_seqs, core.allocator.num_free)
+    timings = []
+    scheduler.speculative = None  # drafts would make a decode step more than one token
+    try:
+        for batch in (b for b in batch_sizes or BATCH_SIZES if b <= fits):
+            medians = []
+            for single_below in (batch + 1, 0):  # one thread, then all
+                policy.single_below = single_below
+                medians.append(statistics.median(_timed_steps(core, batch)))
+            timings.append(Timing(batch, round(medians[0], 2), round(medians[1], 2)))
+    finally:
+        policy.single_below, scheduler.speculative = before, speculative
+    check_clean(core)
+    return timings
+
+
+def check_clean(core: PagedEngineCore) -> None:
+    """Nothing left of the measurement: no request, no block used or cached."""
+    stats = core.stats()
+    assert stats["running"] == stats["waiting"] == 0, stats
+    assert stats["blocks_used"] == stats["blocks_cached_free"] == 0, stats
+    assert not core.allocator._by_hash, "the measurement cached a prefix"
+    core.allocator.check_invariants()
+
+
+def describe(threshold: int, timings: Sequence[Timing], threads: int) -> str:
+    measured = "; ".join(f"batch {t.batch}: 1 thread {t.one_thread_ms:.1f} ms, {threads} "
+                         f"threads {t.all_threads_ms:.1f} ms" for t in timings)
+    choice = "all threads for every step" if threshold == 0 else f"1 below {threshold} tokens"
+    return f"{choice} (measured: {measured})"
+
+
+def choose_threads(core: object, again: bool = False) -> int | None:
+    """Set the core's --single-thread-below from the cache or a measurement (`again`, or
+    $NANO_MEASURE_THREADS=1: measure even if cached) and return it; None where there is
+    nothing to choose (not nano-vLLM's paged core, not on the CPU, or one thread)."""
+    if not isinstance(core, PagedEngineCore) or core.runner.device.type != "cpu":
+        return None
+    policy = core.runner.threads
+    if policy.max_threads < 2:
+        log.info("threads: one thread for every step (one CPU, or --threads 1)")
+        policy.single_below = 0
+        return None
+    path, key, threads = cache_file(), cache_key(core), policy.max_threads
+    again = again or os.environ.get(FORCE_ENV) == "1"
+    cached = None if again else read_cached(path, key)
+    if cached is not None:
+        threshold, timings = cached
+        log.info("threads: %s, read from %s", describe(threshold, timings, threads), path)
+    else:
+        log.info("threads: measuring decode steps on 1 and %d threads ...", threads)
+        timings = measure(core)
+        threshold = threshold_from(timings)
+        write_cached(path, key, threshold, timings)
+        log.info("threads: %s, cached in %s", describe(threshold, timings, threads), path)
+    policy.single_below = core.config.single_thread_below = threshold
+    return threshold
