@@ -31,6 +31,7 @@ import signal
 import sys
 import threading
 import time
+from concurrent.futures import Future
 
 import msgspec
 import zmq
@@ -59,6 +60,7 @@ from engine.core_messages import (
 from engine.request import Request, RequestOutput
 from engine.snapshot import EngineSnapshot
 from engine.structured.compiler import GrammarCompiler
+from engine.structured.grammar import CompiledGrammar
 from engine.thread_choice import choose_threads
 from model.prepare import ModelPreparationError
 from model.quantized import QuantizedKernelUnavailable
@@ -66,6 +68,7 @@ from model.quantized import QuantizedKernelUnavailable
 log = logging.getLogger("nano_vllm.core")
 
 FAILURE_EXIT_CODE = 70  # as api/lifecycle.py's ENGINE_FAILURE_EXIT_CODE
+COMPILE_POLL_MS = 5  # with only requests whose grammar compiles: how soon to look again
 IDLE_POLL_MS = 200  # with nothing to do: how long to wait for a message (and check the parent)
 PAGED_CORE = "engine.core:PagedEngineCore"  # --core's default: nano-vLLM's own
 
@@ -85,6 +88,10 @@ class CoreProcess:
         self._encoder = msgspec.msgpack.Encoder()
         self._decoder = msgspec.msgpack.Decoder(ToCore, dec_hook=no_custom_types)
         self._grammars = GrammarCompiler(engine.tokenizer)
+        # Requests whose grammar this process has not compiled yet: held here, compiled on a
+        # worker thread (llguidance builds with the GIL released), queued once it is ready,
+        # so that a new schema does not stall every stream's step while it compiles.
+        self._compiling: dict[str, tuple[Future[CompiledGrammar], AddRequest]] = {}
         self._pending: list[tuple[str, RequestOutput]] = []  # filled by the step's callbacks
         self._received = 0  # the last AddRequest.seq received
         self._stopping = False
@@ -112,7 +119,9 @@ class CoreProcess:
                 if os.getppid() != self.parent:
                     log.warning("the server process is gone: stopping")
                     return 0
-                self._take(0 if engine.has_work() else IDLE_POLL_MS)
+                self._take(0 if engine.has_work() else
+                           COMPILE_POLL_MS if self._compiling else IDLE_POLL_MS)
+                self._queue_compiled()
                 if engine.has_work():
                     engine.guarded_step()
                     self._report()
@@ -156,10 +165,12 @@ class CoreProcess:
         engine = self.engine
         if isinstance(message, AddRequest):
             self._received = message.seq
-            engine.enqueue(self._request(message))
+            self._add(message)
         elif isinstance(message, Abort):
+            self._queue_compiled(message.request_id)  # so that it ends as any other does
             engine.abort(message.request_id)
         elif isinstance(message, AbortAll):
+            self._queue_compiled(*self._compiling)
             engine.abort_all(message.error)
         elif isinstance(message, Shutdown):
             self._stopping = True
@@ -170,10 +181,42 @@ class CoreProcess:
             block = engine.read_cached_block(message.block_id)
             self.send(BlockAnswer(message.query, msgspec.json.encode(block)))
 
-    def _request(self, message: AddRequest) -> Request:
+    def _add(self, message: AddRequest) -> None:
+        """Queue the request now, or once its grammar has compiled here (the API process
+        compiled it already, so it is valid, but this process has its own cache)."""
+        if message.grammar is None:
+            self.engine.enqueue(self._request(message, None))
+            return
+        spec = message.grammar.spec()
+        grammar = self._grammars.cached(spec)
+        if grammar is not None:
+            self.engine.enqueue(self._request(message, grammar))
+        else:
+            self._compiling[message.request_id] = (self._grammars.compile_later(spec), message)
+
+    def _queue_compiled(self, *cut_short: str) -> None:
+        """Queue every held request whose grammar is ready, and those in `cut_short` (about
+        to be aborted: they go in without one, to end the way every aborted request ends)."""
+        for request_id, (future, message) in list(self._compiling.items()):
+            if request_id in cut_short:
+                grammar = None
+            elif not future.done():
+                continue
+            elif future.exception() is not None:  # though the API's compile of it succeeded
+                log.error("the grammar of %s did not compile here: %s", request_id,
+                          future.exception())
+                del self._compiling[request_id]
+                self.engine.enqueue(self._request(message, None))
+                self.engine.abort(request_id)
+                continue
+            else:
+                grammar = future.result()
+            del self._compiling[request_id]
+            self.engine.enqueue(self._request(message, grammar))
+
+    def _request(self, message: AddRequest, grammar: CompiledGrammar | None) -> Request:
         params = message.params
-        if message.grammar is not None:  # compiled by the API already: valid, and quick
-            params.grammar = self._grammars.compile_now(message.grammar.spec())
+        params.grammar = grammar
         request_id = message.request_id
 
         def deliver(output: RequestOutput) -> None:  # samples share their parent's callback

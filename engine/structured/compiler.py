@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import llguidance
@@ -46,6 +46,18 @@ class GrammarCompiler:
         self._lock = threading.Lock()  # guards the cache and the tokenizer
         self._cache: OrderedDict[str, CompiledGrammar] = OrderedDict()
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="grammar")
+
+    def cached(self, spec: GrammarSpec) -> CompiledGrammar | None:
+        """The compiled grammar of `spec` if it is in the cache (no compiling)."""
+        with self._lock:
+            found = self._cache.get(spec.key)
+            if found is not None:
+                self._cache.move_to_end(spec.key)
+            return found
+
+    def compile_later(self, spec: GrammarSpec) -> Future[CompiledGrammar]:
+        """Compile on the pool, with no time limit (the caller checked it compiles)."""
+        return self._pool.submit(self.compile_now, spec)
 
     def compile_now(self, spec: GrammarSpec) -> CompiledGrammar:
         """Compile on this thread (or take from the cache); GrammarError if it cannot be."""
