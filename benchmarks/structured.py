@@ -69,8 +69,9 @@ TOOL_NAME = "record_review"
 
 
 def payload(prompt: str, max_tokens: int, schema: dict | None, args: argparse.Namespace,
-            stream: bool = True) -> dict[str, Any]:
-    """A completion (json_schema) or chat (tool) request; free (ignore_eos) without a schema."""
+            stream: bool = True, description: str = "Record a review.") -> dict[str, Any]:
+    """A completion (json_schema) or chat (tool) request; free (ignore_eos) without a schema.
+    A tool's description is in its prompt but not in its grammar."""
     body: dict[str, Any] = {"max_tokens": max_tokens, "stream": stream,
                             "temperature": args.temperature}
     if stream:
@@ -83,7 +84,7 @@ def payload(prompt: str, max_tokens: int, schema: dict | None, args: argparse.Na
         body["ignore_eos"] = True
     elif args.constraint == "tool":
         body["tools"] = [{"type": "function", "function": {
-            "name": TOOL_NAME, "description": "Record a review.", "parameters": schema}}]
+            "name": TOOL_NAME, "description": description, "parameters": schema}}]
         body["tool_choice"] = "required"
         body["parallel_tool_calls"] = False
     else:
@@ -157,7 +158,9 @@ async def compile_beside_streams(client: httpx.AsyncClient, url: str,
                                  args: argparse.Namespace) -> dict[str, Any]:
     """Part 3: 10 free users alone, then with a new enum schema sent 1 s in. A tool's schema
     is also in its prompt, so in tool mode a third load sends an enum of the same size that
-    the server has compiled already: what differs between the last two is the compile."""
+    the server has compiled already: what differs between the last two is the compile. Each
+    tool's description is new (a prompt the prefix cache has not seen), so both prefill it
+    all."""
     users = args.stream_users
 
     def free() -> list[dict[str, Any]]:
@@ -169,7 +172,8 @@ async def compile_beside_streams(client: httpx.AsyncClient, url: str,
         start = time.perf_counter()
         r = await client.post(url, json=payload("Pick one word:", 40,
                                                 enum_schema(args.enum_values, tag), args,
-                                                stream=False))
+                                                stream=False,
+                                                description=f"Pick ({uuid.uuid4().hex})."))
         return time.perf_counter() - start, r.status_code, r.text[:200]
 
     async def beside(tag: str | None) -> tuple[LevelResult, tuple[float, int, str]]:
