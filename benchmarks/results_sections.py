@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from benchmarks.results_page import Section, level, pairs, ratio, run
+from benchmarks.results_page import Section, level, level_by_order, pairs, ratio
 from benchmarks.tables import markdown_table
 
 LIVE = "python3 -m benchmarks.live_server python3 server.py --port {port} --"
@@ -15,8 +15,9 @@ LIVE = "python3 -m benchmarks.live_server python3 server.py --port {port} --"
 
 def tools(folder: Path) -> list[str]:
     summary = json.loads((folder / "tools/tools-summary.json").read_text())
-    constrained, free = run(folder, "tools/tools-throughput").levels
-    alone, known, new = run(folder, "tools/tools-enum-compile").levels
+    constrained, free = level_by_order(folder, "tools/tools-throughput", summary, "throughput")
+    alone, known, new = level_by_order(folder, "tools/tools-enum-compile", summary,
+                                       "enum-compile")
     assert constrained.throughput_tok_s and free.throughput_tok_s
     share = constrained.throughput_tok_s / free.throughput_tok_s
     valid = summary["validity"]
@@ -37,10 +38,13 @@ def tools(folder: Path) -> list[str]:
 
 
 def int8act(folder: Path) -> list[str]:
+    def both_turns(name: str) -> float:
+        """30-user throughput summed over the two turns."""
+        return sum(level(folder, f"int8act/{name}-{t}", 30).throughput_tok_s or 0
+                   for t in (1, 2))
+
     turns = [ratio(folder, f"int8act/int8act-{t}", f"int8act/q4_1-{t}", 30) for t in (1, 2)]
-    mean = sum(level(folder, f"int8act/int8act-{t}", 30).throughput_tok_s or 0
-               for t in (1, 2)) / sum(level(folder, f"int8act/q4_1-{t}", 30).throughput_tok_s
-                                      or 1 for t in (1, 2))
+    mean = both_turns("int8act") / both_turns("q4_1")
     return [f"30 users: {turns[0]:.2f}x and {turns[1]:.2f}x the exact path's throughput in "
             f"the two turns, {mean:.2f}x over both.", "",
             *pairs(("Turn 1", "int8act/int8act-1", "int8act/q4_1-1"),
