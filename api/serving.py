@@ -49,6 +49,12 @@ def sse(message: BaseModel) -> dict[str, str]:
     return {"data": message.model_dump_json()}
 
 
+def named_sse(message: BaseModel) -> dict[str, str]:
+    """One SSE event named by the message's `type`, as the Responses and Messages APIs send
+    them (`event: TYPE` before its data)."""
+    return {"event": message.type, "data": message.model_dump_json()}  # type: ignore[attr-defined]
+
+
 def failure(output: RequestOutput) -> APIError:
     """The error a failed output ends its request with: 504 if its deadline passed (before
     any token was sent, as a non-streamed answer has sent none), 503 when the server could

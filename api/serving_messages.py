@@ -39,15 +39,10 @@ from api.responses_messages import (
     ToolUseContent,
     anthropic_error_body,
 )
-from api.serving import failure
+from api.serving import failure, named_sse
 from api.serving_chat import ChatServing
 from api.tool_calls import CallStream, is_call_text, scan
 from engine.request import FinishReason, RequestOutput
-
-
-def event(message: BaseModel) -> dict[str, str]:
-    """One SSE event, named by its type as Anthropic's are."""
-    return {"event": message.type, "data": message.model_dump_json()}  # type: ignore[attr-defined]
 
 
 def new_tool_use_id() -> str:
@@ -106,7 +101,7 @@ class MessagesServing(ChatServing):
                      http_request: Request) -> AsyncIterator[dict[str, str]]:
         """message_start, each block's start, deltas and stop, message_delta, message_stop;
         an `error` event (Anthropic's shape) if the request fails on the way."""
-        yield event(MessageStartEvent(message=self.message(job, [], None, None, 0)))
+        yield named_sse(MessageStartEvent(message=self.message(job, [], None, None, 0)))
         blocks = BlockStream(self.may_call(body))
         async with aclosing(self.outputs(job, http_request)) as outputs:
             async for prompt_index, output in outputs:
@@ -117,20 +112,20 @@ class MessagesServing(ChatServing):
                     return
                 sample = job.record(prompt_index, output)
                 for block_event in blocks.advance(sample.text, output.text):
-                    yield event(block_event)
+                    yield named_sse(block_event)
         if not job.done:
             return  # the client left
         sample = job.samples[0, 0]
         assert sample.last is not None
         for block_event in blocks.close():
-            yield event(block_event)
+            yield named_sse(block_event)
         calls = blocks.calling and scan(sample.text).complete
         reason, sequence = stop_reason(sample.last, calls)
-        yield event(MessageDeltaEvent(delta=MessageDelta(stop_reason=reason,
+        yield named_sse(MessageDeltaEvent(delta=MessageDelta(stop_reason=reason,
                                                          stop_sequence=sequence),
                                       usage=MessageDeltaUsage(
                                           output_tokens=sample.num_output_tokens)))
-        yield event(MessageStopEvent())
+        yield named_sse(MessageStopEvent())
 
 
 class BlockStream:

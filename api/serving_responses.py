@@ -30,10 +30,9 @@ from api.response_objects import (
     ResponseLifecycleEvent,
     ResponseObject,
     ResponseUsage,
-    StreamEvent,
 )
 from api.response_output import ResponseOutput
-from api.serving import failure
+from api.serving import failure, named_sse
 from api.serving_chat import ChatServing
 from engine.request import FinishReason
 
@@ -51,11 +50,6 @@ def in_responses_terms(exc: APIError) -> None:
     exc.param = RESPONSES_TERMS.get(exc.param or "", exc.param)
     exc.message = CHAT_WORDS.sub(lambda m: RESPONSES_TERMS[m.group(1)], exc.message)
     exc.args = (exc.message,)
-
-
-def sse_event(event: StreamEvent) -> dict[str, str]:
-    """One SSE event, named like its type (as OpenAI sends them)."""
-    return {"event": event.type, "data": event.model_dump_json()}  # type: ignore[attr-defined]
 
 
 def source_of(body: ChatCompletionRequest) -> ResponsesRequest:
@@ -118,23 +112,23 @@ class ResponsesServing(ChatServing):
         response.completed or .incomplete; an error event if the request fails."""
         output = ResponseOutput(self.may_call(body))
         for kind in ("response.created", "response.in_progress"):
-            yield sse_event(output.event(ResponseLifecycleEvent, type=kind,
+            yield named_sse(output.event(ResponseLifecycleEvent, type=kind,
                                          response=self.response_object(job, body, [],
                                                                        "in_progress")))
         async with aclosing(self.outputs(job, http_request)) as outputs:
             async for prompt_index, engine_output in outputs:
                 if engine_output.error:
                     error = failure(engine_output)
-                    yield sse_event(output.event(ErrorEvent, code=error.code or error.type,
+                    yield named_sse(output.event(ErrorEvent, code=error.code or error.type,
                                                  message=error.message, param=error.param))
                     return
                 sample = job.record(prompt_index, engine_output)
                 incomplete = engine_output.finish_reason is FinishReason.LENGTH
                 for event in output.advance(sample.text, engine_output.finished, incomplete):
-                    yield sse_event(event)
+                    yield named_sse(event)
         if job.done:
             status = final_status(job)
-            yield sse_event(output.event(ResponseLifecycleEvent, type=f"response.{status}",
+            yield named_sse(output.event(ResponseLifecycleEvent, type=f"response.{status}",
                                          response=self.response_object(job, body, output.items,
                                                                        status)))
 
