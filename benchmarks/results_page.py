@@ -403,8 +403,9 @@ def sections(folder: Path) -> list[Section]:
                    "vs-llama-cpp/llama-cpp-q4_1"))),
         Section(
             "The default server against the baseline, last measured",
-            "The comparison repeated on the tree these docs describe (the default in-process "
-            "engine, fp32, 100 tokens per user), one server after the other: the default path "
+            "The comparison repeated on the tree these docs describe (the defaults: the engine "
+            "core in its own process, fp32, 100 tokens per user; the baseline's core in its own "
+            "process too), one server after the other: the default path "
             "against the fixed yardstick.",
             ["python3 benchmarks/side_by_side.py results/baseline-check nano=server.py "
              "base=baseline_server.py -- --users 1 30 --max-tokens 100"],
