@@ -17,6 +17,9 @@ that of the parts nested in them, so the parts add up to the profiled step:
 - rest of the model: what the model does between them (RoPE, residual adds, reshapes);
 - sampling.
 
+The model runs layer by layer from Python here (the engine's decode steps run every layer
+in one C++ call where they can, model/decode_stack.py): the parts are the modules' calls.
+
 The profiler costs some microseconds per op it records, so the profiled step (the sum of
 parts) is slower than the unprofiled one (the decode step row: the model run and sampling),
 each part by about its number of ops. On a GPU the profile's times are the CPU's (launching
@@ -196,7 +199,9 @@ def profile_cell(model: nn.Module, users: int, context: int, steps: int,
         blocks = SequenceBlocks()
         assert kv.allocate_slots(blocks, per_user)
         tables.append(blocks.block_table)
-    runner = ModelRunner(model, pool, attention)
+    # Layer by layer: the decode stack (model/decode_stack.py) runs every layer in one C++
+    # call, where the hooks that name the parts cannot see.
+    runner = ModelRunner(model, pool, attention, decode_stack=False)
     token_ids = [(17 * u + 5) % cfg.vocab_size for u in range(users)]
     batches = [decode_batch(tables, token_ids, context + s) for s in range(2 * steps + 1)]
 

@@ -23,6 +23,7 @@ class EngineConfig:
     attention: str = "auto"  # decode attention: "cpu-kernel", "torch" (gather + SDPA) or auto
     matmul: str = "auto"  # linear layers: "auto" (our packed CPU kernel where it runs), "torch"
     fused_ops: bool = True  # the compiled small ops between the matmuls, where they build
+    decode_stack: bool = True  # decode steps' layers in one C++ call, where the model allows
     threads: int | None = None  # most threads a step uses; None = PyTorch's default (cores)
     single_thread_below: int = 16  # steps computing fewer tokens run on one thread; 0 = never
     # The engine core process: "cached" (measure unless this machine's choice is cached),
@@ -68,6 +69,10 @@ class EngineConfig:
         parser.add_argument("--matmul", default=d.matmul, choices=["auto", "torch"],
                             help="linear layers: our AVX-512 kernel over weights packed once "
                                  "at load (auto: where the CPU has it), or PyTorch's matmul")
+        parser.add_argument("--no-decode-stack", action="store_true",
+                            help="run decode steps layer by layer from Python instead of in "
+                                 "one C++ call for all layers (same logits; for comparison "
+                                 "and debugging)")
         parser.add_argument("--threads", type=int, default=None,
                             help="most threads one step uses (default: PyTorch's, the cores)")
         parser.add_argument("--single-thread-below", type=threshold_arg, default=None,
@@ -127,6 +132,7 @@ class EngineConfig:
                      max_num_batched_tokens=args.max_num_batched_tokens,
                      max_prefills_per_step=args.max_prefills_per_step,
                      attention=args.attention, matmul=args.matmul, weights=args.weights,
+                     decode_stack=not args.no_decode_stack,
                      activations=args.activations,
                      threads=args.threads, single_thread_below=single_thread_below(args),
                      measure_threads=measure_threads(args),

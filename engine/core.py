@@ -93,7 +93,8 @@ class PagedEngineCore:
                                    config.speculative)
         threads = ThreadPolicy(config.threads or len(os.sched_getaffinity(0)),
                                config.single_thread_below)
-        self.runner = ModelRunner(model, self.pool, config.attention, threads)
+        self.runner = ModelRunner(model, self.pool, config.attention, threads,
+                                  config.decode_stack)
         # A request longer than this could never fit, even alone in the pool.
         self.max_tokens_per_request = min(self.allocator.num_usable * BLOCK_SIZE,
                                           cfg.max_position_embeddings)
@@ -144,6 +145,7 @@ class PagedEngineCore:
         return (f"{self.runner.device}, {self.allocator.num_usable} KV blocks of {BLOCK_SIZE} "
                 f"tokens, prefix cache {'on' if self.config.enable_prefix_cache else 'off'}, "
                 f"{self.runner.attention_backend} attention, {self.runner.matmul_path} matmuls, "
+                f"{'decode layers in one C++ call, ' if self.runner.decode_stack else ''}"
                 f"up to {self.runner.threads.max_threads} threads (1 below "
                 f"{self.runner.threads.single_below} tokens a step)"
                 + (f", {describe_speculation(self.config.speculative)}"

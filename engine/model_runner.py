@@ -19,6 +19,7 @@ from engine.scheduler import SchedulerOutput
 from engine.spec_decode import verify
 from kvcache.pool import KVCachePool
 from model.attention import create_backend
+from model.decode_stack import DecodeStack
 from model.llama import LlamaModel
 
 SHORT_CHUNK_ROWS = 8  # a chunk of at most this many tokens after cached ones attends row by row
@@ -93,13 +94,17 @@ class ThreadPolicy:
 
 class ModelRunner:
     def __init__(self, model: LlamaModel, pool: KVCachePool, attention_backend: str = "auto",
-                 threads: ThreadPolicy | None = None) -> None:
+                 threads: ThreadPolicy | None = None, decode_stack: bool = True) -> None:
         self.model = model
         self.pool = pool
         self.device = model.norm.weight.device  # (the embedding may be quantized)
         self.threads = threads
         self.attention = create_backend(attention_backend, pool)
         self.attention_backend = self.attention.name
+        # Decode steps' layers in one C++ call, where the model and kernels allow it
+        # (model/decode_stack.py); it needs the attention kernel that reads blocks in place.
+        self.decode_stack = (DecodeStack.build(model, pool)
+                             if decode_stack and self.attention_backend == "cpu-kernel" else None)
         self.sampler = Sampler()
         self.matmul_path = ", ".join(sorted({m.matmul_path for m in model.modules()
                                              if hasattr(m, "matmul_path")}))
@@ -209,13 +214,13 @@ class ModelRunner:
              for j in range(len(steps[i].token_ids))],
             [(steps[i].block_table, steps[i].context_len, len(steps[i].token_ids))
              for i in chunks])
+        ids = torch.tensor(input_ids, device=self.device)
+        where = torch.tensor(positions, device=self.device)
+        logits_indices = torch.tensor([first_row[i] + k for i, k in rows], dtype=torch.long,
+                                      device=self.device)
         try:
-            return self.model(
-                torch.tensor(input_ids, device=self.device),
-                torch.tensor(positions, device=self.device),
-                self.attention,
-                logits_indices=torch.tensor([first_row[i] + k for i, k in rows],
-                                            dtype=torch.long, device=self.device),
-            )
+            if self.decode_stack is not None and not chunks:
+                return self.decode_stack(ids, where, self.attention.step, logits_indices)
+            return self.model(ids, where, self.attention, logits_indices=logits_indices)
         finally:
             self.attention.step = None

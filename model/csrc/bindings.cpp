@@ -15,6 +15,7 @@ torch::Tensor q4_1_linear(torch::Tensor x, torch::Tensor packed, int64_t out_fea
 torch::Tensor q8_0_linear(torch::Tensor x, torch::Tensor packed, int64_t out_features);
 torch::Tensor q4_1_int8act_linear(torch::Tensor x, torch::Tensor packed, int64_t out_features);
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> quantize_rows_int8(torch::Tensor x);
+void bind_decode_stack(pybind11::module_& m);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode_attention", &paged_decode_attention,
@@ -35,4 +36,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "x @ W^T from Q4_1 codes, x rounded to int8 per block (q4_1_int8act_cpu.cpp)");
   m.def("quantize_rows_int8", &quantize_rows_int8,
         "x's int8 codes, scales and scaled sums as q4_1_int8act_linear makes them");
+  bind_decode_stack(m);  // the DecodeStack class (decode_stack_cpu.cpp)
 }
