@@ -2,6 +2,10 @@
 gives, to set beside the end-to-end figure of benchmarks/bench.py.
 
     python3 benchmarks/engine_loop.py --dtype bfloat16 --single-thread-below 0
+
+With --compare-decode-stack it loads the engine twice, with decode steps in one C++ call for
+every layer (the default) and layer by layer from Python (--no-decode-stack), and runs the
+rounds in turns, so the two are measured side by side.
 """
 
 from __future__ import annotations
@@ -26,20 +30,33 @@ def main() -> None:
     parser.add_argument("--single-thread-below", type=int, default=16)
     parser.add_argument("--tokens", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--activations", default="float32")
+    parser.add_argument("--compare-decode-stack", action="store_true",
+                        help="also the layer-by-layer path, in turns with the default")
     args = parser.parse_args()
-    engine = load_engine(EngineConfig(dtype=args.dtype, weights=args.weights,
-                                      single_thread_below=args.single_thread_below))
-    prompt = engine.tokenizer("Once upon a time").input_ids
+    stacks = [True, False] if args.compare_decode_stack else [True]
+    engines = {stack: load_engine(EngineConfig(
+        dtype=args.dtype, weights=args.weights, activations=args.activations,
+        single_thread_below=args.single_thread_below, decode_stack=stack)) for stack in stacks}
     for round_ in range(args.rounds):
-        times: list[float] = []
-        params = SamplingParams(max_tokens=args.tokens, temperature=0, ignore_eos=True)
-        engine.add_request(Request(f"r{round_}", prompt, params,
-                                   lambda _, times=times: times.append(time.perf_counter())))
-        while len(times) < args.tokens:
-            engine.step()
-        gaps = sorted(b - a for a, b in pairwise(times))
-        print(f"{args.dtype}, {args.weights} weights, single thread below "
-              f"{args.single_thread_below}: ITL p50 {gaps[len(gaps) // 2] * 1000:.2f} ms")
+        for stack, engine in engines.items():
+            p50 = one_user_itl(engine, f"r{round_}", args.tokens)
+            print(f"{args.dtype}, {args.weights} weights, {args.activations} activations, "
+                  f"single thread below {args.single_thread_below}, decode "
+                  f"{'stack' if stack else 'layer by layer'}: ITL p50 {p50:.2f} ms")
+
+
+def one_user_itl(engine, request_id: str, tokens: int) -> float:
+    """The median gap between one greedy request's tokens, in ms."""
+    prompt = engine.tokenizer("Once upon a time").input_ids
+    times: list[float] = []
+    params = SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True)
+    engine.add_request(Request(request_id, prompt, params,
+                               lambda _, times=times: times.append(time.perf_counter())))
+    while len(times) < tokens:
+        engine.step()
+    gaps = sorted(b - a for a, b in pairwise(times))
+    return gaps[len(gaps) // 2] * 1000
 
 
 if __name__ == "__main__":
