@@ -105,6 +105,12 @@ def load_paged_decode_attention() -> Callable | None:
     return None if kernels is None else kernels.paged_decode_attention
 
 
+def load_paged_prefill_attention() -> Callable | None:
+    """The prefill-chunk attention kernel, or None if the kernels could not be built here."""
+    kernels = load_cpu_kernels()
+    return None if kernels is None else kernels.paged_prefill_attention
+
+
 def load_fused_ops() -> ModuleType | None:
     """The fused small ops (RMSNorm with its residual add, RoPE, SwiGLU's activation): the
     kernels module itself, or None."""

@@ -14,7 +14,7 @@ import torch
 from kvcache.pool import KVCachePool
 from model.attention.metadata import StepMetadata
 from model.attention.paged import CpuKernelAttention, TorchPagedAttention
-from model.cpu_kernel import load_paged_decode_attention
+from model.cpu_kernel import load_paged_decode_attention, load_paged_prefill_attention
 
 __all__ = ["AttentionBackend", "CpuKernelAttention", "StepMetadata", "TorchPagedAttention",
            "create_backend", "resolve_backend"]
@@ -23,7 +23,7 @@ __all__ = ["AttentionBackend", "CpuKernelAttention", "StepMetadata", "TorchPaged
 class AttentionBackend(StrEnum):
     AUTO = "auto"
     TORCH = "torch"  # gather the blocks, then PyTorch SDPA with a mask: any device, any dtype
-    CPU_KERNEL = "cpu-kernel"  # compiled kernel reading K/V in place: CPU, fp32 or bf16
+    CPU_KERNEL = "cpu-kernel"  # compiled kernels reading K/V in place: CPU, fp32 or bf16
 
 
 def resolve_backend(requested: str, device: torch.device, dtype: torch.dtype) -> AttentionBackend:
@@ -45,5 +45,5 @@ def create_backend(requested: str, pool: KVCachePool) -> TorchPagedAttention:
     if name is AttentionBackend.CPU_KERNEL:
         kernel = load_paged_decode_attention()
         if kernel is not None:
-            return CpuKernelAttention(pool, kernel)
+            return CpuKernelAttention(pool, kernel, load_paged_prefill_attention())
     return TorchPagedAttention(pool)

@@ -36,8 +36,19 @@ class PrefillChunk:
     length: int  # tokens computed now
     context_len: int  # tokens of the sequence after this chunk (cached + new)
     block_table: Tensor  # [blocks covering context_len]
-    mask: Tensor | None  # [length, context_len]: 0 = may attend, -inf = not; None = causal
+    mask_dtype: torch.dtype = torch.float32
     window_masks: dict[int, tuple[int, Tensor]] = field(default_factory=dict)
+    full_mask: Tensor | None = field(default=None, repr=False)
+
+    @property
+    def mask(self) -> Tensor | None:
+        """[length, context_len]: 0 = may attend, -inf = not; None when nothing is cached
+        before this chunk (plain causal). Built on first use: a backend that reads the
+        cache in place never asks."""
+        if self.full_mask is None and self.context_len > self.length:
+            self.full_mask = chunk_mask(self.context_len - self.length, self.context_len,
+                                        self.block_table.device, self.mask_dtype)
+        return self.full_mask
 
     def window_keys(self, window: int, dtype: torch.dtype) -> tuple[int, Tensor]:
         """For a sliding-window layer: the first block any query of this chunk can see, and
@@ -96,8 +107,7 @@ class StepMetadata:
             prefill_chunks.append(PrefillChunk(
                 start, length, context_len,
                 torch.tensor(table[:-(-context_len // BLOCK_SIZE)], dtype=torch.long,
-                             device=device),
-                None if first == 0 else chunk_mask(first, context_len, device, dtype)))
+                             device=device), dtype))
             start += length
 
         width = max((len(t) for t, _ in single), default=0)

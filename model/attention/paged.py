@@ -13,9 +13,11 @@ K/V stay in the pool (they are the full-attention
 layers' too, and a block is freed for all layers at once).
 
 Query heads are grouped onto their shared K/V head by SDPA's `enable_gqa`, so K/V are
-never repeated. `CpuKernelAttention` replaces the gather for the single-token rows with a
-compiled kernel (model/csrc/paged_attention_cpu.cpp) that reads K/V in place through the
-block tables; the gather path stays as the reference and for other devices and dtypes.
+never repeated. `CpuKernelAttention` replaces the gather with compiled kernels that read
+K/V in place through the block tables: one for the single-token rows
+(model/csrc/paged_attention_cpu.cpp), one for the multi-token chunks
+(model/csrc/paged_prefill_attention_cpu.cpp); the gather path stays as the reference and
+for other devices and dtypes.
 """
 
 from __future__ import annotations
@@ -110,13 +112,16 @@ class TorchPagedAttention:
 
 
 class CpuKernelAttention(TorchPagedAttention):
-    """Single-token rows through the compiled kernel, which reads K/V in place."""
+    """Single-token rows and prefill chunks through the compiled kernels, which read K/V in
+    place; without a prefill kernel, chunks take the gather + SDPA path."""
 
     name = "cpu-kernel"
 
-    def __init__(self, pool: KVCachePool, kernel: Callable) -> None:
+    def __init__(self, pool: KVCachePool, kernel: Callable,
+                 prefill_kernel: Callable | None = None) -> None:
         super().__init__(pool)
         self.kernel = kernel
+        self.prefill_kernel = prefill_kernel
 
     def build_metadata(self, single: list[tuple[list[int], int]],
                        chunks: list[tuple[list[int], int, int]]) -> StepMetadata:
@@ -127,3 +132,12 @@ class CpuKernelAttention(TorchPagedAttention):
                       step: StepMetadata, window: int | None = None) -> Tensor:
         return self.kernel(q.contiguous(), k_cache, v_cache, step.single_block_tables,
                            step.single_context_lens, q.shape[-1] ** -0.5, window or 0)
+
+    def attend_chunk(self, q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor,
+                     chunk: PrefillChunk, window: int | None = None) -> Tensor:
+        """The chunk's rows over every key up to theirs, cached or new (its own K/V are
+        already in the pool), read through its block table: no gather, no mask."""
+        if self.prefill_kernel is None:
+            return super().attend_chunk(q, k, v, k_cache, v_cache, chunk, window)
+        return self.prefill_kernel(q.contiguous(), k_cache, v_cache, chunk.block_table,
+                                   chunk.context_len, q.shape[-1] ** -0.5, window or 0)

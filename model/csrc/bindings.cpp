@@ -4,6 +4,9 @@
 torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache,
                                      torch::Tensor v_cache, torch::Tensor block_tables,
                                      torch::Tensor context_lens, double scale, int64_t window);
+torch::Tensor paged_prefill_attention(torch::Tensor q, torch::Tensor k_cache,
+                                      torch::Tensor v_cache, torch::Tensor block_table,
+                                      int64_t context_len, double scale, int64_t window);
 torch::Tensor add_rms_norm(torch::Tensor residual, torch::Tensor delta, torch::Tensor weight,
                            double eps);
 void rope_inplace(torch::Tensor qk, int64_t heads, torch::Tensor cos, torch::Tensor sin);
@@ -23,6 +26,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "(model/csrc/paged_attention_cpu.cpp)",
         pybind11::arg("q"), pybind11::arg("k_cache"), pybind11::arg("v_cache"),
         pybind11::arg("block_tables"), pybind11::arg("context_lens"), pybind11::arg("scale"),
+        pybind11::arg("window") = 0);
+  m.def("paged_prefill_attention", &paged_prefill_attention,
+        "causal attention of one prefill chunk over the paged KV cache, read in place "
+        "(model/csrc/paged_prefill_attention_cpu.cpp)",
+        pybind11::arg("q"), pybind11::arg("k_cache"), pybind11::arg("v_cache"),
+        pybind11::arg("block_table"), pybind11::arg("context_len"), pybind11::arg("scale"),
         pybind11::arg("window") = 0);
   m.def("add_rms_norm", &add_rms_norm, "residual += delta; RMSNorm (fused_ops_cpu.cpp)");
   m.def("rope_inplace", &rope_inplace, "rotate-half RoPE in place (fused_ops_cpu.cpp)");

@@ -15,8 +15,8 @@ from tests.conftest import LOGITS_ATOL
 torch.set_grad_enabled(False)
 
 
-# Decode attention has two implementations: PyTorch gather + SDPA, and the compiled CPU
-# kernel (when it can be built here). Decode tests run against both.
+# Attention has two implementations: PyTorch gather + SDPA, and the compiled CPU kernels
+# (when they can be built here). Tests that run the model run against both.
 BACKENDS = ["torch", "cpu-kernel"]
 
 
@@ -57,8 +57,9 @@ def test_write_path_stores_each_token_in_its_slot():
     print(f"{n} tokens written to blocks {table}; other blocks untouched")
 
 
-def test_paged_prefill_matches_hf(model, hf_model, tokenizer):
-    runner, manager = make_runner(model)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_paged_prefill_matches_hf(model, hf_model, tokenizer, backend):
+    runner, manager = make_runner(model, backend=backend)
     for n in (5, 16, 37):
         ids = prompt_ids(tokenizer, n, seed=n)
         blocks = SequenceBlocks()
@@ -100,8 +101,9 @@ def test_paged_decode_batch_of_different_lengths_matches_hf(model, hf_model, tok
     check_paged_decode(runner, manager, hf_model, tokenizer, [3, 17, 30, 48, 9], backend)
 
 
-def test_prefix_hit_computes_only_the_rest_and_matches_hf(model, hf_model, tokenizer):
-    runner, manager = make_runner(model)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_prefix_hit_computes_only_the_rest_and_matches_hf(model, hf_model, tokenizer, backend):
+    runner, manager = make_runner(model, backend=backend)
     shared = prompt_ids(tokenizer, 3 * BLOCK_SIZE, seed=7)
     first = [*shared, *tokenizer(" and the first user asks about cats").input_ids]
     second = [*shared, *tokenizer(" while the second one wants dogs, please").input_ids]
@@ -122,8 +124,9 @@ def test_prefix_hit_computes_only_the_rest_and_matches_hf(model, hf_model, token
     assert diff < LOGITS_ATOL
 
 
-def test_chunked_prefill_matches_hf(model, hf_model, tokenizer):
-    runner, manager = make_runner(model)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_chunked_prefill_matches_hf(model, hf_model, tokenizer, backend):
+    runner, manager = make_runner(model, backend=backend)
     ids = prompt_ids(tokenizer, 45, seed=3)
     blocks = SequenceBlocks()
     assert manager.allocate_slots(blocks, len(ids))

@@ -1,0 +1,252 @@
+// Prefill attention over the paged KV cache, reading K and V in place (CPU; fp32, or bf16
+// K/V/q with fp32 arithmetic inside).
+//
+// One chunk of n query rows of one sequence, at positions context_len - n .. context_len - 1.
+// Their own K/V are already in the pool (written before attention runs), so every key, cached
+// or new, is read through the block table the same way: nothing is gathered or masked up
+// front. Query i sees keys 0 .. its position (and, with a window w > 0, only the last w).
+//
+// A task is one K/V head and a tile of query positions; its rows are (position, query head
+// of that K/V head's group), up to kRows of them, so the group's heads share each K/V row
+// read. The task walks its keys in tiles of kKeys with an online softmax (running maximum,
+// sum of exponentials, and output accumulator per row, rescaled when the maximum grows):
+//   scores  S[key][row] = K[key] . Q[row]: Q is held transposed, [dim][row], so each K
+//           element is broadcast against 16 rows at once (a K row is read in place);
+//   output  acc[row][:] += p[key][row] * V[key][:]: each V row is read in place.
+// Both are register-blocked with GCC vector types (16 floats; the compiler maps them onto
+// whatever vector width the CPU has). bf16 K/V rows, or rows whose dim is not a multiple of
+// 16, are first widened into a small per-tile buffer (exact for bf16).
+#include <torch/extension.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+namespace {
+typedef float vf __attribute__((vector_size(64)));  // 16 floats
+constexpr int64_t kLanes = 16;
+constexpr int64_t kKeys = 32;  // keys per tile (a multiple of 4)
+constexpr int64_t kRows = 64;  // rows (positions x group heads) per task, at most
+constexpr float kNone = -1e30f;  // the running maximum of a row that has seen no key yet
+
+inline vf load(const float* p) {
+  vf v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+inline void store(float* p, vf v) { std::memcpy(p, &v, sizeof(v)); }
+inline vf splat(float x) { return vf{} + x; }
+
+inline float widen(float x) { return x; }
+inline float widen(c10::BFloat16 x) { return static_cast<float>(x); }
+
+// S[j][r] = sum_d K[j][d] * Qt[d][r] for 4 keys and `nv` (1 or 2) vectors of rows from r0.
+template <int kNv>
+inline void score_block(const float* const* keys, const float* qt, int64_t rp, int64_t dim,
+                        int64_t r0, float* s) {
+  vf acc[4][kNv] = {};
+  for (int64_t d = 0; d < dim; ++d) {
+    vf q[kNv];
+    for (int v = 0; v < kNv; ++v) q[v] = load(qt + d * rp + r0 + v * kLanes);
+    for (int i = 0; i < 4; ++i) {
+      const vf k = splat(keys[i][d]);
+      for (int v = 0; v < kNv; ++v) acc[i][v] += k * q[v];
+    }
+  }
+  for (int i = 0; i < 4; ++i)
+    for (int v = 0; v < kNv; ++v) store(s + i * rp + r0 + v * kLanes, acc[i][v]);
+}
+
+// acc[r][dc..] = alpha[r] * acc[r][dc..] + sum_j p[j][r] * V[j][dc..] for rows r, r + 1 and
+// kNv vectors of the head dimension from dc.
+template <int kNv>
+inline void value_block(const float* const* values, const float* p, int64_t rp, int64_t keys,
+                        int64_t r, int64_t dc, const float* alpha, float* acc, int64_t dimp) {
+  vf c[2][kNv];
+  for (int i = 0; i < 2; ++i)
+    for (int v = 0; v < kNv; ++v)
+      c[i][v] = load(acc + (r + i) * dimp + dc + v * kLanes) * alpha[r + i];
+  for (int64_t j = 0; j < keys; ++j) {
+    const vf p0 = splat(p[j * rp + r]), p1 = splat(p[j * rp + r + 1]);
+    for (int v = 0; v < kNv; ++v) {
+      const vf x = load(values[j] + dc + v * kLanes);
+      c[0][v] += p0 * x;
+      c[1][v] += p1 * x;
+    }
+  }
+  for (int i = 0; i < 2; ++i)
+    for (int v = 0; v < kNv; ++v) store(acc + (r + i) * dimp + dc + v * kLanes, c[i][v]);
+}
+
+struct Shape {
+  int64_t n, heads, kv_heads, dim, group, block_size, context_len, window, positions;
+};
+
+// One task: K/V head g, query positions [q0, q0 + count) of the chunk.
+template <typename T>
+void prefill_task(const Shape& sh, const T* qp, const T* kp, const T* vp, const int64_t* table,
+                  float scale, int64_t g, int64_t q0, int64_t count, T* op) {
+  const int64_t dim = sh.dim, group = sh.group, rows = count * group;
+  const int64_t rp = (rows + kLanes - 1) / kLanes * kLanes;
+  const int64_t dimp = (dim + kLanes - 1) / kLanes * kLanes;
+  const int64_t slot_stride = sh.kv_heads * dim;
+  const int64_t first = sh.context_len - sh.n;  // position of the chunk's row 0
+  constexpr bool kBf16 = !std::is_same<T, float>::value;
+  const bool in_place = !kBf16 && dim % kLanes == 0;
+
+  std::vector<float> qt(dim * rp, 0.0f), s(kKeys * rp), acc(rp * dimp, 0.0f);
+  std::vector<float> m(rp, kNone), l(rp, 0.0f), alpha(rp), pos(rp, -1.0f), lo(rp, -1.0f);
+  std::vector<float> kbuf(kKeys * dimp, 0.0f), vbuf(kKeys * dimp, 0.0f), zero(dimp, 0.0f);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t i = q0 + r / group, head = g * group + r % group;
+    const T* qrow = qp + (i * sh.heads + head) * dim;
+    for (int64_t d = 0; d < dim; ++d) qt[d * rp + r] = widen(qrow[d]) * scale;
+    pos[r] = static_cast<float>(first + i);
+    lo[r] = sh.window > 0 ? pos[r] - static_cast<float>(sh.window) : -1.0f;
+  }
+  const int64_t last = first + q0 + count - 1;  // the task's last position
+  const int64_t key_begin = sh.window > 0 ? std::max<int64_t>(0, first + q0 - sh.window + 1) : 0;
+  const float* key_rows[kKeys];
+  const float* value_rows[kKeys];
+  for (int64_t t0 = key_begin; t0 <= last; t0 += kKeys) {
+    const int64_t keys = std::min(kKeys, last + 1 - t0), keys4 = (keys + 3) / 4 * 4;
+    for (int64_t j = 0; j < keys4; ++j) {
+      if (j >= keys) {
+        key_rows[j] = value_rows[j] = zero.data();
+        continue;
+      }
+      const int64_t t = t0 + j;
+      const int64_t at = (table[t / sh.block_size] * sh.block_size + t % sh.block_size) *
+                             slot_stride + g * dim;
+      if (in_place) {
+        key_rows[j] = reinterpret_cast<const float*>(kp + at);
+        value_rows[j] = reinterpret_cast<const float*>(vp + at);
+      } else {
+        float* kb = kbuf.data() + j * dimp;
+        float* vb = vbuf.data() + j * dimp;
+        for (int64_t d = 0; d < dim; ++d) {
+          kb[d] = widen(kp[at + d]);
+          vb[d] = widen(vp[at + d]);
+        }
+        key_rows[j] = kb;
+        value_rows[j] = vb;
+      }
+    }
+    for (int64_t j0 = 0; j0 < keys4; j0 += 4) {
+      int64_t r0 = 0;
+      for (; r0 + 2 * kLanes <= rp; r0 += 2 * kLanes)
+        score_block<2>(key_rows + j0, qt.data(), rp, dim, r0, s.data() + j0 * rp);
+      if (r0 < rp) score_block<1>(key_rows + j0, qt.data(), rp, dim, r0, s.data() + j0 * rp);
+    }
+    // Online softmax over this tile; keys a row may not see get weight exactly 0.
+    float* peak = alpha.data();
+    std::copy(m.begin(), m.end(), peak);
+    for (int64_t j = 0; j < keys; ++j) {
+      const float t = static_cast<float>(t0 + j);
+      const float* sj = s.data() + j * rp;
+#pragma omp simd
+      for (int64_t r = 0; r < rp; ++r)
+        if (t <= pos[r] && t > lo[r]) peak[r] = std::max(peak[r], sj[r]);
+    }
+#pragma omp simd
+    for (int64_t r = 0; r < rp; ++r) {
+      const float grown = peak[r];
+      peak[r] = std::exp(m[r] - grown);  // alpha: how much the old sums shrink
+      m[r] = grown;
+      l[r] *= peak[r];
+    }
+    for (int64_t j = 0; j < keys4; ++j) {
+      const float t = static_cast<float>(t0 + j);
+      float* sj = s.data() + j * rp;
+#pragma omp simd
+      for (int64_t r = 0; r < rp; ++r) {
+        const float p = (t <= pos[r] && t > lo[r]) ? std::exp(sj[r] - m[r]) : 0.0f;
+        sj[r] = p;
+        l[r] += p;
+      }
+    }
+    for (int64_t r = 0; r < rp; r += 2) {
+      int64_t dc = 0;
+      for (; dc + 4 * kLanes <= dimp; dc += 4 * kLanes)
+        value_block<4>(value_rows, s.data(), rp, keys4, r, dc, alpha.data(), acc.data(), dimp);
+      for (; dc < dimp; dc += kLanes)
+        value_block<1>(value_rows, s.data(), rp, keys4, r, dc, alpha.data(), acc.data(), dimp);
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t i = q0 + r / group, head = g * group + r % group;
+    const float inv = 1.0f / l[r];
+    T* orow = op + (i * sh.heads + head) * dim;
+    for (int64_t d = 0; d < dim; ++d) orow[d] = static_cast<T>(acc[r * dimp + d] * inv);
+  }
+}
+
+template <typename T>
+torch::Tensor prefill_attention(const torch::Tensor& q, const torch::Tensor& k_cache,
+                                const torch::Tensor& v_cache, const torch::Tensor& block_table,
+                                int64_t context_len, double scale, int64_t window) {
+  Shape sh{};
+  sh.n = q.size(0);
+  sh.heads = q.size(1);
+  sh.dim = q.size(2);
+  sh.block_size = k_cache.size(1);
+  sh.kv_heads = k_cache.size(2);
+  sh.context_len = context_len;
+  sh.window = window;
+  TORCH_CHECK(k_cache.size(3) == sh.dim && sh.heads % sh.kv_heads == 0 &&
+                  v_cache.sizes() == k_cache.sizes(),
+              "paged_prefill_attention: shapes");
+  sh.group = sh.heads / sh.kv_heads;
+  TORCH_CHECK(sh.n >= 1 && context_len >= sh.n &&
+                  context_len <= block_table.size(0) * sh.block_size,
+              "paged_prefill_attention: context length outside its block table");
+  const int64_t* table = block_table.data_ptr<int64_t>();
+  for (int64_t i = 0; i < (context_len + sh.block_size - 1) / sh.block_size; ++i)
+    TORCH_CHECK(table[i] >= 0 && table[i] < k_cache.size(0),
+                "paged_prefill_attention: block id outside the pool");
+  sh.positions = std::max<int64_t>(1, kRows / sh.group);  // query positions per task
+  const int64_t tiles = (sh.n + sh.positions - 1) / sh.positions;
+  const int64_t tasks = tiles * sh.kv_heads;
+
+  auto out = torch::empty_like(q);
+  const T* qp = q.data_ptr<T>();
+  const T* kp = k_cache.data_ptr<T>();
+  const T* vp = v_cache.data_ptr<T>();
+  T* op = out.data_ptr<T>();
+  const float fscale = static_cast<float>(scale);
+  // Nothing may throw in here (an exception cannot leave an OpenMP region): every check is
+  // done above. Later tiles see more keys: hand them out first.
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t task = 0; task < tasks; ++task) {
+    const int64_t tile = tiles - 1 - task / sh.kv_heads, g = task % sh.kv_heads;
+    const int64_t q0 = tile * sh.positions;
+    prefill_task<T>(sh, qp, kp, vp, table, fscale, g, q0,
+                    std::min(sh.positions, sh.n - q0), op);
+  }
+  return out;
+}
+}  // namespace
+
+torch::Tensor paged_prefill_attention(torch::Tensor q,            // [n, heads, dim]
+                                      torch::Tensor k_cache,      // [blocks, block_size, kv_heads, dim]
+                                      torch::Tensor v_cache,      // same
+                                      torch::Tensor block_table,  // [>= blocks of context] int64
+                                      int64_t context_len,        // cached + these n tokens
+                                      double scale,
+                                      int64_t window) {           // 0: the whole context
+  pybind11::gil_scoped_release no_gil;
+  TORCH_CHECK(q.dtype() == k_cache.dtype() && q.dtype() == v_cache.dtype() &&
+                  (q.dtype() == torch::kFloat32 || q.dtype() == torch::kBFloat16),
+              "paged_prefill_attention: q, K and V all float32 or all bfloat16");
+  TORCH_CHECK(window >= 0, "paged_prefill_attention: window must be >= 0");
+  TORCH_CHECK(block_table.dtype() == torch::kInt64, "paged_prefill_attention: int64 block table");
+  TORCH_CHECK(q.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous() &&
+                  block_table.is_contiguous(),
+              "paged_prefill_attention: contiguous tensors expected");
+  if (q.dtype() == torch::kBFloat16)
+    return prefill_attention<c10::BFloat16>(q, k_cache, v_cache, block_table, context_len, scale,
+                                            window);
+  return prefill_attention<float>(q, k_cache, v_cache, block_table, context_len, scale, window);
+}

@@ -1,0 +1,129 @@
+"""The compiled CPU prefill-attention kernel against the PyTorch gather + SDPA path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvcache.pool import BLOCK_SIZE, KVCachePool
+from model.attention import StepMetadata, TorchPagedAttention
+from model.cpu_kernel import load_paged_prefill_attention
+
+kernel = load_paged_prefill_attention()
+pytestmark = pytest.mark.skipif(kernel is None, reason="no C++ toolchain to build the kernel")
+
+
+def filled_pool(kv_heads: int, head_dim: int, tokens: int, seed: int,
+                dtype: torch.dtype = torch.float32) -> tuple[KVCachePool, list[int]]:
+    """A one-layer pool of random K/V and a scattered block table covering `tokens` (block 0,
+    the dummy, never used); every slot past the context holds huge garbage."""
+    torch.manual_seed(seed)
+    used = -(-tokens // BLOCK_SIZE)
+    pool = KVCachePool(num_layers=1, num_blocks=used + 3, num_kv_heads=kv_heads,
+                       head_dim=head_dim, dtype=dtype)
+    pool.k[0].normal_()
+    pool.v[0].normal_()
+    table = torch.randperm(used + 2)[:used].add(1).tolist()
+    pool.k[0][table[-1], tokens - (used - 1) * BLOCK_SIZE:] = 1e30
+    pool.v[0][table[-1], tokens - (used - 1) * BLOCK_SIZE:] = -1e30
+    return pool, table
+
+
+def both_paths(pool: KVCachePool, table: list[int], cached: int, length: int, heads: int,
+               window: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernel's output and the gather + SDPA path's for a chunk of `length` rows after
+    `cached` tokens; the chunk's own K/V are random and written by the step itself."""
+    kv_heads, dim = pool.k[0].shape[2:]
+    dtype = pool.k[0].dtype
+    q = torch.randn(length, heads, dim).to(dtype)
+    k, v = (torch.randn(length, kv_heads, dim).to(dtype) for _ in range(2))
+    reference = TorchPagedAttention(pool)
+    reference.step = StepMetadata.build([], [(table, cached + length, length)], dtype=dtype)
+    expected = reference(0, q, k, v, window=window)  # writes k, v into the pool first
+    chunk = reference.step.chunks[0]
+    ours = kernel(q, pool.k[0], pool.v[0], chunk.block_table, chunk.context_len, dim ** -0.5,
+                  window or 0)
+    return ours, expected
+
+
+@pytest.mark.parametrize("cached", [0, 5, 16, 37])
+@pytest.mark.parametrize("length", [1, 2, 15, 40, 130])
+def test_kernel_matches_gather_path_with_and_without_a_cached_prefix(cached, length):
+    """SmolLM2's shape (9 query heads on 3 K/V heads, head dim 64); chunks of 1 row up to
+    past a task's tile of rows, edges inside blocks."""
+    pool, table = filled_pool(3, 64, cached + length, seed=cached * 1000 + length)
+    ours, expected = both_paths(pool, table, cached, length, heads=9)
+    diff = (ours - expected).abs().max().item()
+    print(f"{length} rows after {cached} cached: max |diff| = {diff:.2e}")
+    assert torch.isfinite(ours).all()
+    assert diff < 1e-5
+
+
+def test_kernel_handles_many_heads_and_odd_head_dim():
+    """66 query heads on 3 K/V heads (a group of 22 rows per position), head dim 80 (not a
+    multiple of the kernel's 16-float vectors)."""
+    pool, table = filled_pool(3, 80, 90, seed=5)
+    ours, expected = both_paths(pool, table, 40, 50, heads=66)
+    diff = (ours - expected).abs().max().item()
+    print(f"66 heads, head dim 80: max |diff| = {diff:.2e}")
+    assert diff < 1e-5
+
+
+@pytest.mark.parametrize("cached,length", [(0, 60), (37, 23), (300, 100), (20, 1)])
+def test_kernel_window_reads_only_the_window(cached, length):
+    """Sliding-window chunks (Gemma 3's shape: head dim 256, one K/V head). Keys older than
+    every row's window hold huge garbage, which the kernel must never read."""
+    window = 40
+    pool, table = filled_pool(1, 256, cached + length, seed=cached + length)
+    for pos in range(max(0, cached - window + 1)):  # older than the first row's window
+        pool.k[0][table[pos // BLOCK_SIZE], pos % BLOCK_SIZE] = 1e30
+        pool.v[0][table[pos // BLOCK_SIZE], pos % BLOCK_SIZE] = -1e30
+    torch.manual_seed(9)
+    ours, expected = both_paths(pool, table, cached, length, heads=4, window=window)
+    diff = (ours - expected).abs().max().item()
+    print(f"window {window}, {length} rows after {cached}: max |diff| = {diff:.2e}")
+    assert torch.isfinite(ours).all()
+    assert diff < 1e-5
+
+
+def test_bf16_kernel_matches_the_fp32_path_on_the_same_values():
+    """bf16 q/K/V are widened exactly to fp32 inside the kernel; only the output is rounded
+    to bf16 once: relative 2**-8 of the largest output."""
+    cached, length = 37, 40
+    pool, table = filled_pool(3, 64, cached + length, seed=11, dtype=torch.bfloat16)
+    wide = KVCachePool(num_layers=1, num_blocks=pool.k[0].shape[0], num_kv_heads=3, head_dim=64)
+    q = torch.randn(length, 9, 64).to(torch.bfloat16)
+    k, v = (torch.randn(length, 3, 64).to(torch.bfloat16) for _ in range(2))
+    step = StepMetadata.build([], [(table, cached + length, length)])
+    TorchPagedAttention.write(pool.k[0], pool.v[0], k, v, step)
+    wide.k[0].copy_(pool.k[0])
+    wide.v[0].copy_(pool.v[0])
+    reference = TorchPagedAttention(wide)
+    reference.step = step
+    expected = reference(0, q.float(), k.float(), v.float())
+    ours = kernel(q, pool.k[0], pool.v[0], step.chunks[0].block_table, cached + length,
+                  64 ** -0.5, 0)
+    diff = (ours.float() - expected).abs().max().item()
+    bound = expected.abs().max().item() * 2**-8
+    print(f"bf16 kernel vs fp32 gather path: max |diff| = {diff:.2e} (bound {bound:.2e})")
+    assert ours.dtype == torch.bfloat16 and diff <= bound
+
+
+def test_kernel_rejects_bad_tables():
+    """A block id outside the pool, or a context longer than its table, is a Python error,
+    not a crash."""
+    pool, _ = filled_pool(3, 64, 20, seed=1)
+    q = torch.randn(4, 9, 64)
+    with pytest.raises(RuntimeError, match="outside the pool"):
+        kernel(q, pool.k[0], pool.v[0], torch.tensor([1, 70]), 20, 0.125, 0)
+    with pytest.raises(RuntimeError, match="outside its block table"):
+        kernel(q, pool.k[0], pool.v[0], torch.tensor([1]), 20, 0.125, 0)
+
+
+def test_engine_routes_chunks_through_the_kernel(model):
+    from engine.model_runner import ModelRunner
+    from model.attention import CpuKernelAttention
+
+    pool = KVCachePool(model.cfg.num_layers, 8, model.cfg.num_kv_heads, model.cfg.head_dim)
+    attention = ModelRunner(model, pool, "auto").attention
+    assert isinstance(attention, CpuKernelAttention) and attention.prefill_kernel is not None
