@@ -219,7 +219,7 @@ class Q4_1Weights:
             raise ValueError(f"--weights q4_1 runs Llama models, not {cfg.model_type}")
 
     def linear(self, name: str, module: nn.Module, weights: list, biases: list | None,
-               ) -> QuantizedLinear:
+               activations: str | None = None) -> QuantizedLinear:
         if biases is not None:
             raise ValueError(f"--weights q4_1 has no biases for {name}")
         weight = BlockTensor.cat(weights)
@@ -227,16 +227,17 @@ class Q4_1Weights:
         if (weight.rows, weight.cols) != expected:
             raise ValueError(f"GGUF tensor for {name} is {weight.rows}x{weight.cols}, the "
                              f"model's is {expected[0]}x{expected[1]}: not the same model")
-        return QuantizedLinear(weight, self.activations)
+        return QuantizedLinear(weight, activations or self.activations)
 
     def embedding_and_head(self, model: nn.Module, embedding: BlockTensor,
                            head: BlockTensor | None) -> None:
+        """The Q8_0 head multiplies float32 activations whatever the layers take."""
+        model.lm_head = self.linear("lm_head", model.lm_head,
+                                    [embedding if head is None else head], None, "float32")
         if head is None:  # tied: one set of codes serves both
-            model.lm_head = self.linear("lm_head", model.lm_head, [embedding], None)
             model.embed_tokens = QuantizedEmbedding(model.lm_head)
-            return
-        model.lm_head = self.linear("lm_head", model.lm_head, [head], None)
-        model.embed_tokens = QuantizedEmbedding(QuantizedLinear(embedding))
+        else:
+            model.embed_tokens = QuantizedEmbedding(QuantizedLinear(embedding))
 
     def finish(self, model: nn.Module) -> nn.Module:
         if self.fused_ops:
