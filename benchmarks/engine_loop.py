@@ -23,11 +23,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--weights", default="default")
+    parser.add_argument("--model", default=None, help="as server.py's (default: the default "
+                        "model)")
+    parser.add_argument("--lm-head", default="default", choices=["default", "q8_0"])
     parser.add_argument("--single-thread-below", type=int, default=16)
     parser.add_argument("--tokens", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    engine = load_engine(EngineConfig(dtype=args.dtype, weights=args.weights,
+    engine = load_engine(EngineConfig(model=args.model, dtype=args.dtype, weights=args.weights,
+                                      lm_head=args.lm_head,
                                       single_thread_below=args.single_thread_below))
     prompt = engine.tokenizer("Once upon a time").input_ids
     for round_ in range(args.rounds):
@@ -38,7 +42,8 @@ def main() -> None:
         while len(times) < args.tokens:
             engine.step()
         gaps = sorted(b - a for a, b in pairwise(times))
-        print(f"{args.dtype}, {args.weights} weights, single thread below "
+        print(f"{args.model or 'default model'}, {args.dtype}, {args.weights} weights, "
+              f"{args.lm_head} LM head, single thread below "
               f"{args.single_thread_below}: ITL p50 {gaps[len(gaps) // 2] * 1000:.2f} ms")
 
 

@@ -395,7 +395,7 @@ def load_engine(config: EngineConfig,
 
     loaded = load(config.model, weights=config.weights, activations=config.activations,
                   device=config.device, dtype=config.dtype, fused_ops=config.fused_ops,
-                  matmul=config.matmul)
+                  matmul=config.matmul, lm_head=config.lm_head)
     tokenizer = load_tokenizer(loaded.path)
     if config.chat_template is not None:
         use_chat_template(tokenizer, config.chat_template)

@@ -88,6 +88,21 @@ def rope_unpermute_index(rows: int, num_heads: int) -> torch.Tensor:
     return gguf_rows.transpose(1, 2).reshape(rows)
 
 
+def read_gguf_block_tensor(path: str | Path, name: str) -> BlockTensor | None:
+    """One tensor of a GGUF file as its raw blocks (a view of the memory map), or None where
+    it is not Q4_1 or Q8_0."""
+    from gguf import GGUFReader
+
+    for t in GGUFReader(str(path)).tensors:
+        if t.name == name and t.tensor_type.name in BLOCK_BYTES:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)  # "non-writable": we only read it
+                data = torch.from_numpy(t.data)
+            kind = t.tensor_type.name
+            return BlockTensor(kind, data.reshape(data.shape[0], -1, BLOCK_BYTES[kind]))
+    return None
+
+
 @dataclass
 class GGUFCodes:
     """A Llama GGUF's tensors under Hugging Face's names, as the file holds them: the

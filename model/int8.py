@@ -25,6 +25,23 @@ from model.quantized import QuantizedEmbedding, QuantizedLinear, quantized_kerne
 SMALLEST_SCALE = 2.0**-14  # fp16's smallest normal number; the kernel reads fp16 scales
 
 
+def q8_0_blocks(weight: Tensor) -> BlockTensor:
+    """[out, in] weights -> GGUF's Q8_0: int8 codes with one fp16 scale per block of 32
+    inputs, d = max |w_block| / 127 (rounded to fp16 first, the codes computed with it)."""
+    rows, cols = weight.shape
+    if cols % BLOCK:
+        raise ValueError(f"Q8_0 weights need a multiple of {BLOCK} inputs, got {cols}")
+    w = weight.float().reshape(rows, cols // BLOCK, BLOCK)
+    peak = w.abs().amax(dim=-1)
+    scale = torch.where(peak > 0, (peak / 127).clamp_min(SMALLEST_SCALE), 0).half()
+    d = scale.float().unsqueeze(-1)
+    codes = torch.where(d > 0, w / d.clamp_min(SMALLEST_SCALE), 0).round().clamp(-127, 127)
+    blocks = torch.empty(rows, cols // BLOCK, 2 + BLOCK, dtype=torch.uint8)
+    blocks[..., :2] = scale.view(torch.uint8).reshape(rows, cols // BLOCK, 2)
+    blocks[..., 2:] = codes.to(torch.int8).view(torch.uint8)
+    return BlockTensor("Q8_0", blocks)
+
+
 def int8_per_channel(weight: Tensor) -> BlockTensor:
     """[out, in] weights -> int8 codes with one fp16 scale per row, as Q8_0 blocks."""
     rows, cols = weight.shape

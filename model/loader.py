@@ -30,6 +30,7 @@ from model.checkpoint import Checkpoint, WeightFormat, build_model, read_checkpo
 from model.config import ModelConfig
 from model.cpu_kernel import load_fused_ops
 from model.dense_linear import pack_model_linears
+from model.gguf_weights import BlockTensor
 from model.layers import BiasedLinear, Linear, use_fused_ops
 from model.registry import architecture
 
@@ -40,6 +41,7 @@ CPU_KERNEL_DTYPES = (torch.float32, torch.bfloat16)
 MATMULS = ("auto", "torch")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 WEIGHTS = ("default", "q4_1", "int8")
+LM_HEADS = ("default", "q8_0")
 
 
 def pick_device(name: str | None = None) -> torch.device:
@@ -70,17 +72,41 @@ class DenseWeights:
     `device` in `dtype`. On a CPU, where our kernels can be built and run: with fused_ops,
     the small ops between the matmuls run compiled (model/layers.py); with matmul "auto",
     the linear layers' weights are packed once for our own GEMM kernel
-    (model/dense_linear.py); "torch" keeps PyTorch's matmuls."""
+    (model/dense_linear.py); "torch" keeps PyTorch's matmuls.
+
+    lm_head "q8_0" (CPU, float32) runs the LM head on the Q8_0 kernel of model/quantized.py:
+    on a GGUF file's own codes where its head (or tied embedding) is stored as Q8_0 (exact to
+    the dequantized model up to summation order; a tied embedding then reads its rows from
+    the same codes), else on Q8_0 codes made at load (model/int8.py `q8_0_blocks`; not
+    exact, the embedding keeps its own weights)."""
 
     def __init__(self, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
-                 fused_ops: bool = True, matmul: str = "auto") -> None:
+                 fused_ops: bool = True, matmul: str = "auto", lm_head: str = "default") -> None:
         if matmul not in MATMULS:
             raise ValueError(f"unknown matmul {matmul!r}; choose one of {', '.join(MATMULS)}")
+        if lm_head not in LM_HEADS:
+            raise ValueError(f"unknown lm_head {lm_head!r}; choose one of {', '.join(LM_HEADS)}")
         self.device, self.dtype = torch.device(device), dtype
-        self.fused_ops, self.matmul = fused_ops, matmul
+        self.fused_ops, self.matmul, self.lm_head = fused_ops, matmul, lm_head
+        if lm_head == "q8_0":
+            from model.quantized import quantized_kernels
+
+            if self.device.type != "cpu" or dtype != torch.float32:
+                raise ValueError("--lm-head q8_0 runs on the CPU in float32: drop --dtype / "
+                                 "--device")
+            quantized_kernels()  # the kernel, before anything is read
 
     def read(self, path: Path) -> Checkpoint:
-        return read_checkpoint(path)
+        checkpoint = read_checkpoint(path)
+        if self.lm_head == "q8_0" and path.is_file():  # the GGUF's own head codes, if Q8_0
+            from model.gguf_checkpoint import hf_name
+            from model.gguf_weights import read_gguf_block_tensor
+
+            name = "token_embd.weight" if checkpoint.config.tie_word_embeddings else "output.weight"
+            codes = read_gguf_block_tensor(path, name)
+            if codes is not None and codes.kind == "Q8_0":
+                checkpoint.tensors[hf_name(name, "")] = codes
+        return checkpoint
 
     def check(self, cfg: ModelConfig) -> None:
         pass
@@ -95,13 +121,29 @@ class DenseWeights:
             module.load_state_dict({"weight_t": transposed(*weights)}, assign=True, strict=True)
         return module
 
-    def embedding_and_head(self, model: nn.Module, embedding: Tensor,
-                           head: Tensor | None) -> None:
+    def embedding_and_head(self, model: nn.Module, embedding: Tensor | BlockTensor,
+                           head: Tensor | BlockTensor | None) -> None:
         """A tied head is a transposed copy of the embedding (the lookup wants rows, the
         matmul [in, out]); pack_model_linears drops that copy again."""
+        if self.lm_head == "q8_0":
+            self.q8_0_head(model, embedding, head)
+            return
         model.embed_tokens.load_state_dict({"weight": embedding}, assign=True, strict=True)
         model.lm_head.load_state_dict(
             {"weight_t": transposed(embedding if head is None else head)}, assign=True)
+
+    def q8_0_head(self, model: nn.Module, embedding: Tensor | BlockTensor,
+                  head: Tensor | BlockTensor | None) -> None:
+        from model.int8 import q8_0_blocks
+        from model.quantized import QuantizedEmbedding, QuantizedLinear
+
+        source = embedding if head is None else head
+        model.lm_head = QuantizedLinear(source if isinstance(source, BlockTensor)
+                                        else q8_0_blocks(source))
+        if isinstance(embedding, BlockTensor):  # tied, the file's codes: share them
+            model.embed_tokens = QuantizedEmbedding(model.lm_head)
+        else:
+            model.embed_tokens.load_state_dict({"weight": embedding}, assign=True, strict=True)
 
     def finish(self, model: nn.Module) -> nn.Module:
         model = model.to(device=self.device, dtype=self.dtype).eval().requires_grad_(False)
@@ -132,11 +174,14 @@ class LoadedModel:
 
 def weight_format(weights: str = "default", *, activations: str = "float32",
                   device: str | None = None, dtype: str = "float32", fused_ops: bool = True,
-                  matmul: str = "auto") -> WeightFormat:
+                  matmul: str = "auto", lm_head: str = "default") -> WeightFormat:
     """The weight format of `--weights` with the options it takes. q4_1 and int8 run on the
     CPU in float32 (engine/config.py refuses --dtype / --device with them)."""
     if weights == "default":
-        return DenseWeights(pick_device(device), pick_dtype(dtype), fused_ops, matmul)
+        return DenseWeights(pick_device(device), pick_dtype(dtype), fused_ops, matmul, lm_head)
+    if lm_head != "default":
+        raise ValueError(f"--lm-head {lm_head} applies to the default weights; --weights "
+                         f"{weights} has its own LM head")
     if weights == "q4_1":
         from model.quantized import Q4_1Weights
 
@@ -150,13 +195,13 @@ def weight_format(weights: str = "default", *, activations: str = "float32",
 
 def load(source: str | None = None, *, weights: str = "default", activations: str = "float32",
          device: str | None = None, dtype: str = "float32", fused_ops: bool = True,
-         matmul: str = "auto") -> LoadedModel:
+         matmul: str = "auto", lm_head: str = "default") -> LoadedModel:
     """The model `--model source` names, in `--weights`, fetched or prepared first if need
     be (None: the default model)."""
     from model.prepare import resolve_model_dir
 
     fmt = weight_format(weights, activations=activations, device=device, dtype=dtype,
-                        fused_ops=fused_ops, matmul=matmul)
+                        fused_ops=fused_ops, matmul=matmul, lm_head=lm_head)
     path = resolve_model_dir(source)
     load_log.info("loading %s on %s (%s, %s weights, %s activations)", path,
                   pick_device(device) if weights == "default" else "cpu", dtype, weights,
@@ -166,10 +211,10 @@ def load(source: str | None = None, *, weights: str = "default", activations: st
 
 def load_model(model_dir: str | Path, device: torch.device | str = "cpu",
                dtype: torch.dtype = torch.float32, fused_ops: bool = True,
-               matmul: str = "auto") -> nn.Module:
+               matmul: str = "auto", lm_head: str = "default") -> nn.Module:
     """A folder's or GGUF file's model with its own weights, in `dtype` on `device`
     (`DenseWeights`)."""
-    return load_path(Path(model_dir), DenseWeights(device, dtype, fused_ops, matmul))
+    return load_path(Path(model_dir), DenseWeights(device, dtype, fused_ops, matmul, lm_head))
 
 
 def log_torch_pieces(cfg: ModelConfig) -> None:
