@@ -76,6 +76,7 @@ FIXED = {
     "matmul": ("torch", "the baseline keeps PyTorch's matmuls"),
     "weights": ("default", "the baseline runs the folder's weights in --dtype"),
     "activations": ("float32", "the baseline runs the folder's weights in --dtype"),
+    "lm_head": ("default", "the baseline runs the folder's weights in --dtype"),
     "scheduling_policy": ("fcfs", FCFS),
 }
 
@@ -326,7 +327,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main() -> int:
     return run_server(__doc__, "nano-vLLM BASELINE", "baseline_server:BaselineEngineCore",
                       fixed={"matmul": "torch", "fused_ops": False, "weights": "default",
-                             "activations": "float32", "scheduling_policy": "fcfs"},
+                             "activations": "float32", "lm_head": "default",
+                             "scheduling_policy": "fcfs"},
                       args=parse_args())
 
 

@@ -27,6 +27,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--weights", default="default")
+    parser.add_argument("--model", default=None, help="as server.py's (default: the default "
+                        "model)")
+    parser.add_argument("--lm-head", default="default", choices=["default", "q8_0"])
     parser.add_argument("--single-thread-below", type=int, default=16)
     parser.add_argument("--tokens", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=3)
@@ -36,12 +39,14 @@ def main() -> None:
     args = parser.parse_args()
     stacks = [True, False] if args.compare_decode_stack else [True]
     engines = {stack: load_engine(EngineConfig(
-        dtype=args.dtype, weights=args.weights, activations=args.activations,
-        single_thread_below=args.single_thread_below, decode_stack=stack)) for stack in stacks}
+        model=args.model, dtype=args.dtype, weights=args.weights, activations=args.activations,
+        lm_head=args.lm_head, single_thread_below=args.single_thread_below, decode_stack=stack))
+        for stack in stacks}
     for round_ in range(args.rounds):
         for stack, engine in engines.items():
             p50 = one_user_itl(engine, f"r{round_}", args.tokens)
-            print(f"{args.dtype}, {args.weights} weights, {args.activations} activations, "
+            print(f"{args.model or 'default model'}, {args.dtype}, {args.weights} weights, "
+                  f"{args.activations} activations, {args.lm_head} LM head, "
                   f"single thread below {args.single_thread_below}, decode "
                   f"{'stack' if stack else 'layer by layer'}: ITL p50 {p50:.2f} ms")
 

@@ -387,33 +387,20 @@ class BatchEngine:
 
 def load_engine(config: EngineConfig,
                 core_class: type[EngineCore] = PagedEngineCore) -> BatchEngine:
-    """Prepare or find the model, load it and its tokenizer, and build an engine around a
-    core of `core_class` (baseline_server.py passes its own)."""
+    """Load the model `config` names (model/loader.py: found or prepared, in its --weights)
+    and its tokenizer, and build an engine around a core of `core_class` (baseline_server.py
+    passes its own)."""
     from model.gguf_source import load_tokenizer
-    from model.loader import load_model, pick_device, pick_dtype
-    from model.prepare import resolve_model_dir
+    from model.loader import load
 
-    model_dir = resolve_model_dir(config.model)
-    if config.weights != "default" and model_dir.is_file():
-        raise ValueError(f"--weights {config.weights} quantizes a Hugging Face folder; a GGUF "
-                         "file is dequantized at load: drop --weights")
-    device = pick_device(config.device)
-    log.info("loading %s on %s (%s, %s weights, %s activations)", model_dir, device,
-             config.dtype, config.weights, config.activations)
-    if config.weights == "q4_1":
-        from model.quantized import load_q4_1_model
-        model = load_q4_1_model(model_dir, activations=config.activations)
-    elif config.weights == "int8":
-        from model.int8 import load_int8_model
-        model = load_int8_model(model_dir)
-    else:
-        model = load_model(model_dir, device, pick_dtype(config.dtype),
-                           fused_ops=config.fused_ops, matmul=config.matmul)
-    tokenizer = load_tokenizer(model_dir)
+    loaded = load(config.model, weights=config.weights, activations=config.activations,
+                  device=config.device, dtype=config.dtype, fused_ops=config.fused_ops,
+                  matmul=config.matmul, lm_head=config.lm_head)
+    tokenizer = load_tokenizer(loaded.path)
     if config.chat_template is not None:
         use_chat_template(tokenizer, config.chat_template)
     torch.set_grad_enabled(False)
-    return BatchEngine(config, model, tokenizer, core_class)
+    return BatchEngine(config, loaded.model, tokenizer, core_class)
 
 
 def use_chat_template(tokenizer, path: str) -> None:

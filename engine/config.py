@@ -31,6 +31,7 @@ class EngineConfig:
     measure_threads: str = "no"
     weights: str = "default"  # "default" (the folder's, in --dtype), "q4_1" or "int8" (CPU)
     activations: str = "float32"  # q4_1's layers: "float32" (exact) or "int8" (VNNI, faster)
+    lm_head: str = "default"  # "q8_0": the default weights' LM head on the Q8_0 kernel (CPU)
     max_waiting: int = 256  # beyond this, new requests are refused with 429
     request_timeout: float | None = None  # seconds from arrival; None = no limit
     max_num_queued_tokens: int | None = None  # prompt tokens waiting beyond this: 429
@@ -93,6 +94,11 @@ class EngineConfig:
                                  "bits per block of 32 for integer dot products (AVX512-VNNI; "
                                  "faster with many sequences, not exact: docs/performance.md); "
                                  "float32 (default) is exact")
+        parser.add_argument("--lm-head", default=d.lm_head, choices=["default", "q8_0"],
+                            help="q8_0: the LM head on the Q8_0 kernel (CPU, float32): a GGUF "
+                                 "file's own Q8_0 head or tied embedding codes (exact up to "
+                                 "summation order), else Q8_0 codes made at load (not exact; "
+                                 "docs/models.md)")
         parser.add_argument("--max-waiting", type=int, default=d.max_waiting,
                             help="queued requests beyond this get HTTP 429")
         parser.add_argument("--request-timeout", type=float, default=None,
@@ -133,7 +139,7 @@ class EngineConfig:
                      max_prefills_per_step=args.max_prefills_per_step,
                      attention=args.attention, matmul=args.matmul, weights=args.weights,
                      decode_stack=not args.no_decode_stack,
-                     activations=args.activations,
+                     activations=args.activations, lm_head=args.lm_head,
                      threads=args.threads, single_thread_below=single_thread_below(args),
                      measure_threads=measure_threads(args),
                      max_waiting=args.max_waiting,
@@ -158,6 +164,10 @@ class EngineConfig:
                                           or self.device not in (None, "cpu")):
             raise ValueError(f"--weights {self.weights} runs on the CPU with float32 "
                              "activations: drop --dtype / --device")
+        if self.lm_head != "default" and (self.weights != "default" or self.dtype != "float32"
+                                          or self.device not in (None, "cpu")):
+            raise ValueError(f"--lm-head {self.lm_head} runs the default weights' LM head on "
+                             "the CPU in float32: drop --weights / --dtype / --device")
         if self.activations not in ("float32", "int8"):
             raise ValueError("--activations must be float32 or int8")
         if self.activations == "int8" and self.weights != "q4_1":

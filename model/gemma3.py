@@ -38,9 +38,8 @@ from model.layers import (
     RotaryEmbedding,
     gelu_tanh_mul,
 )
-from model.llama import transposed
 
-__all__ = ["Gemma3Model", "convert_hf_weights"]
+__all__ = ["PACKED_MODULES", "Gemma3Model"]
 
 
 class Gemma3Attention(nn.Module):
@@ -134,27 +133,10 @@ class Gemma3Model(nn.Module):
         return logits
 
 
-def convert_hf_weights(hf: dict[str, Tensor], cfg: ModelConfig) -> dict[str, Tensor]:
-    """Rename Hugging Face Gemma 3 tensors to ours, fusing q/k/v and gate/up."""
-    ours = {
-        "embed_tokens.weight": hf["model.embed_tokens.weight"],
-        "norm.weight": hf["model.norm.weight"],
-    }
-    ours["lm_head.weight_t"] = transposed(ours["embed_tokens.weight"] if cfg.tie_word_embeddings
-                                          else hf["lm_head.weight"])
-    norms = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
-             "post_feedforward_layernorm")
-    for i in range(cfg.num_layers):
-        src, dst = f"model.layers.{i}.", f"layers.{i}."
-        attn, mlp = src + "self_attn.", src + "mlp."
-        ours[dst + "self_attn.qkv_proj.weight_t"] = transposed(
-            hf[attn + "q_proj.weight"], hf[attn + "k_proj.weight"], hf[attn + "v_proj.weight"])
-        ours[dst + "self_attn.o_proj.weight_t"] = transposed(hf[attn + "o_proj.weight"])
-        ours[dst + "self_attn.qk_norm.q_weight"] = hf[attn + "q_norm.weight"]
-        ours[dst + "self_attn.qk_norm.k_weight"] = hf[attn + "k_norm.weight"]
-        ours[dst + "mlp.gate_up_proj.weight_t"] = transposed(
-            hf[mlp + "gate_proj.weight"], hf[mlp + "up_proj.weight"])
-        ours[dst + "mlp.down_proj.weight_t"] = transposed(hf[mlp + "down_proj.weight"])
-        for norm in norms:
-            ours[dst + norm + ".weight"] = hf[src + norm + ".weight"]
-    return ours
+# Qwen3's mapping: q/k/v and gate/up fused, the query and key head norms as one QKNorm; the
+# four norms a layer keep Hugging Face's names; the tied LM head is read from the embedding.
+PACKED_MODULES: dict[str, tuple[str, ...]] = {
+    "qkv_proj": ("q_proj", "k_proj", "v_proj"),
+    "gate_up_proj": ("gate_proj", "up_proj"),
+    "qk_norm": ("q_norm", "k_norm"),
+}

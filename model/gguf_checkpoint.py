@@ -1,6 +1,6 @@
 """Load a GGUF file as a checkpoint of any architecture here: its config from the metadata,
 its tensors dequantized to fp32 (by the `gguf` package's reference code, as transformers
-does) under Hugging Face's names, ready for the architecture's `convert_hf_weights`.
+does) under Hugging Face's names, a checkpoint for model/checkpoint.py's walk.
 
 Everything that could fail is checked before a tensor is dequantized: from the header alone
 (model/gguf_header.py), every tensor's type and that its bytes lie inside the file (a

@@ -1,4 +1,4 @@
-"""Read a Llama GGUF file's quantized tensors as raw blocks, under our layer names.
+"""Read a Llama GGUF file's quantized tensors as raw blocks, under Hugging Face's names.
 
 Two block formats matter for the default model (llama.cpp's ggml-common.h):
 - Q4_1, 20 bytes per 32 weights along the input dim: fp16 scale d, fp16 minimum m, then 16
@@ -73,7 +73,10 @@ class BlockTensor:
     @staticmethod
     def cat(parts: list[BlockTensor]) -> BlockTensor:
         """Stack along rows (output features): q, k, v -> qkv; gate, up -> gate_up."""
-        assert len({p.kind for p in parts}) == 1
+        if len({p.kind for p in parts}) != 1:
+            raise ValueError(f"cannot fuse {[p.kind for p in parts]} blocks into one matrix")
+        if len(parts) == 1:
+            return parts[0]
         return BlockTensor(parts[0].kind, torch.cat([p.blocks for p in parts]))
 
 
@@ -85,15 +88,28 @@ def rope_unpermute_index(rows: int, num_heads: int) -> torch.Tensor:
     return gguf_rows.transpose(1, 2).reshape(rows)
 
 
+def read_gguf_block_tensor(path: str | Path, name: str) -> BlockTensor | None:
+    """One tensor of a GGUF file as its raw blocks (a view of the memory map), or None where
+    it is not Q4_1 or Q8_0."""
+    from gguf import GGUFReader
+
+    for t in GGUFReader(str(path)).tensors:
+        if t.name == name and t.tensor_type.name in BLOCK_BYTES:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)  # "non-writable": we only read it
+                data = torch.from_numpy(t.data)
+            kind = t.tensor_type.name
+            return BlockTensor(kind, data.reshape(data.shape[0], -1, BLOCK_BYTES[kind]))
+    return None
+
+
 @dataclass
-class GGUFModel:
-    """The tensors of a Llama GGUF, named as our model names its layers."""
+class GGUFCodes:
+    """A Llama GGUF's tensors under Hugging Face's names, as the file holds them: the
+    matrices as raw blocks (Q/K rows un-permuted), the norms in fp32."""
 
     num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    quantized: dict[str, BlockTensor]  # "layers.0.self_attn.qkv_proj", ..., "embed_tokens"
-    dense: dict[str, torch.Tensor]  # fp32 norms: "layers.0.input_layernorm.weight", ...
+    tensors: dict[str, BlockTensor | torch.Tensor]
 
 
 def _field(reader, key: str) -> int:
@@ -101,52 +117,87 @@ def _field(reader, key: str) -> int:
     return int(field.parts[field.data[0]][0])
 
 
-def read_gguf(path: str | Path) -> GGUFModel:
-    """Every tensor, the quantized ones as views of the memory-mapped file; Q/K/V and
-    gate/up fused (copies)."""
+def read_gguf_codes(path: str | Path) -> GGUFCodes:
+    """Every tensor, the quantized ones as views of the memory-mapped file (the Q and K rows
+    reordered: copies)."""
     from gguf import GGUFReader
 
+    from model.gguf_checkpoint import hf_name
+
     reader = GGUFReader(str(path))
-    num_layers = _field(reader, "llama.block_count")
-    num_heads = _field(reader, "llama.attention.head_count")
-    num_kv_heads = _field(reader, "llama.attention.head_count_kv")
-    raw: dict[str, BlockTensor] = {}
-    dense: dict[str, torch.Tensor] = {}
+    arch = reader.fields["general.architecture"].contents()
+    if arch != "llama":
+        raise ValueError(f"{path}: the GGUF's own codes are read for Llama models only, "
+                         f"not {arch}")
+    heads = {"attn_q": _field(reader, "llama.attention.head_count"),
+             "attn_k": _field(reader, "llama.attention.head_count_kv")}
+    tensors: dict[str, BlockTensor | torch.Tensor] = {}
+    unexpected = []
     for t in reader.tensors:
-        kind = t.tensor_type.name
+        kind, name = t.tensor_type.name, hf_name(t.name, arch)
+        if name is None:
+            unexpected.append(t.name)
+            continue
         # A view of the read-only memory map, not a copy: file pages, not heap, until packed.
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # "non-writable": we only read it
             data = torch.from_numpy(t.data)
         if kind in BLOCK_BYTES:
-            raw[t.name] = BlockTensor(kind, data.reshape(data.shape[0], -1, BLOCK_BYTES[kind]))
+            weight = BlockTensor(kind, data.reshape(data.shape[0], -1, BLOCK_BYTES[kind]))
+            role = t.name.split(".")[-2]
+            if role in heads:
+                weight = weight.take_rows(rope_unpermute_index(weight.rows, heads[role]))
+            tensors[name] = weight
         elif kind == "F32":
-            dense[t.name] = data.clone()  # small; a view would keep the whole file mapped
+            tensors[name] = data.clone()  # small; a view would keep the whole file mapped
         else:
             raise ValueError(f"{path}: tensor {t.name} is {kind}; only Q4_1, Q8_0 and F32 "
                              "are supported")
+    if unexpected:
+        raise ValueError(f"{path}: unexpected tensors {sorted(unexpected)}")
+    return GGUFCodes(_field(reader, "llama.block_count"), tensors)
 
-    def take(name: str) -> BlockTensor:
-        if name not in raw:
-            raise ValueError(f"{path}: no quantized tensor {name}")
-        return raw.pop(name)
 
-    quantized = {"embed_tokens": take("token_embd.weight")}
-    if "output.weight" in raw:  # an untied LM head
-        quantized["lm_head"] = take("output.weight")
-    ours_dense = {"norm.weight": dense.pop("output_norm.weight")}
-    for i in range(num_layers):
-        blk, dst = f"blk.{i}.", f"layers.{i}."
-        q, k = take(blk + "attn_q.weight"), take(blk + "attn_k.weight")
-        q = q.take_rows(rope_unpermute_index(q.rows, num_heads))
-        k = k.take_rows(rope_unpermute_index(k.rows, num_kv_heads))
-        quantized[dst + "self_attn.qkv_proj"] = BlockTensor.cat([q, k, take(blk + "attn_v.weight")])
-        quantized[dst + "self_attn.o_proj"] = take(blk + "attn_output.weight")
-        quantized[dst + "mlp.gate_up_proj"] = BlockTensor.cat(
-            [take(blk + "ffn_gate.weight"), take(blk + "ffn_up.weight")])
-        quantized[dst + "mlp.down_proj"] = take(blk + "ffn_down.weight")
-        ours_dense[dst + "input_layernorm.weight"] = dense.pop(blk + "attn_norm.weight")
-        ours_dense[dst + "post_attention_layernorm.weight"] = dense.pop(blk + "ffn_norm.weight")
-    if raw or dense:
-        raise ValueError(f"{path}: unexpected tensors {sorted(raw) + sorted(dense)}")
-    return GGUFModel(num_layers, num_heads, num_kv_heads, quantized, ours_dense)
+@dataclass
+class GGUFModel:
+    """The codes of a Llama GGUF under our module names (q/k/v and gate/up fused), as
+    `--weights q4_1` installs them."""
+
+    num_layers: int
+    quantized: dict[str, BlockTensor]  # "layers.0.self_attn.qkv_proj", ..., "embed_tokens"
+    dense: dict[str, torch.Tensor]  # fp32 norms: "layers.0.input_layernorm.weight", ...
+
+
+class _CollectCodes:
+    """The part of a weight format that model/checkpoint.py's walk calls, keeping each
+    module's (fused) codes instead of building it."""
+
+    def __init__(self) -> None:
+        self.quantized: dict[str, BlockTensor] = {}
+
+    def linear(self, name, module, weights, biases):
+        self.quantized[name] = BlockTensor.cat(weights)
+        return module
+
+    def embedding_and_head(self, model, embedding, head) -> None:
+        self.quantized["embed_tokens"] = embedding
+        if head is not None:
+            self.quantized["lm_head"] = head
+
+
+def read_gguf(path: str | Path) -> GGUFModel:
+    """A Llama GGUF's codes by our module names, fused by the same walk that loads them."""
+    from model.checkpoint import Checkpoint, load_weights
+    from model.gguf_checkpoint import open_gguf, read_config
+    from model.registry import architecture
+
+    path = Path(path)
+    cfg = read_config(open_gguf(path), path)
+    codes = read_gguf_codes(path)
+    arch = architecture(cfg.model_type)
+    with torch.device("meta"):
+        model = arch.model_class(cfg)
+    collect = _CollectCodes()
+    load_weights(model, arch, Checkpoint(cfg, codes.tensors, path), collect)
+    dense = {name: t for name, t in model.state_dict().items() if not t.is_meta}
+    return GGUFModel(codes.num_layers, collect.quantized, dense)

@@ -12,14 +12,34 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
+from model.checkpoint import Checkpoint, read_checkpoint, replace, weight_units
+from model.config import ModelConfig
+from model.cpu_kernel import load_fused_ops
 from model.gguf_weights import BLOCK, BlockTensor
-from model.llama import Linear, LlamaModel
-from model.loader import load_model
+from model.layers import Linear, use_fused_ops
+from model.llama import LlamaModel
 from model.quantized import QuantizedEmbedding, QuantizedLinear, quantized_kernels
 
 SMALLEST_SCALE = 2.0**-14  # fp16's smallest normal number; the kernel reads fp16 scales
+
+
+def q8_0_blocks(weight: Tensor) -> BlockTensor:
+    """[out, in] weights -> GGUF's Q8_0: int8 codes with one fp16 scale per block of 32
+    inputs, d = max |w_block| / 127 (rounded to fp16 first, the codes computed with it)."""
+    rows, cols = weight.shape
+    if cols % BLOCK:
+        raise ValueError(f"Q8_0 weights need a multiple of {BLOCK} inputs, got {cols}")
+    w = weight.float().reshape(rows, cols // BLOCK, BLOCK)
+    peak = w.abs().amax(dim=-1)
+    scale = torch.where(peak > 0, (peak / 127).clamp_min(SMALLEST_SCALE), 0).half()
+    d = scale.float().unsqueeze(-1)
+    codes = torch.where(d > 0, w / d.clamp_min(SMALLEST_SCALE), 0).round().clamp(-127, 127)
+    blocks = torch.empty(rows, cols // BLOCK, 2 + BLOCK, dtype=torch.uint8)
+    blocks[..., :2] = scale.view(torch.uint8).reshape(rows, cols // BLOCK, 2)
+    blocks[..., 2:] = codes.to(torch.int8).view(torch.uint8)
+    return BlockTensor("Q8_0", blocks)
 
 
 def int8_per_channel(weight: Tensor) -> BlockTensor:
@@ -39,40 +59,74 @@ def int8_per_channel(weight: Tensor) -> BlockTensor:
     return BlockTensor("Q8_0", blocks)
 
 
-def _quantize(linear: Linear) -> QuantizedLinear:
-    return QuantizedLinear(int8_per_channel(linear.weight_t.t()))
+class Int8Weights:
+    """`--weights int8` as a weight format (model/checkpoint.py): a folder's checkpoint read
+    as for the default weights, each linear layer and the LM head quantized as it is built
+    (never a whole fp32 model beside the codes), the embedding read from codes too. The
+    norms are upcast to float32; the model runs on the CPU."""
+
+    def __init__(self, fused_ops: bool = True) -> None:
+        self.fused_ops = fused_ops
+
+    def read(self, path: Path) -> Checkpoint:
+        from model.quantized import refuse_gguf_file
+
+        refuse_gguf_file(path, "int8")
+        return read_checkpoint(path)
+
+    def check(self, cfg: ModelConfig) -> None:
+        if cfg.qkv_bias:
+            raise ValueError(f"--weights int8 does not quantize {cfg.model_type} (its q/k/v "
+                             "biases); serve it with --weights default")
+        if cfg.model_type == "gemma3_text":  # no accuracy check of it exists yet
+            raise ValueError("--weights int8 has not been checked on gemma3_text; serve it "
+                             "with --weights default")
+        quantized_kernels()  # fail before building anything if the kernel cannot run
+
+    def linear(self, name: str, module: nn.Module, weights: list[Tensor],
+               biases: list[Tensor] | None) -> QuantizedLinear:
+        assert biases is None  # refused by check()
+        return QuantizedLinear(int8_per_channel(torch.cat(weights)))
+
+    def embedding_and_head(self, model: nn.Module, embedding: Tensor,
+                           head: Tensor | None) -> None:
+        model.lm_head = QuantizedLinear(int8_per_channel(embedding if head is None else head))
+        if head is None:  # tied: one set of codes serves both
+            model.embed_tokens = QuantizedEmbedding(model.lm_head)
+        else:
+            model.embed_tokens = QuantizedEmbedding(QuantizedLinear(int8_per_channel(embedding)))
+
+    def finish(self, model: nn.Module) -> nn.Module:
+        from model.loader import log_torch_pieces
+
+        model = model.to(dtype=torch.float32).eval().requires_grad_(False)
+        if self.fused_ops:
+            use_fused_ops(model, load_fused_ops())
+            log_torch_pieces(model.cfg)
+        return model
 
 
 def quantize_model_int8(model: LlamaModel) -> None:
-    """Swap every linear layer, the LM head and the embedding for int8 ones (in place).
+    """Swap every linear layer, the LM head and the embedding for int8 ones (in place), as
+    `Int8Weights` builds them.
 
-    The model must be on the CPU in float32 (load a bf16 folder with dtype float32)."""
+    The model must be on the CPU in float32 (load a bf16 folder with dtype float32), with
+    PyTorch's matmuls (matmul="torch")."""
     weight = model.norm.weight
     if weight.device.type != "cpu" or weight.dtype != torch.float32:
         raise ValueError(f"--weights int8 runs on the CPU in float32; the model is on "
                          f"{weight.device} in {weight.dtype}")
-    if model.cfg.qkv_bias:
-        raise ValueError(f"--weights int8 does not quantize {model.cfg.model_type} (its q/k/v "
-                         "biases); serve it with --weights default")
-    if model.cfg.model_type == "gemma3_text":  # no accuracy check of it exists yet
-        raise ValueError("--weights int8 has not been checked on gemma3_text; serve it with "
-                         "--weights default")
-    quantized_kernels()  # fail before touching the model if the kernel cannot run
-    for layer in model.layers:
-        attn, mlp = layer.self_attn, layer.mlp
-        attn.qkv_proj, attn.o_proj = _quantize(attn.qkv_proj), _quantize(attn.o_proj)
-        mlp.gate_up_proj, mlp.down_proj = _quantize(mlp.gate_up_proj), _quantize(mlp.down_proj)
-    if model.cfg.tie_word_embeddings:  # one set of codes serves both
-        model.lm_head = _quantize(model.lm_head)
-        model.embed_tokens = QuantizedEmbedding(model.lm_head)
-    else:
-        model.lm_head = _quantize(model.lm_head)
-        embedding = int8_per_channel(model.embed_tokens.weight)
-        model.embed_tokens = QuantizedEmbedding(QuantizedLinear(embedding))
+    fmt = Int8Weights()
+    fmt.check(model.cfg)
+    for name, module in list(weight_units(model)):
+        if isinstance(module, Linear):
+            replace(model, name, fmt.linear(name, module, [module.weight_t.t()], None))
+    head = None if model.cfg.tie_word_embeddings else model.lm_head.weight_t.t()
+    fmt.embedding_and_head(model, model.embed_tokens.weight, head)
 
 
 def load_int8_model(model_dir: str | Path) -> LlamaModel:
-    """`--weights int8`: load the folder in float32, then quantize it to int8."""
-    model = load_model(model_dir, dtype=torch.float32, matmul="torch")  # Linear layers to swap
-    quantize_model_int8(model)
-    return model
+    """`--weights int8`: a folder's model, each layer quantized to int8 as it is built."""
+    from model.loader import load_path
+
+    return load_path(Path(model_dir), Int8Weights())

@@ -18,13 +18,13 @@ The model does not own a KV cache. Each layer hands its (q, k, v) to an
 (model/attention/), a per-user cache (baseline_server.py), or plain causal
 attention over the input (`causal_attention` in model/layers.py).
 
-`convert_hf_weights` maps a Hugging Face Llama checkpoint onto these modules, fusing
-q/k/v and gate/up; model/registry.py finds it by the config's `model_type`.
+`PACKED_MODULES` says which Hugging Face modules our fused ones are made of (q/k/v, gate/up);
+model/checkpoint.py loads a checkpoint with it, model/registry.py finds the architecture by
+the config's `model_type`.
 """
 
 from __future__ import annotations
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -40,8 +40,8 @@ from model.layers import (
     causal_attention,
 )
 
-__all__ = ["AttentionFn", "LlamaModel", "RotaryEmbedding", "causal_attention",
-           "convert_hf_weights"]
+__all__ = ["PACKED_MODULES", "AttentionFn", "LlamaModel", "RotaryEmbedding",
+           "causal_attention"]
 
 
 class Attention(nn.Module):
@@ -150,29 +150,9 @@ class LlamaModel(nn.Module):
         return self.lm_head(x)
 
 
-def transposed(*weights: Tensor) -> Tensor:
-    """nn.Linear weights [out, in], fused along out, as our Linear's [in, out]."""
-    return torch.cat(weights).t().contiguous()
-
-
-def convert_hf_weights(hf: dict[str, Tensor], cfg: ModelConfig) -> dict[str, Tensor]:
-    """Rename Hugging Face tensors to ours, fusing q/k/v and gate/up along the output axis."""
-    ours = {
-        "embed_tokens.weight": hf["model.embed_tokens.weight"],
-        "norm.weight": hf["model.norm.weight"],
-    }
-    # A tied head is the embedding (Hugging Face folders omit or duplicate lm_head.weight).
-    ours["lm_head.weight_t"] = transposed(ours["embed_tokens.weight"] if cfg.tie_word_embeddings
-                                          else hf["lm_head.weight"])
-    for i in range(cfg.num_layers):
-        src, dst = f"model.layers.{i}.", f"layers.{i}."
-        attn, mlp = src + "self_attn.", src + "mlp."
-        ours[dst + "self_attn.qkv_proj.weight_t"] = transposed(
-            hf[attn + "q_proj.weight"], hf[attn + "k_proj.weight"], hf[attn + "v_proj.weight"])
-        ours[dst + "self_attn.o_proj.weight_t"] = transposed(hf[attn + "o_proj.weight"])
-        ours[dst + "mlp.gate_up_proj.weight_t"] = transposed(
-            hf[mlp + "gate_proj.weight"], hf[mlp + "up_proj.weight"])
-        ours[dst + "mlp.down_proj.weight_t"] = transposed(hf[mlp + "down_proj.weight"])
-        ours[dst + "input_layernorm.weight"] = hf[src + "input_layernorm.weight"]
-        ours[dst + "post_attention_layernorm.weight"] = hf[src + "post_attention_layernorm.weight"]
-    return ours
+# Our fused modules -> the Hugging Face modules they are made of, in order along the output
+# (model/registry.py; model/checkpoint.py loads them).
+PACKED_MODULES: dict[str, tuple[str, ...]] = {
+    "qkv_proj": ("q_proj", "k_proj", "v_proj"),
+    "gate_up_proj": ("gate_proj", "up_proj"),
+}

@@ -10,10 +10,12 @@ to int8 per block of 32, with integer dot products (AVX512-VNNI,
 model/csrc/q4_1_int8act_cpu.cpp); its error against this exact path is measured in
 tests/model/test_q4_1_int8act.py. The LM head stays on the exact Q8_0 path.
 
-`load_q4_1_model(model_dir)` builds the model straight from the GGUF (no fp32 weights ever);
-`quantize_model_q4_1(model, gguf_path)` swaps a loaded fp32 model's linear layers, embedding
-and LM head for quantized ones (same attribute names, same x @ Wᵀ contract) and drops the fp32
-weights; `load_q4_1_weights(model)` does that with the default model's GGUF.
+`Q4_1Weights` is this weight format on the one loading path (model/loader.py): the folder's
+config, the GGUF's tensors under Hugging Face's names, and each linear layer built from its
+fused codes (model/checkpoint.py). `load_q4_1_model(model_dir)` builds the model that way,
+straight from the GGUF (no fp32 weights ever); `quantize_model_q4_1(model, gguf_path)` swaps
+a loaded fp32 model's linear layers, embedding and LM head for quantized ones by the same walk
+(same attribute names, same x @ Wᵀ contract) and drops the fp32 weights.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from model.checkpoint import Checkpoint
 from model.config import ModelConfig
 from model.cpu_kernel import (
     cpu_has_vnni,
@@ -33,9 +36,9 @@ from model.cpu_kernel import (
     load_cpu_kernels,
     load_fused_ops,
 )
-from model.gguf_weights import BLOCK, BlockTensor, GGUFModel, read_gguf
+from model.gguf_weights import BLOCK, BlockTensor, read_gguf_codes
 from model.layers import use_fused_ops
-from model.llama import LlamaModel, RotaryEmbedding
+from model.llama import LlamaModel
 
 log = logging.getLogger("nano_vllm.kernel")
 GROUP = 16  # output rows per group in the kernel's layout: one fp32 lane each
@@ -168,38 +171,6 @@ class QuantizedEmbedding(nn.Module):
         return out.reshape(*input_ids.shape, self.embedding_dim)
 
 
-def _swap(parent: nn.Module, name: str, weight: BlockTensor,
-          activations: str = "float32") -> QuantizedLinear:
-    old = getattr(parent, name)
-    expected = tuple(old.weight_t.shape[::-1])  # our Linear keeps [in, out]
-    if (weight.rows, weight.cols) != expected:
-        raise ValueError(f"GGUF tensor for {name} is {weight.rows}x{weight.cols}, the model's "
-                         f"is {expected[0]}x{expected[1]}: not the same model")
-    new = QuantizedLinear(weight, activations)
-    setattr(parent, name, new)  # the fp32 weight goes with the old module
-    return new
-
-
-def _install(model: LlamaModel, gguf: GGUFModel, activations: str = "float32") -> None:
-    """Swap the model's linear layers, LM head and embedding for the GGUF's codes; the
-    layers' Q4_1 matmuls take `activations`, the Q8_0 LM head always float32."""
-    if gguf.num_layers != len(model.layers):
-        raise ValueError(f"GGUF has {gguf.num_layers} layers, the model {len(model.layers)}")
-    q = gguf.quantized
-    for i, layer in enumerate(model.layers):
-        attn, mlp = layer.self_attn, layer.mlp
-        _swap(attn, "qkv_proj", q[f"layers.{i}.self_attn.qkv_proj"], activations)
-        _swap(attn, "o_proj", q[f"layers.{i}.self_attn.o_proj"], activations)
-        _swap(mlp, "gate_up_proj", q[f"layers.{i}.mlp.gate_up_proj"], activations)
-        _swap(mlp, "down_proj", q[f"layers.{i}.mlp.down_proj"], activations)
-    embedding = q["embed_tokens"]
-    if "lm_head" in q:  # untied: the embedding keeps its own codes
-        _swap(model, "lm_head", q["lm_head"])
-        model.embed_tokens = QuantizedEmbedding(QuantizedLinear(embedding))
-    else:
-        model.embed_tokens = QuantizedEmbedding(_swap(model, "lm_head", embedding))
-
-
 def check_activations(activations: str) -> None:
     """Fail (before touching a model) if the layers cannot run with these activations here."""
     if activations not in ACTIVATIONS:
@@ -210,27 +181,89 @@ def check_activations(activations: str) -> None:
         quantized_kernels()
 
 
+def refuse_gguf_file(path: Path, weights: str) -> None:
+    if path.is_file():
+        raise ValueError(f"--weights {weights} quantizes a Hugging Face folder; a GGUF file is "
+                         "dequantized at load: drop --weights")
+
+
+class Q4_1Weights:
+    """`--weights q4_1` as a weight format (model/checkpoint.py): the config of the folder,
+    the tensors of its GGUF (default: the default model's, fetched once), each linear layer
+    and the LM head on the GGUF's own codes (the layers' Q4_1 matmuls take `activations`,
+    the Q8_0 LM head always float32), the embedding read from the head's codes."""
+
+    def __init__(self, activations: str = "float32", fused_ops: bool = True,
+                 gguf_path: str | Path | None = None) -> None:
+        check_activations(activations)  # the kernel, before anything is read
+        self.activations, self.fused_ops, self.gguf_path = activations, fused_ops, gguf_path
+
+    def codes(self, cfg: ModelConfig, num_layers: int | None = None) -> Checkpoint:
+        """The GGUF's codes as the checkpoint of a model of `cfg` with `num_layers` layers
+        (default: the config's)."""
+        from model.prepare import fetch_default_gguf
+
+        path = Path(self.gguf_path or fetch_default_gguf())
+        codes = read_gguf_codes(path)
+        num_layers = cfg.num_layers if num_layers is None else num_layers
+        if codes.num_layers != num_layers:
+            raise ValueError(f"GGUF has {codes.num_layers} layers, the model {num_layers}")
+        return Checkpoint(cfg, codes.tensors, path)
+
+    def read(self, path: Path) -> Checkpoint:
+        refuse_gguf_file(path, "q4_1")
+        return self.codes(ModelConfig.from_dir(path))
+
+    def check(self, cfg: ModelConfig) -> None:
+        if cfg.model_type != "llama":
+            raise ValueError(f"--weights q4_1 runs Llama models, not {cfg.model_type}")
+
+    def linear(self, name: str, module: nn.Module, weights: list, biases: list | None,
+               activations: str | None = None) -> QuantizedLinear:
+        if biases is not None:
+            raise ValueError(f"--weights q4_1 has no biases for {name}")
+        weight = BlockTensor.cat(weights)
+        expected = tuple(module.weight_t.shape[::-1])  # our Linear keeps [in, out]
+        if (weight.rows, weight.cols) != expected:
+            raise ValueError(f"GGUF tensor for {name} is {weight.rows}x{weight.cols}, the "
+                             f"model's is {expected[0]}x{expected[1]}: not the same model")
+        return QuantizedLinear(weight, activations or self.activations)
+
+    def embedding_and_head(self, model: nn.Module, embedding: BlockTensor,
+                           head: BlockTensor | None) -> None:
+        """The Q8_0 head multiplies float32 activations whatever the layers take."""
+        model.lm_head = self.linear("lm_head", model.lm_head,
+                                    [embedding if head is None else head], None, "float32")
+        if head is None:  # tied: one set of codes serves both
+            model.embed_tokens = QuantizedEmbedding(model.lm_head)
+        else:
+            model.embed_tokens = QuantizedEmbedding(QuantizedLinear(embedding))
+
+    def finish(self, model: nn.Module) -> nn.Module:
+        if self.fused_ops:
+            use_fused_ops(model, load_fused_ops())
+        return model.eval().requires_grad_(False)
+
+
 def quantize_model_q4_1(model: LlamaModel, gguf_path: str | Path,
                         activations: str = "float32") -> None:
     """Replace a loaded fp32 model's linear layers, LM head and embedding with the GGUF's
-    codes, dropping the fp32 weights.
+    codes, dropping the fp32 weights (the norms are the GGUF's too: the same values).
 
     The model must be the one the GGUF was converted to (shapes are checked), on the CPU in
-    float32. Attribute names stay: layers[i].self_attn.qkv_proj, o_proj,
-    layers[i].mlp.gate_up_proj, down_proj, lm_head, embed_tokens."""
+    float32, with PyTorch's matmuls (matmul="torch"). Attribute names stay:
+    layers[i].self_attn.qkv_proj, o_proj, layers[i].mlp.gate_up_proj, down_proj, lm_head,
+    embed_tokens."""
+    from model.checkpoint import load_weights
+    from model.registry import architecture
+
     weight = model.norm.weight
     if weight.device.type != "cpu" or weight.dtype != torch.float32:
         raise ValueError(f"--weights q4_1 runs on the CPU in float32; the model is on "
                          f"{weight.device} in {weight.dtype}")
-    check_activations(activations)  # fail here, before touching the model
-    _install(model, read_gguf(gguf_path), activations)
-
-
-def load_q4_1_weights(model: LlamaModel) -> None:
-    """quantize_model_q4_1 with the default model's GGUF (downloaded once, then cached)."""
-    from model.prepare import fetch_default_gguf
-
-    quantize_model_q4_1(model, fetch_default_gguf())
+    fmt = Q4_1Weights(activations, fused_ops=False, gguf_path=gguf_path)
+    checkpoint = fmt.codes(model.cfg, num_layers=len(model.layers))
+    load_weights(model, architecture(model.cfg.model_type), checkpoint, fmt)
 
 
 def load_q4_1_model(model_dir: str | Path, gguf_path: str | Path | None = None,
@@ -240,18 +273,6 @@ def load_q4_1_model(model_dir: str | Path, gguf_path: str | Path | None = None,
 
     gguf_path defaults to the default model's GGUF (downloaded once, then cached);
     activations="int8" is `--activations int8` (the layers' matmuls, not exact)."""
-    from model.prepare import fetch_default_gguf
+    from model.loader import load_path
 
-    check_activations(activations)
-    gguf = read_gguf(gguf_path or fetch_default_gguf())
-    cfg = ModelConfig.from_dir(model_dir)
-    with torch.device("meta"):  # shapes only: every weight comes from the GGUF
-        model = LlamaModel(cfg)
-    _install(model, gguf, activations)
-    model.load_state_dict(gguf.dense, strict=False, assign=True)  # the RMSNorm weights
-    missing = [name for name, t in model.state_dict().items() if t.is_meta]
-    if missing:
-        raise ValueError(f"GGUF has no weights for {missing}")
-    model.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.max_position_embeddings)
-    use_fused_ops(model, load_fused_ops())
-    return model.eval().requires_grad_(False)
+    return load_path(Path(model_dir), Q4_1Weights(activations, gguf_path=gguf_path))

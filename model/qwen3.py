@@ -9,19 +9,10 @@ PyTorch (model/layers.py QKNorm), between the fused QKV matmul and the fused RoP
 
 from __future__ import annotations
 
-from torch import Tensor
-
 from model import llama
-from model.config import ModelConfig
 
 Qwen3Model = llama.LlamaModel  # built with cfg.qk_norm set
 
 
-def convert_hf_weights(hf: dict[str, Tensor], cfg: ModelConfig) -> dict[str, Tensor]:
-    """Llama's mapping, plus each layer's query and key head norms."""
-    ours = llama.convert_hf_weights(hf, cfg)
-    for i in range(cfg.num_layers):
-        src, dst = f"model.layers.{i}.self_attn.", f"layers.{i}.self_attn.qk_norm."
-        ours[dst + "q_weight"] = hf[src + "q_norm.weight"]
-        ours[dst + "k_weight"] = hf[src + "k_norm.weight"]
-    return ours
+# Llama's, plus the query and key head norms (q_norm, k_norm) as one QKNorm.
+PACKED_MODULES = {**llama.PACKED_MODULES, "qk_norm": ("q_norm", "k_norm")}

@@ -214,6 +214,7 @@ REFUSED_FLAGS = {
     "matmul": ["--matmul", "auto"],
     "weights": ["--weights", "int8"],
     "activations": ["--activations", "int8"],
+    "lm_head": ["--lm-head", "q8_0"],
     "scheduling_policy": ["--scheduling-policy", "priority"],
 }
 
