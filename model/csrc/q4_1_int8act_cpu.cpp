@@ -18,8 +18,12 @@
 // the low nibbles pair with xq[4c .. 4c + 3], the high ones with xq[16 + 4c .. 16 + 4c + 3].
 // Groups follow one another: [groups][blocks][320].
 //
-// Threads first quantize x's blocks between them, then split the output groups as the exact
-// kernel does; each block's codes are unpacked once into registers for all rows of x.
+// Threads first quantize x's blocks between them, then split the output groups. Each group
+// is multiplied in register tiles of up to 8 rows of x: the tile's 8 x 16 sums stay in
+// registers over all blocks, and each block's codes are unpacked once per tile into 8
+// registers that all its rows reuse (8 vpdpbusd per row and block, each taking its 4
+// activation bytes as a broadcast memory operand). A group's codes (15 KB at 1536 inputs)
+// stay in L1 or L2 for its next row tile. Only AVX-512F/BW/VL/DQ and VNNI: no CPU-specific tuning.
 #include <torch/extension.h>
 
 #include <immintrin.h>
@@ -38,7 +42,7 @@ constexpr int64_t kLanes = 16;   // output rows per group
 constexpr int64_t kBlock = 32;   // inputs per block
 constexpr int64_t kBytes = 320;  // per group and block
 constexpr int64_t kAhead = 8;    // blocks to prefetch ahead, as in the exact kernel
-constexpr int kGroups = 2;       // groups per tile
+constexpr int kRows = 8;         // rows of x per register tile
 // Explicit rounding: these intrinsics are opaque to -ffast-math, so the quantization is
 // exactly IEEE division and multiplication, which the tests reproduce in PyTorch bit for bit.
 constexpr int kNearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
@@ -90,9 +94,10 @@ struct Codes {
   __m512 d, m;
 };
 
-inline void load_codes(const uint8_t* p, Codes& c) {
-  for (int64_t line = 0; line < kBytes; line += 64)
-    _mm_prefetch(reinterpret_cast<const char*>(p + kAhead * kBytes + line), _MM_HINT_T0);
+inline void load_codes(const uint8_t* p, bool prefetch, Codes& c) {
+  if (prefetch)
+    for (int64_t line = 0; line < kBytes; line += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(p + kAhead * kBytes + line), _MM_HINT_T0);
   c.d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   c.m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32)));
   const __m512i nibble = _mm512_set1_epi8(0x0F);
@@ -106,41 +111,53 @@ inline void load_codes(const uint8_t* p, Codes& c) {
 // total + dx (d · dot(q, xq) + m · sum(xq)) for one row of x and one group's block.
 inline __m512 block_product(const Codes& c, const int32_t* words, float scale,
                             float scaled_sum, __m512 total) {
-  __m512i lo = _mm512_setzero_si512(), hi = _mm512_setzero_si512();
+  __m512i acc = _mm512_setzero_si512();
   for (int i = 0; i < 4; ++i) {
-    lo = _mm512_dpbusd_epi32(lo, c.lo[i], _mm512_set1_epi32(words[i]));
-    hi = _mm512_dpbusd_epi32(hi, c.hi[i], _mm512_set1_epi32(words[4 + i]));
+    acc = _mm512_dpbusd_epi32(acc, c.lo[i], _mm512_set1_epi32(words[i]));
+    acc = _mm512_dpbusd_epi32(acc, c.hi[i], _mm512_set1_epi32(words[4 + i]));
   }
-  const __m512 dot = _mm512_cvtepi32_ps(_mm512_add_epi32(lo, hi));  // |dot| < 2^16: exact
+  const __m512 dot = _mm512_cvtepi32_ps(acc);  // |dot| < 2^16: exact
   total = _mm512_fmadd_ps(dot, _mm512_mul_ps(c.d, _mm512_set1_ps(scale)), total);
   return _mm512_fmadd_ps(c.m, _mm512_set1_ps(scaled_sum), total);
 }
 
-// All M rows of x against NG groups starting at w; total is the caller's scratch,
-// M * NG * 16 floats (in L1: 8 KB at 64 rows).
-template <int NG>
-void tile(int64_t M, const QuantizedX& xq, int64_t blocks, const uint8_t* w,
-          int64_t group_bytes, float* y, int64_t N, int64_t n0, float* total) {
-  std::fill(total, total + M * NG * kLanes, 0.0f);
+// R rows of x from row m0 against one group (outputs n0 .. n0 + 15), over all blocks.
+// R = 8 keeps 8 code registers, 8 sums and the scales well inside AVX-512's 32 registers.
+template <int R>
+void tile(const QuantizedX& xq, int64_t blocks, const uint8_t* w, int64_t m0, float* y,
+          int64_t N, int64_t n0) {
+  __m512 total[R];
+  for (int r = 0; r < R; ++r) total[r] = _mm512_setzero_ps();
+  const bool prefetch = m0 == 0;  // later row tiles find the group's codes in L1
   for (int64_t b = 0; b < blocks; ++b) {
-    Codes codes[NG];
-    for (int g = 0; g < NG; ++g) load_codes(w + g * group_bytes + b * kBytes, codes[g]);
-    for (int64_t m = 0; m < M; ++m) {
-      const int64_t i = m * blocks + b;
-      const int32_t* words = xq.words + i * (kBlock / 4);
-      for (int g = 0; g < NG; ++g) {
-        float* t = total + (m * NG + g) * kLanes;
-        _mm512_storeu_ps(t, block_product(codes[g], words, xq.scale[i], xq.scaled_sum[i],
-                                          _mm512_loadu_ps(t)));
-      }
+    Codes codes;
+    load_codes(w + b * kBytes, prefetch, codes);
+    for (int r = 0; r < R; ++r) {
+      const int64_t i = (m0 + r) * blocks + b;
+      total[r] = block_product(codes, xq.words + i * (kBlock / 4), xq.scale[i],
+                               xq.scaled_sum[i], total[r]);
     }
   }
-  for (int g = 0; g < NG; ++g) {
-    const int64_t n = n0 + g * kLanes;
-    const __mmask16 mask = n + kLanes <= N ? 0xFFFF : (__mmask16)((1u << (N - n)) - 1);
-    for (int64_t m = 0; m < M; ++m)
-      _mm512_mask_storeu_ps(y + m * N + n, mask, _mm512_loadu_ps(total + (m * NG + g) * kLanes));
+  const __mmask16 mask = n0 + kLanes <= N ? 0xFFFF : (__mmask16)((1u << (N - n0)) - 1);
+  for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(y + (m0 + r) * N + n0, mask, total[r]);
+}
+
+// The last rows < R rows from m0, as one tile of exactly that many.
+template <int R>
+void last_rows(int64_t rows, const QuantizedX& xq, int64_t blocks, const uint8_t* w,
+               int64_t m0, float* y, int64_t N, int64_t n0) {
+  if constexpr (R > 0) {
+    if (rows == R) return tile<R>(xq, blocks, w, m0, y, N, n0);
+    last_rows<R - 1>(rows, xq, blocks, w, m0, y, N, n0);
   }
+}
+
+// All M rows of x against group g (its codes at w).
+void group(int64_t M, const QuantizedX& xq, int64_t blocks, const uint8_t* w, float* y,
+           int64_t N, int64_t g) {
+  int64_t m0 = 0;
+  for (; m0 + kRows <= M; m0 += kRows) tile<kRows>(xq, blocks, w, m0, y, N, g * kLanes);
+  last_rows<kRows - 1>(M - m0, xq, blocks, w, m0, y, N, g * kLanes);
 }
 
 void check_x(const torch::Tensor& x, const char* name) {
@@ -169,30 +186,18 @@ torch::Tensor q4_1_int8act_linear(torch::Tensor x, torch::Tensor packed, int64_t
   std::vector<int32_t> words(M * K / 4);
   std::vector<float> scale(M * blocks), scaled_sum(M * blocks);
   const QuantizedX xq{words.data(), scale.data(), scaled_sum.data()};
-  const int64_t scratch_size = M * kGroups * kLanes;
-  std::vector<float> scratch(omp_get_max_threads() * scratch_size);
   const float* xp = x.data_ptr<float>();
   const uint8_t* wp = packed.data_ptr<uint8_t>();
   float* yp = y.data_ptr<float>();
   const int64_t group_bytes = blocks * kBytes;
-  const int64_t tiles = (groups + kGroups - 1) / kGroups;
 #pragma omp parallel
   {
     const int64_t threads = omp_get_num_threads(), me = omp_get_thread_num();
     const int64_t all = M * blocks;
     quantize_blocks(xp, all * me / threads, all * (me + 1) / threads, xq);
 #pragma omp barrier
-    float* total = scratch.data() + me * scratch_size;
 #pragma omp for schedule(static)
-    for (int64_t t = 0; t < tiles; ++t) {
-      const int64_t g0 = t * kGroups;
-      if (g0 + kGroups <= groups)
-        tile<kGroups>(M, xq, blocks, wp + g0 * group_bytes, group_bytes, yp, N, g0 * kLanes,
-                      total);
-      else
-        for (int64_t g = g0; g < groups; ++g)
-          tile<1>(M, xq, blocks, wp + g * group_bytes, group_bytes, yp, N, g * kLanes, total);
-    }
+    for (int64_t g = 0; g < groups; ++g) group(M, xq, blocks, wp + g * group_bytes, yp, N, g);
   }
   return y;
 }
