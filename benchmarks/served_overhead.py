@@ -28,7 +28,8 @@ from benchmarks.results import Machine
 from benchmarks.side_by_side import measure
 
 ROOT = Path(__file__).resolve().parents[1]
-ENGINE_FLAGS = ("--model", "--dtype", "--weights", "--activations", "--lm-head")  # engine_loop.py takes them too
+# The flags engine_loop.py takes too.
+ENGINE_FLAGS = ("--model", "--dtype", "--weights", "--activations", "--lm-head")
 
 
 def engine_alone_itl(flags: list[str], tokens: int) -> float:

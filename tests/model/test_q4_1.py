@@ -150,9 +150,10 @@ def test_swapping_a_loaded_fp32_model_gives_the_same_model(q4_1_model, model_dir
 
 def test_paged_paths_match_hf(q4_1_model, hf_model, tokenizer):
     """Paged prefill, prefix hit and batched decode (both attention backends), as for fp32."""
-    paged.test_paged_prefill_matches_hf(q4_1_model, hf_model, tokenizer)
-    paged.test_prefix_hit_computes_only_the_rest_and_matches_hf(q4_1_model, hf_model, tokenizer)
     for backend in paged.BACKENDS:
+        paged.test_paged_prefill_matches_hf(q4_1_model, hf_model, tokenizer, backend)
+        paged.test_prefix_hit_computes_only_the_rest_and_matches_hf(q4_1_model, hf_model,
+                                                                     tokenizer, backend)
         paged.test_paged_decode_batch_of_different_lengths_matches_hf(
             q4_1_model, hf_model, tokenizer, backend)
 
