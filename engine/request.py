@@ -1,4 +1,5 @@
-"""One request's state as it moves through the engine, and what a step hands back for it."""
+"""One request's state as it moves through the engine, and what the engine hands back to its
+client (engine/step_types.py has what one step hands from part to part)."""
 
 from __future__ import annotations
 
@@ -214,16 +215,3 @@ class Request:
             return FinishReason.LENGTH
         return None
 
-
-@dataclass
-class RequestUpdate:
-    """One request's result of a step: the tokens it gained, and whether they ended it."""
-
-    request: Request
-    new_token_ids: list[int]
-    finish_reason: FinishReason | None = None  # set by a stop token or by length
-    logprobs: list[TokenLogprobs] = field(default_factory=list)  # beside new_token_ids, if asked
-
-    @property
-    def ended_by_stop_token(self) -> bool:
-        return self.finish_reason is FinishReason.STOP
