@@ -25,6 +25,10 @@ DEFAULT_RETRY_AFTER = 1  # seconds, while nothing has been measured yet
 MAX_RETRY_AFTER = 60
 
 
+class EngineUnavailableError(RuntimeError):
+    """The engine takes no new requests: it is shutting down, or it has died (HTTP 503)."""
+
+
 class QueueFullError(RuntimeError):
     """The waiting line is at --max-waiting or --max-num-queued-tokens."""
 

@@ -29,37 +29,18 @@ from pathlib import Path
 
 import torch
 
-from engine.admission import DrainRate, LineSize, QueueFullError, check_line
+from engine.admission import DrainRate, EngineUnavailableError, LineSize, check_line
 from engine.config import EngineConfig
 from engine.core import EngineCore, EngineStats, PagedEngineCore, StepResult
 from engine.metrics import EngineMetrics
 from engine.output_processor import OutputProcessor
-from engine.request import FinishReason, Request, RequestOutput
+from engine.request import ENGINE_FAILED, SHUTDOWN, FinishReason, Request, RequestOutput
 from engine.snapshot import CachedBlock, SnapshotBoard, StepRecord, read_cached_block
 from model.llama import LlamaModel
 
 log = logging.getLogger("nano_vllm.engine")
 
-__all__ = [
-    "ENGINE_FAILED",
-    "SHUTDOWN",
-    "BatchEngine",
-    "EngineUnavailableError",
-    "QueueFullError",
-    "load_engine",
-]
-
-
 BLOCK_QUERY_TIMEOUT = 2.0  # seconds for the engine thread to read a block for the dashboard
-
-
-class EngineUnavailableError(RuntimeError):
-    """The engine takes no new requests: it is shutting down, or its thread has died."""
-
-
-# RequestOutput.error_code of requests the server could not finish; the API answers 503.
-SHUTDOWN = "server_shutting_down"
-ENGINE_FAILED = "engine_failed"
 
 
 class BatchEngine:

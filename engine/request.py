@@ -14,6 +14,10 @@ from engine.logprobs import DEFAULT_LOGPROBS_MODE, LogprobsMode, TokenLogprobs
 from engine.structured.grammar import CompiledGrammar, GrammarState
 from kvcache.kv_cache_manager import SequenceBlocks
 
+# RequestOutput.error_code of requests the server could not finish; the API answers 503.
+SHUTDOWN = "server_shutting_down"
+ENGINE_FAILED = "engine_failed"
+
 
 class FinishReason(StrEnum):
     STOP = "stop"  # a stop token, EOS or a stop string
@@ -100,7 +104,7 @@ class RequestOutput:
     num_output_tokens: int = 0
     num_cached_tokens: int = 0
     error: str | None = None
-    error_code: str | None = None  # e.g. engine/batch_engine.py's SHUTDOWN, ENGINE_FAILED
+    error_code: str | None = None  # e.g. SHUTDOWN, ENGINE_FAILED (above)
     sample_index: int = 0
     logprobs: list[TokenLogprobs] | None = None
     prompt_logprobs: list[TokenLogprobs | None] | None = None
