@@ -37,7 +37,6 @@ import msgspec
 import zmq
 
 from engine.admission import EngineUnavailableError, check_line, retry_seconds
-from engine.batch_engine import BLOCK_QUERY_TIMEOUT
 from engine.config import EngineConfig
 from engine.core import EngineStats
 from engine.core_dashboard import ReceivedSnapshots
@@ -61,7 +60,7 @@ from engine.core_messages import (
 )
 from engine.core_process import PAGED_CORE
 from engine.request import ENGINE_FAILED, FinishReason, Request, RequestOutput
-from engine.snapshot import CachedBlock
+from engine.snapshot import BLOCK_QUERY_TIMEOUT, CachedBlock
 
 log = logging.getLogger("nano_vllm.engine")
 
