@@ -49,8 +49,9 @@ from engine.config import EngineConfig
 from engine.core import EngineStats, StepResult
 from engine.logprobs import TokenLogprobs, gather_logprobs, raw_logprobs
 from engine.model_runner import ThreadPolicy
-from engine.request import FinishReason, Request, RequestUpdate, Status
+from engine.request import FinishReason, Request, Status
 from engine.sampler import Sampler
+from engine.step_types import RequestUpdate
 from model.llama import LlamaModel, causal_attention
 from server import build_parser, given_flags, run_server
 

@@ -66,7 +66,7 @@ class EngineClient(Protocol):
         ...
 
     def add_request(self, request: Request) -> None:
-        """Queue a request; raises engine.batch_engine.QueueFullError if the line is full,
+        """Queue a request; raises engine.admission.QueueFullError if the line is full,
         EngineUnavailableError if the engine takes no new requests."""
         ...
 

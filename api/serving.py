@@ -31,8 +31,8 @@ from api.job import Job, Prompt, SampleResult
 from api.limits import PromptBound
 from api.logprobs import LogprobFormatter
 from api.protocol import SamplingFields
-from engine.batch_engine import ENGINE_FAILED, SHUTDOWN, EngineUnavailableError, QueueFullError
-from engine.request import FinishReason, RequestOutput, SamplingParams
+from engine.admission import EngineUnavailableError, QueueFullError
+from engine.request import ENGINE_FAILED, SHUTDOWN, FinishReason, RequestOutput, SamplingParams
 from engine.request import Request as EngineRequest
 from engine.structured.compiler import GrammarCompiler
 from engine.structured.grammar import CompiledGrammar, GrammarError, GrammarSpec

@@ -56,7 +56,8 @@ def hf_greedy(hf, prompt: list[int], new_tokens: int) -> tuple[list[int], list[t
 def our_steps(model, prompt: list[int], tokens: list[int], chunk: int) -> list[torch.Tensor]:
     """Logits of the prompt's last token and of each given token after it, through the paged
     cache: the prompt in chunks, then one decode step per token."""
-    from engine.model_runner import ModelRunner, SequenceStep
+    from engine.model_runner import ModelRunner
+    from engine.step_types import SequenceStep
     from kvcache.block_allocator import BlockAllocator
     from kvcache.kv_cache_manager import KVCacheManager, SequenceBlocks
     from kvcache.pool import BLOCK_SIZE, KVCachePool

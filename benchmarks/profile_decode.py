@@ -49,8 +49,9 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 from benchmarks.results import Machine, OpTime, ProfileCell, ProfileRun
 from benchmarks.tables import profile_table, top_ops_table
-from engine.model_runner import ModelRunner, SequenceStep
+from engine.model_runner import ModelRunner
 from engine.request import Request, SamplingParams
+from engine.step_types import SequenceStep
 from kvcache.block_allocator import BlockAllocator
 from kvcache.kv_cache_manager import KVCacheManager, SequenceBlocks, blocks_for
 from kvcache.pool import KVCachePool

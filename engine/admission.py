@@ -25,6 +25,10 @@ DEFAULT_RETRY_AFTER = 1  # seconds, while nothing has been measured yet
 MAX_RETRY_AFTER = 60
 
 
+class EngineUnavailableError(RuntimeError):
+    """The engine takes no new requests: it is shutting down, or it has died (HTTP 503)."""
+
+
 class QueueFullError(RuntimeError):
     """The waiting line is at --max-waiting or --max-num-queued-tokens."""
 
@@ -120,3 +124,42 @@ def check_line(config: EngineConfig, request_tokens: int, running: int, waiting:
             f"the server is at capacity ({queued} prompt tokens waiting; "
             f"--max-num-queued-tokens {cap})",
             retry_after(excess_tokens=queued + request_tokens - cap))
+
+
+def check_samples(config: EngineConfig, n: int) -> None:
+    """ValueError if one prompt's n samples could never all be seated at once."""
+    if n > config.max_num_seqs:
+        raise ValueError(f"n={n} samples need more than the {config.max_num_seqs} seats")
+
+
+class LineTracker:
+    """Admission's view of the line, for an engine that takes requests in between steps.
+
+    Its owner guards it with its lock (other threads admit while the engine thread steps):
+    `check` refuses a request while the line is full, `joined` counts the requests taken
+    in since the last step, and `step_ended` replaces the line with the core's after a step
+    and says what joined it meanwhile, for the drain rate's `observe`."""
+
+    def __init__(self) -> None:
+        self.drain_rate = DrainRate()
+        self._line = LineSize()  # the core's waiting line after the last step
+        self._joined = LineSize()  # requests moved from the intake since the last step
+
+    def check(self, config: EngineConfig, request_tokens: int, running: int, waiting: int,
+              inbox_tokens: Sequence[int]) -> None:
+        """check_line over the core's counts, with the intake (accepted, not taken in yet)
+        in `inbox_tokens`; what joined the core's line since the last step's end is counted
+        with the line's tokens."""
+        check_line(config, request_tokens, running, waiting, inbox_tokens,
+                   self._line.tokens + self._joined.tokens, self.drain_rate.retry_after)
+
+    def joined(self, prompt_tokens: Sequence[int]) -> None:
+        """Requests taken in by the core: counted as in the line until the step's end
+        measures it."""
+        self._joined.requests += len(prompt_tokens)
+        self._joined.tokens += sum(prompt_tokens)
+
+    def step_ended(self, line: LineSize) -> LineSize:
+        """The core's line after a step; returns what joined it since the previous one."""
+        joined, self._joined, self._line = self._joined, LineSize(), line
+        return joined

@@ -15,6 +15,10 @@ measured drain rate (engine/admission.py). After `stop_accepting` (a graceful sh
 once the engine thread has died, every new request is refused with EngineUnavailableError
 (HTTP 503). If the thread dies, each request in flight ends with an error and the callbacks
 given to `on_failure` run, so the server can exit and be restarted by its supervisor.
+
+Beside it: the samples of one prompt fan out in engine/in_flight.py, admission's view of the
+line is engine/admission.py's LineTracker, and the dashboard's step records and snapshots are
+engine/snapshot.py's StepRecorder.
 """
 
 from __future__ import annotations
@@ -29,37 +33,23 @@ from pathlib import Path
 
 import torch
 
-from engine.admission import DrainRate, LineSize, QueueFullError, check_line
+from engine.admission import (
+    DrainRate,
+    EngineUnavailableError,
+    LineSize,
+    LineTracker,
+    check_samples,
+)
 from engine.config import EngineConfig
 from engine.core import EngineCore, EngineStats, PagedEngineCore, StepResult
+from engine.in_flight import InFlight
 from engine.metrics import EngineMetrics
 from engine.output_processor import OutputProcessor
-from engine.request import FinishReason, Request, RequestOutput
-from engine.snapshot import CachedBlock, SnapshotBoard, StepRecord, read_cached_block
+from engine.request import ENGINE_FAILED, SHUTDOWN, FinishReason, Request, RequestOutput
+from engine.snapshot import BLOCK_QUERY_TIMEOUT, CachedBlock, StepRecorder
 from model.llama import LlamaModel
 
 log = logging.getLogger("nano_vllm.engine")
-
-__all__ = [
-    "ENGINE_FAILED",
-    "SHUTDOWN",
-    "BatchEngine",
-    "EngineUnavailableError",
-    "QueueFullError",
-    "load_engine",
-]
-
-
-BLOCK_QUERY_TIMEOUT = 2.0  # seconds for the engine thread to read a block for the dashboard
-
-
-class EngineUnavailableError(RuntimeError):
-    """The engine takes no new requests: it is shutting down, or its thread has died."""
-
-
-# RequestOutput.error_code of requests the server could not finish; the API answers 503.
-SHUTDOWN = "server_shutting_down"
-ENGINE_FAILED = "engine_failed"
 
 
 class BatchEngine:
@@ -79,26 +69,26 @@ class BatchEngine:
         self._lock = threading.Lock()  # guards _inbox and _aborts, filled by other threads
         self._inbox: deque[Request] = deque()
         self._aborts: set[str] = set()
-        self._requests: dict[str, Request] = {}  # engine thread only
-        self._groups: dict[str, list[Request]] = {}  # id -> its samples; engine thread only
+        self._in_flight = InFlight()  # each sample of every request taken in (engine thread)
         self._wakeup = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="batch-engine", daemon=True)
         # Admission (read by other threads under _lock; written by the engine thread).
-        self.drain_rate = DrainRate()
-        self._line = LineSize()  # the core's waiting line after the last step
-        self._joined = LineSize()  # requests moved from the inbox since the last step
+        self._admission = LineTracker()
         self._unavailable: str | None = None  # why new requests are refused, if they are
         self._abort_all: str | None = None  # an error to end every request with, next round
         self._failure_callbacks: list[Callable[[], None]] = []
         # The dashboard's view (engine/snapshot.py); only a paged core has a pool to show.
-        self._scheduler = getattr(self.core, "scheduler", None)
-        self.snapshots = (SnapshotBoard(wake=self._wakeup.set,
-                                        counters=self.metrics.dashboard_totals)
-                          if self._scheduler is not None else None)
+        self._recorder = StepRecorder.for_core(self.core, self._wakeup.set,
+                                               self.metrics.dashboard_totals)
+        self.snapshots = self._recorder.board if self._recorder is not None else None
         self._block_queries: list[tuple[int, Future[CachedBlock | None]]] = []  # under _lock
 
     # --- called from other threads -------------------------------------------------------
+
+    @property
+    def drain_rate(self) -> DrainRate:
+        return self._admission.drain_rate
 
     @property
     def max_tokens_per_request(self) -> int:
@@ -136,7 +126,7 @@ class BatchEngine:
     def num_in_flight(self) -> int:
         """Requests (samples counted apiece) accepted and not yet finished."""
         with self._lock:
-            return len(self._inbox) + len(self._requests)
+            return len(self._inbox) + len(self._in_flight)
 
     def stop_accepting(self, reason: str) -> None:
         """Refuse every new request from now on (EngineUnavailableError with `reason`)."""
@@ -164,9 +154,7 @@ class BatchEngine:
             self._thread.join(timeout=10)
 
     def add_request(self, request: Request) -> None:
-        if request.params.n > self.config.max_num_seqs:  # its samples could never all sit
-            raise ValueError(f"n={request.params.n} samples need more than the "
-                             f"{self.config.max_num_seqs} seats")
+        check_samples(self.config, request.params.n)
         with self._lock:
             if self._unavailable is not None:
                 raise EngineUnavailableError(self._unavailable)
@@ -182,13 +170,11 @@ class BatchEngine:
         self._wakeup.set()
 
     def _admit(self, request: Request) -> None:
-        """Raise QueueFullError if the line is full (engine/admission.py's check_line). Call
-        with _lock held. The intake line is emptied only at the next step; what joined the
-        core's line since the last step's end is counted with the line's tokens."""
+        """Raise QueueFullError if the line is full (engine/admission.py). Call with _lock
+        held. The intake line is emptied only at the next step."""
         stats = self.core.stats()
-        check_line(self.config, request.num_prompt_tokens, stats["running"], stats["waiting"],
-                   [r.num_prompt_tokens for r in self._inbox],
-                   self._line.tokens + self._joined.tokens, self.drain_rate.retry_after)
+        self._admission.check(self.config, request.num_prompt_tokens, stats["running"],
+                              stats["waiting"], [r.num_prompt_tokens for r in self._inbox])
 
     def abort(self, request_id: str) -> None:
         """Cancel a request and all its samples (e.g. its client went away); their blocks are
@@ -209,14 +195,14 @@ class BatchEngine:
 
     def read_cached_block(self, block_id: int) -> CachedBlock | None:
         """cached_block's answer, on the engine thread (a core without a pool has none)."""
-        if self._scheduler is None:
+        if self._recorder is None:
             return None
-        return read_cached_block(self._scheduler.kv.allocator, block_id)
+        return self._recorder.read_cached_block(block_id)
 
     def snapshot_when_idle(self) -> None:
         """With nothing to step: the last step's end for a watcher (engine thread)."""
-        if self.snapshots is not None:
-            self.snapshots.maybe_snapshot(self._scheduler, idle=True)
+        if self._recorder is not None:
+            self._recorder.idle()
 
     def stats(self) -> EngineStats:
         stats = self.core.stats()
@@ -241,9 +227,8 @@ class BatchEngine:
         with self._lock:
             self._unavailable = error
             arrivals, self._inbox = self._inbox, deque()
-        in_flight = list(self._requests.values())
-        self._requests.clear()
-        self._groups.clear()
+        in_flight = self._in_flight.all()
+        self._in_flight.clear()
         for request in in_flight:
             try:
                 self.outputs.finish(request, FinishReason.ERROR, error, code=ENGINE_FAILED)
@@ -272,7 +257,7 @@ class BatchEngine:
             self.step()
         except Exception as exc:
             log.exception("engine step failed outside the model run")
-            for request in list(self._requests.values()):
+            for request in self._in_flight.all():
                 self._finish(request, FinishReason.ERROR, f"internal error in the engine: {exc}")
 
     def _loop(self) -> None:
@@ -300,56 +285,49 @@ class BatchEngine:
         self.metrics.on_step(result)
         line = LineSize(self.core.stats()["waiting"], self.core.num_waiting_tokens())
         with self._lock:
-            joined, self._joined, self._line = self._joined, LineSize(), line
+            joined = self._admission.step_ended(line)
         self.drain_rate.observe(time.monotonic(), line, joined)
         if result.num_scheduled_tokens == 0:
-            if self.snapshots is not None:  # aborts still change what the dashboard shows
-                self.snapshots.note_change()
+            if self._recorder is not None:
+                self._recorder.nothing_ran()
             time.sleep(0.001)  # nothing fits yet (can only be momentary)
             return
         self._process(result)
         self._record(result, start)
 
     def _record(self, result: StepResult, start: float) -> None:
-        if self.snapshots is None:
+        if self._recorder is None:
             return
-        now = time.perf_counter()
+        duration_ms = (time.perf_counter() - start) * 1000
         stats = self.core.stats()
-        self.snapshots.record_step(StepRecord(
-            self.snapshots.num_steps + 1, time.monotonic(), result.num_prompt_tokens,
-            result.num_scheduled_tokens - result.num_prompt_tokens, (now - start) * 1000,
-            stats["running"], stats["waiting"], result.num_preempted))
-        self.snapshots.maybe_snapshot(self._scheduler)
+        self._recorder.step_ran(result.num_prompt_tokens,
+                                result.num_scheduled_tokens - result.num_prompt_tokens,
+                                duration_ms, stats["running"], stats["waiting"],
+                                result.num_preempted)
 
     def _intake(self) -> None:
         with self._lock:
             arrivals, self._inbox = self._inbox, deque()
             aborts, self._aborts = self._aborts, set()
             abort_all, self._abort_all = self._abort_all, None
-            # Counted as in the line until the step's end measures it (see _admit).
-            self._joined.requests += len(arrivals)
-            self._joined.tokens += sum(r.num_prompt_tokens for r in arrivals)
+            self._admission.joined([r.num_prompt_tokens for r in arrivals])
         for request in arrivals:
-            # Samples 1.. wait on the first until its prompt is computed (see scheduler.py).
-            request.pending_forks = [request.fork(i) for i in range(1, request.params.n)]
-            self._groups[request.request_id] = [request, *request.pending_forks]
-            for sample in self._groups[request.request_id]:
-                self._requests[sample.request_id] = sample
+            for sample in self._in_flight.take(request):  # n samples (engine/in_flight.py)
                 self.outputs.add(sample)
             self.core.add(request)
         for request_id in aborts:
-            for sample in self._groups.get(request_id, []):
-                if sample.request_id in self._requests:
+            for sample in self._in_flight.group(request_id):
+                if sample.request_id in self._in_flight:
                     self._finish(sample, FinishReason.ABORT)
         if abort_all is not None:
-            for request in list(self._requests.values()):
-                if request.request_id in self._requests:  # not ended with its parent
+            for request in self._in_flight.all():
+                if request.request_id in self._in_flight:  # not ended with its parent
                     self._finish(request, FinishReason.ERROR, abort_all, SHUTDOWN)
         now = time.monotonic()
-        for request in list(self._requests.values()):
+        for request in self._in_flight.all():
             limit = self._time_limit(request)
             if (limit is not None and now - request.arrival_time > limit
-                    and request.request_id in self._requests):  # not ended with its parent
+                    and request.request_id in self._in_flight):  # not ended with its parent
                 self._finish(request, FinishReason.TIMEOUT, f"request timed out after {limit:g} s")
 
     def _time_limit(self, request: Request) -> float | None:
@@ -366,23 +344,16 @@ class BatchEngine:
             if stopped is not None:  # a stop string: the core has not unseated it yet
                 self.core.finish(update.request, stopped)
             if update.request.finish_reason is not None:
-                self._forget(update.request)
+                self._in_flight.forget(update.request)
 
     def _finish(self, request: Request, reason: FinishReason, error: str | None = None,
                 code: str | None = None) -> None:
         """End a request from outside the core's own stop checks (abort, error, timeout)."""
         self.core.finish(request, reason)
-        self._forget(request)
+        self._in_flight.forget(request)
         self.outputs.finish(request, reason, error, code=code)
         for sample in request.pending_forks:  # never forked: they end with it
             self._finish(sample, reason, error, code)
-
-    def _forget(self, request: Request) -> None:
-        """Drop a finished request, and its group once every sample has finished."""
-        self._requests.pop(request.request_id, None)
-        group = self._groups.get(request.group_id, [])
-        if all(sample.request_id not in self._requests for sample in group):
-            self._groups.pop(request.group_id, None)
 
 
 def load_engine(config: EngineConfig,

@@ -16,9 +16,10 @@ from typing import Protocol, TypedDict
 
 from engine.config import EngineConfig
 from engine.model_runner import ModelRunner, ThreadPolicy
-from engine.request import FinishReason, Request, RequestUpdate
+from engine.request import FinishReason, Request
 from engine.scheduler import Scheduler
 from engine.spec_decode import describe_speculation
+from engine.step_types import RequestUpdate
 from kvcache.block_allocator import BlockAllocator
 from kvcache.kv_cache_manager import KVCacheManager
 from kvcache.pool import BLOCK_SIZE, KVCachePool, parse_memory
@@ -126,11 +127,11 @@ class PagedEngineCore:
         except Exception as exc:  # a failed run fails its requests, not the server
             log.exception("engine step failed; failing the %d requests in it",
                           len(scheduled.scheduled))
-            result.failed = [r for r, _ in scheduled.scheduled]
+            result.failed = scheduled.requests()
             result.error = f"internal error in the engine: {exc}"
             return result
-        result.drafts = [(len(drafts), len(output.sampled_token_ids[i]) - 1)
-                         for i, drafts in scheduled.draft_token_ids.items()]
+        result.drafts = [(len(entry.draft_token_ids), len(output.tokens(entry.request_id)) - 1)
+                         for entry in scheduled.drafting()]
         result.updates = self.scheduler.update_from_output(scheduled, output)
         return result
 

@@ -36,8 +36,7 @@ from pathlib import Path
 import msgspec
 import zmq
 
-from engine.admission import check_line, retry_seconds
-from engine.batch_engine import BLOCK_QUERY_TIMEOUT, ENGINE_FAILED, EngineUnavailableError
+from engine.admission import EngineUnavailableError, check_line, retry_seconds
 from engine.config import EngineConfig
 from engine.core import EngineStats
 from engine.core_dashboard import ReceivedSnapshots
@@ -60,8 +59,8 @@ from engine.core_messages import (
     open_socket,
 )
 from engine.core_process import PAGED_CORE
-from engine.request import FinishReason, Request, RequestOutput
-from engine.snapshot import CachedBlock
+from engine.request import ENGINE_FAILED, FinishReason, Request, RequestOutput
+from engine.snapshot import BLOCK_QUERY_TIMEOUT, CachedBlock
 
 log = logging.getLogger("nano_vllm.engine")
 

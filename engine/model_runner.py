@@ -7,53 +7,22 @@ samples, and every prompt row of a request that asked for prompt logprobs."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from engine.logprobs import TokenLogprobs, gather_logprobs, raw_logprobs
+from engine.logprobs import gather_logprobs, raw_logprobs
 from engine.request import Request
 from engine.sampler import Sampler
-from engine.scheduler import SchedulerOutput
 from engine.spec_decode import verify
+from engine.step_types import RunnerOutput, ScheduledRequest, SchedulerOutput, SequenceStep
 from kvcache.pool import KVCachePool
 from model.attention import create_backend
 from model.decode_stack import DecodeStack
 from model.llama import LlamaModel
 
 SHORT_CHUNK_ROWS = 8  # a chunk of at most this many tokens after cached ones attends row by row
-
-
-@dataclass
-class SequenceStep:
-    """One sequence's share of a step: compute `token_ids`, which sit at positions
-    start_pos, start_pos + 1, ...; its block table already covers them."""
-
-    token_ids: list[int]
-    start_pos: int
-    block_table: list[int]
-    need_logits: bool  # False for a chunk that stops short of the sequence's last token
-
-    @property
-    def context_len(self) -> int:
-        return self.start_pos + len(self.token_ids)
-
-
-@dataclass
-class RunnerOutput:
-    """sampled_token_ids[i]: the new tokens of the i-th scheduled request (empty for a prompt
-    chunk that stops short of the prompt's end). A list, so that a step may one day give a
-    request several tokens (speculative decoding). Beside it, logprobs[i] (one per new token,
-    if asked for) and prompt_logprobs[i] (the prompt tokens this step scored, if asked for)."""
-
-    sampled_token_ids: list[list[int]]
-    logprobs: list[list[TokenLogprobs]] = field(default_factory=list)
-    prompt_logprobs: list[list[TokenLogprobs]] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        self.logprobs = self.logprobs or [[] for _ in self.sampled_token_ids]
-        self.prompt_logprobs = self.prompt_logprobs or [[] for _ in self.sampled_token_ids]
 
 
 class LogitsRows:
@@ -116,73 +85,70 @@ class ModelRunner:
         rows of requests that asked for prompt logprobs."""
         self.pool.copy_blocks(scheduled.block_copies)
         steps: list[SequenceStep] = []
-        step_of: dict[int, int] = {}  # scheduled index -> index in steps
-        for i, (request, n) in enumerate(scheduled.scheduled):
-            if n > 0:
-                start = request.num_computed_tokens
-                drafts = scheduled.draft_token_ids.get(i, [])
-                step_of[i] = len(steps)
-                steps.append(SequenceStep(
-                    request.token_ids[start:start + n - len(drafts)] + drafts, start,
-                    request.blocks.block_table, need_logits=False))
+        step_of: dict[str, int] = {}  # request id -> index in steps (those computing tokens)
+        for request_id, entry in scheduled.scheduled.items():
+            if entry.num_tokens > 0:
+                step_of[request_id] = len(steps)
+                steps.append(SequenceStep(entry.token_ids(), entry.request.num_computed_tokens,
+                                          entry.request.blocks.block_table, need_logits=False))
         rows = LogitsRows()
-        sampling: list[tuple[int, int]] = []  # (scheduled index, logits row)
-        verifying: list[tuple[int, list[int]]] = []  # (scheduled index, its k + 1 rows)
-        for i, (request, n) in enumerate(scheduled.scheduled):
-            if i in scheduled.draft_token_ids:
-                k = len(scheduled.draft_token_ids[i])
-                verifying.append((i, [rows.add(step_of[i], j) for j in range(n - k - 1, n)]))
-                continue
-            samples = request.params.max_tokens > 0  # 0: only the prompt's logprobs
-            if samples and request.num_computed_tokens + n == request.num_tokens:
-                source = step_of[scheduled.forks.get(i, i)]
-                sampling.append((i, rows.add(source, len(steps[source].token_ids) - 1)))
+        sampling: list[tuple[ScheduledRequest, int]] = []  # (who samples, its logits row)
+        verifying: list[tuple[ScheduledRequest, list[int]]] = []  # (who, its k + 1 rows)
+        for request_id, entry in scheduled.scheduled.items():
+            if entry.draft_token_ids:
+                n, k = entry.num_tokens, len(entry.draft_token_ids)
+                verifying.append((entry, [rows.add(step_of[request_id], j)
+                                          for j in range(n - k - 1, n)]))
+            elif entry.request.params.max_tokens > 0 and entry.reaches_end:  # 0: prompt only
+                source = step_of[entry.fork_of or request_id]
+                sampling.append((entry, rows.add(source, len(steps[source].token_ids) - 1)))
         scoring = self._prompt_rows(scheduled, step_of, rows)
         logits = self.compute_logits(steps, rows.positions) if steps else None
-        output = RunnerOutput([[] for _ in scheduled.scheduled])
+        output = RunnerOutput()
         if sampling:
             assert logits is not None
-            requests = [scheduled.scheduled[i][0] for i, _ in sampling]
-            sampled = self.sampler.sample(logits[[row for _, row in sampling]], requests)
-            for (i, _), token, logprobs in zip(sampling, sampled.token_ids, sampled.logprobs,
-                                               strict=True):
-                output.sampled_token_ids[i] = [token]
-                output.logprobs[i] = [logprobs] if logprobs is not None else []
-        for i, verified_rows in verifying:
+            sampled = self.sampler.sample(logits[[row for _, row in sampling]],
+                                          [entry.request for entry, _ in sampling])
+            for (entry, _), token, logprobs in zip(sampling, sampled.token_ids,
+                                                   sampled.logprobs, strict=True):
+                output.sampled_token_ids[entry.request_id] = [token]
+                if logprobs is not None:
+                    output.logprobs[entry.request_id] = [logprobs]
+        for entry, verified_rows in verifying:
             assert logits is not None
-            output.sampled_token_ids[i] = verify(logits[verified_rows],
-                                                 scheduled.draft_token_ids[i],
-                                                 scheduled.scheduled[i][0])
+            output.sampled_token_ids[entry.request_id] = verify(
+                logits[verified_rows], entry.draft_token_ids, entry.request)
         if scoring:
             assert logits is not None
             self._score_prompts(logits, scoring, output)
         return output
 
     @staticmethod
-    def _prompt_rows(scheduled: SchedulerOutput, step_of: dict[int, int],
-                     rows: LogitsRows) -> list[tuple[int, int, Request, int]]:
-        """(scheduled index, logits row, request, prompt position scored) for each prompt
-        token whose logprob this step can give: row j scores token j + 1."""
+    def _prompt_rows(scheduled: SchedulerOutput, step_of: dict[str, int],
+                     rows: LogitsRows) -> list[tuple[int, Request, int]]:
+        """(logits row, request, prompt position scored) for each prompt token whose
+        logprob this step can give: row j scores token j + 1."""
         scoring = []
-        for i, (request, n) in enumerate(scheduled.scheduled):
+        for request_id, entry in scheduled.scheduled.items():
+            request, n = entry.request, entry.num_tokens
             if request.prompt_logprobs is None or n == 0:
                 continue
             start = request.num_computed_tokens
             first = max(start, len(request.prompt_logprobs) - 1)  # rows not scored before
             for j in range(first, min(start + n, request.num_prompt_tokens - 1)):
-                scoring.append((i, rows.add(step_of[i], j - start), request, j + 1))
+                scoring.append((rows.add(step_of[request_id], j - start), request, j + 1))
         return scoring
 
     @staticmethod
-    def _score_prompts(logits: Tensor, scoring: list[tuple[int, int, Request, int]],
+    def _score_prompts(logits: Tensor, scoring: list[tuple[int, Request, int]],
                        output: RunnerOutput) -> None:
         """Raw logprobs of the scored prompt tokens, into output.prompt_logprobs."""
         found = gather_logprobs(
-            raw_logprobs(logits[[row for _, row, _, _ in scoring]]),
-            [request.prompt_token_ids[j] for _, _, request, j in scoring],
-            [request.params.prompt_logprobs or 0 for _, _, request, _ in scoring])
-        for (i, _, _, _), logprobs in zip(scoring, found, strict=True):
-            output.prompt_logprobs[i].append(logprobs)
+            raw_logprobs(logits[[row for row, _, _ in scoring]]),
+            [request.prompt_token_ids[j] for _, request, j in scoring],
+            [request.params.prompt_logprobs or 0 for _, request, _ in scoring])
+        for (_, request, _), logprobs in zip(scoring, found, strict=True):
+            output.prompt_logprobs.setdefault(request.request_id, []).append(logprobs)
 
     @torch.inference_mode()
     def compute_logits(self, steps: list[SequenceStep],

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from engine.detokenizer import IncrementalDetokenizer
 from engine.logprobs import TokenLogprobs
 from engine.metrics import EngineMetrics
-from engine.request import FinishReason, Request, RequestOutput, RequestTiming, RequestUpdate
+from engine.request import FinishReason, Request, RequestOutput, RequestTiming
+from engine.step_types import RequestUpdate
 
 
 @dataclass

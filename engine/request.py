@@ -1,4 +1,5 @@
-"""One request's state as it moves through the engine, and what a step hands back for it."""
+"""One request's state as it moves through the engine, and what the engine hands back to its
+client (engine/step_types.py has what one step hands from part to part)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,10 @@ import torch
 from engine.logprobs import DEFAULT_LOGPROBS_MODE, LogprobsMode, TokenLogprobs
 from engine.structured.grammar import CompiledGrammar, GrammarState
 from kvcache.kv_cache_manager import SequenceBlocks
+
+# RequestOutput.error_code of requests the server could not finish; the API answers 503.
+SHUTDOWN = "server_shutting_down"
+ENGINE_FAILED = "engine_failed"
 
 
 class FinishReason(StrEnum):
@@ -99,7 +104,7 @@ class RequestOutput:
     num_output_tokens: int = 0
     num_cached_tokens: int = 0
     error: str | None = None
-    error_code: str | None = None  # e.g. engine/batch_engine.py's SHUTDOWN, ENGINE_FAILED
+    error_code: str | None = None  # e.g. SHUTDOWN, ENGINE_FAILED (above)
     sample_index: int = 0
     logprobs: list[TokenLogprobs] | None = None
     prompt_logprobs: list[TokenLogprobs | None] | None = None
@@ -214,16 +219,3 @@ class Request:
             return FinishReason.LENGTH
         return None
 
-
-@dataclass
-class RequestUpdate:
-    """One request's result of a step: the tokens it gained, and whether they ended it."""
-
-    request: Request
-    new_token_ids: list[int]
-    finish_reason: FinishReason | None = None  # set by a stop token or by length
-    logprobs: list[TokenLogprobs] = field(default_factory=list)  # beside new_token_ids, if asked
-
-    @property
-    def ended_by_stop_token(self) -> bool:
-        return self.finish_reason is FinishReason.STOP

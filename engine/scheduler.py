@@ -34,45 +34,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Collection
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from engine.logprobs import TokenLogprobs
-from engine.request import FinishReason, Request, RequestUpdate, Status
+from engine.request import FinishReason, Request, Status
 from engine.spec_decode import SpeculativeConfig, can_speculate, note_drafts, propose_ngram
+from engine.step_types import RequestUpdate, RunnerOutput, SchedulerOutput
 from engine.waiting_queue import PriorityQueue, make_waiting_queue
 from kvcache.kv_cache_manager import KVCacheManager, blocks_for
 from kvcache.pool import BLOCK_SIZE
-
-if TYPE_CHECKING:
-    from engine.model_runner import RunnerOutput
-
-
-@dataclass
-class SchedulerOutput:
-    """One step's plan: (request, tokens to compute) in batch order, plus what it cost."""
-
-    scheduled: list[tuple[Request, int]] = field(default_factory=list)
-    preempted: list[Request] = field(default_factory=list)
-    # A sample forked this step (index in `scheduled`, 0 tokens) -> the index of the request
-    # whose prompt it shares and whose last logits row it samples from.
-    forks: dict[int, int] = field(default_factory=dict)
-    block_copies: list[tuple[int, int]] = field(default_factory=list)  # before the run
-    # Speculative decoding: scheduled index -> the drafts computed after the request's last
-    # token (they are the last of its scheduled tokens).
-    draft_token_ids: dict[int, list[int]] = field(default_factory=dict)
-    prefix_queried_tokens: int = 0  # prompt tokens looked up in the prefix cache this step
-    prefix_hit_tokens: int = 0  # ... and found there
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(n for _, n in self.scheduled)
-
-    @property
-    def num_prompt_tokens(self) -> int:
-        """Tokens of this step that are (re)computed prompt, not decodes."""
-        return sum(n for r, n in self.scheduled
-                   if r.num_computed_tokens + n <= r.num_prompt_tokens)
 
 
 class Scheduler:
@@ -115,7 +84,7 @@ class Scheduler:
             if request.status is not Status.RUNNING:
                 continue  # preempted earlier in this loop
             if speculate and self._schedule_drafts(request, budget, out):
-                budget -= out.scheduled[-1][1]
+                budget -= out.scheduled[request.request_id].num_tokens
                 continue
             n = min(request.num_tokens - request.num_computed_tokens, budget)
             if self._make_room(request, request.num_computed_tokens + n, out):
@@ -149,9 +118,9 @@ class Scheduler:
         line = self.waiting
         if not isinstance(line, PriorityQueue):
             return self.running[-1]
-        scheduled = {id(r) for r, _ in out.scheduled}
+        scheduled = out.scheduled
         candidates = [(line.key(r), seat, r) for seat, r in enumerate(self.running)
-                      if r is request or id(r) not in scheduled]
+                      if r is request or r.request_id not in scheduled]
         return max(candidates, key=lambda c: c[:2])[2]
 
     def _schedule_drafts(self, request: Request, budget: int, out: SchedulerOutput) -> bool:
@@ -175,8 +144,7 @@ class Scheduler:
                 or not self.kv.allocate_slots(request.blocks, request.num_tokens + len(drafts),
                                               write_from=request.num_computed_tokens)):
             return False
-        out.draft_token_ids[len(out.scheduled)] = drafts
-        self._schedule(request, 1 + len(drafts), out)
+        self._schedule(request, 1 + len(drafts), out, drafts)
         return True
 
     def _seat(self, request: Request, budget: int, out: SchedulerOutput) -> int:
@@ -200,13 +168,14 @@ class Scheduler:
         self._schedule(request, n, out)
         return n
 
-    def _schedule(self, request: Request, n: int, out: SchedulerOutput) -> None:
+    def _schedule(self, request: Request, n: int, out: SchedulerOutput,
+                  drafts: list[int] | None = None) -> None:
         """Put `request` in this step, and fork its waiting samples if it ends its prompt."""
-        out.scheduled.append((request, n))
+        out.add(request, n, drafts)
         if request.pending_forks and request.num_computed_tokens + n == request.num_tokens:
-            self._fork(request, len(out.scheduled) - 1, out)
+            self._fork(request, out)
 
-    def _fork(self, request: Request, index: int, out: SchedulerOutput) -> None:
+    def _fork(self, request: Request, out: SchedulerOutput) -> None:
         """Seat request's samples right after it: its blocks by reference, its prompt
         computed (by it, in this very step), its last logits row to sample from."""
         seat = self.running.index(request) + 1
@@ -217,8 +186,7 @@ class Scheduler:
             sample.status = Status.RUNNING
             self.running.insert(seat, sample)
             seat += 1
-            out.forks[len(out.scheduled)] = index
-            out.scheduled.append((sample, 0))
+            out.add(sample, 0, fork_of=request.request_id)
         request.pending_forks = []
 
     def _make_room(self, request: Request, num_tokens: int, out: SchedulerOutput) -> bool:
@@ -239,14 +207,15 @@ class Scheduler:
         keep prompt logprobs, append each request's new tokens, and unseat those a stop
         token or length ended (or, with max_tokens 0, the end of the prompt).
 
-        output's lists are indexed like scheduled.scheduled (sampled tokens are empty for a
-        prompt chunk that stops short of the prompt's end)."""
+        output is keyed by request id, as scheduled.scheduled (no sampled tokens for a prompt
+        chunk that stops short of the prompt's end)."""
         updates = []
-        for i, (request, n) in enumerate(scheduled.scheduled):
+        for request_id, entry in scheduled.scheduled.items():
+            request, n, drafts = entry.request, entry.num_tokens, entry.draft_token_ids
             computed = request.num_computed_tokens
-            drafts = scheduled.draft_token_ids.get(i, [])
+            sampled = output.tokens(request_id)
             # Drafts after the first rejected one were computed in vain: not counted.
-            rejected = len(drafts) - (len(output.sampled_token_ids[i]) - 1) if drafts else 0
+            rejected = len(drafts) - (len(sampled) - 1) if drafts else 0
             if drafts:
                 note_drafts(request, accepted=len(drafts) - rejected)
             request.num_computed_tokens += n - rejected
@@ -256,16 +225,16 @@ class Scheduler:
             # drafts are not in token_ids yet: their blocks are made findable next step).
             self.kv.cache_full_blocks(request.blocks, request.token_ids,
                                       min(request.num_computed_tokens, request.num_tokens))
-            if output.prompt_logprobs[i]:
+            prompt_logprobs = output.prompt_logprobs.get(request_id)
+            if prompt_logprobs:
                 assert request.prompt_logprobs is not None
-                request.prompt_logprobs.extend(output.prompt_logprobs[i])
+                request.prompt_logprobs.extend(prompt_logprobs)
             if (request.params.max_tokens == 0
                     and request.num_computed_tokens >= request.num_prompt_tokens):
                 self.finish(request, FinishReason.LENGTH)
                 updates.append(RequestUpdate(request, [], FinishReason.LENGTH))
-            elif output.sampled_token_ids[i]:
-                updates.append(self._append(request, output.sampled_token_ids[i],
-                                            output.logprobs[i]))
+            elif sampled:
+                updates.append(self._append(request, sampled, output.logprobs.get(request_id, [])))
             if rejected and request.status is Status.RUNNING:
                 self.kv.free_blocks_after(request.blocks, request.num_tokens)
         return updates

@@ -25,6 +25,7 @@ from kvcache.block_allocator import BlockAllocator
 from kvcache.pool import BLOCK_SIZE
 
 STEP_HISTORY = 120  # step records kept, for the page's step chart
+BLOCK_QUERY_TIMEOUT = 2.0  # seconds for the engine thread to read a block for the dashboard
 
 
 @dataclass(frozen=True)
@@ -230,3 +231,40 @@ class SnapshotBoard:
         self._dirty = False
         counters = self.counters() if self.counters is not None else None
         self.latest = take_snapshot(scheduler, seq, self.num_steps, tuple(self.steps), counters)
+
+
+class StepRecorder:
+    """The engine thread's side of the dashboard, for a core with a scheduler and a pool
+    (a core without, the baseline's, has nothing to show): a StepRecord after every step
+    that ran, a snapshot when one is due, a cached-free block's content when asked."""
+
+    def __init__(self, scheduler: Scheduler, board: SnapshotBoard) -> None:
+        self.scheduler = scheduler
+        self.board = board
+
+    @classmethod
+    def for_core(cls, core: object, wake: Callable[[], None],
+                 counters: Callable[[], dict[str, float]]) -> StepRecorder | None:
+        """A recorder for `core`, if it has a scheduler to read (None otherwise)."""
+        scheduler = getattr(core, "scheduler", None)
+        if scheduler is None:
+            return None
+        return cls(scheduler, SnapshotBoard(wake=wake, counters=counters))
+
+    def step_ran(self, prefill_tokens: int, decode_tokens: int, duration_ms: float,
+                 running: int, waiting: int, preempted: int) -> None:
+        board = self.board
+        board.record_step(StepRecord(board.num_steps + 1, time.monotonic(), prefill_tokens,
+                                     decode_tokens, duration_ms, running, waiting, preempted))
+        board.maybe_snapshot(self.scheduler)
+
+    def nothing_ran(self) -> None:
+        """A round that computed nothing: aborts still change what the dashboard shows."""
+        self.board.note_change()
+
+    def idle(self) -> None:
+        """With nothing to step: the last step's end for a watcher."""
+        self.board.maybe_snapshot(self.scheduler, idle=True)
+
+    def read_cached_block(self, block_id: int) -> CachedBlock | None:
+        return read_cached_block(self.scheduler.kv.allocator, block_id)

@@ -10,7 +10,8 @@ import httpx
 import pytest
 
 from benchmarks.live_server import DONE, sse_events
-from engine.batch_engine import BatchEngine, QueueFullError
+from engine.admission import QueueFullError
+from engine.batch_engine import BatchEngine
 from engine.config import EngineConfig
 from engine.request import Request, SamplingParams
 from tests.api.conftest import RunningServer

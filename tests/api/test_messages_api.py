@@ -20,8 +20,7 @@ from api.app import create_app
 from api.field_policy import COUNT_TOKENS, MESSAGES, POLICIES, Status
 from api.protocol_messages import CountTokensRequest, MessagesRequest
 from api.security import AccessConfig
-from engine.admission import QueueFullError
-from engine.batch_engine import EngineUnavailableError
+from engine.admission import EngineUnavailableError, QueueFullError
 from engine.request import FinishReason, RequestOutput
 from tests.api.conftest import MODEL_NAME
 from tests.api.test_security import FakeEngine

@@ -81,3 +81,16 @@ def test_check_line_counts_what_free_seats_do_not_absorb():
     assert seen[-1] == {"excess_tokens": 10}
     check_line(config, 500, running=4, waiting=0, inbox_tokens=[], line_tokens=0,
                retry_after=retry)  # alone: admitted however long
+
+
+def test_the_line_tracker_counts_what_joined_until_a_step_ends():
+    from engine.admission import LineTracker, QueueFullError
+    from engine.config import EngineConfig
+
+    config = EngineConfig(max_num_seqs=1, max_waiting=100, max_num_queued_tokens=100)
+    tracker = LineTracker()
+    tracker.joined([60, 30])
+    with pytest.raises(QueueFullError):  # 90 joined since the last step, + 20 > 100
+        tracker.check(config, 20, running=1, waiting=0, inbox_tokens=[])
+    assert tracker.step_ended(LineSize(1, 10)) == LineSize(2, 90)
+    tracker.check(config, 20, running=1, waiting=1, inbox_tokens=[])  # 10 + 20 fit

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from engine.logprobs import TokenLogprobs
-from engine.model_runner import RunnerOutput
 from engine.request import FinishReason, Request, SamplingParams, Status
 from engine.scheduler import Scheduler
+from engine.step_types import RunnerOutput
 from kvcache.block_allocator import BlockAllocator
 from kvcache.kv_cache_manager import KVCacheManager
 from kvcache.pool import BLOCK_SIZE
@@ -28,11 +28,10 @@ def run_step(s: Scheduler, token: int = 7) -> list[tuple[str, int]]:
     """Schedule, then report a made-up runner output: `token` for every request whose
     scheduled tokens reach its end, nothing for a prompt chunk that stops short."""
     step = s.schedule()
-    sampled = [[token] if r.num_computed_tokens + n == r.num_tokens else []
-               for r, n in step.scheduled]
+    sampled = {rid: [token] for rid, entry in step.scheduled.items() if entry.reaches_end}
     s.update_from_output(step, RunnerOutput(sampled))
     s.kv.allocator.check_invariants()
-    return [(r.request_id, n) for r, n in step.scheduled]
+    return step.plan()
 
 
 def test_budget_is_respected_and_long_prompts_are_chunked():
@@ -144,7 +143,7 @@ def test_several_tokens_per_step_stop_at_the_first_that_ends_the_request():
     r = req("r", 5, max_tokens=10)
     s.add(r)
     step = s.schedule()
-    updates = s.update_from_output(step, RunnerOutput([[11, 12, EOS, 13]]))
+    updates = s.update_from_output(step, RunnerOutput({"r": [11, 12, EOS, 13]}))
     print("update:", updates[0].new_token_ids, updates[0].finish_reason)
     assert updates[0].new_token_ids == [11, 12, EOS]
     assert updates[0].finish_reason is FinishReason.STOP and r.status is Status.FINISHED
@@ -156,10 +155,11 @@ def test_samples_fork_on_the_prompt_blocks_and_copy_only_the_partial_one():
     head.pending_forks = [head.fork(i) for i in (1, 2)]
     s.add(head)
     step = s.schedule()
-    print("first step:", [(r.request_id, n) for r, n in step.scheduled], "forks", step.forks)
-    assert [(r.request_id, n) for r, n in step.scheduled] == [("r", 20), ("r#1", 0), ("r#2", 0)]
-    assert step.forks == {1: 0, 2: 0} and step.block_copies == []
-    s.update_from_output(step, RunnerOutput([[7], [8], [9]]))
+    forks = {rid: entry.fork_of for rid, entry in step.scheduled.items() if entry.fork_of}
+    print("first step:", step.plan(), "forks", forks)
+    assert step.plan() == [("r", 20), ("r#1", 0), ("r#2", 0)]
+    assert forks == {"r#1": "r", "r#2": "r"} and step.block_copies == []
+    s.update_from_output(step, RunnerOutput({"r": [7], "r#1": [8], "r#2": [9]}))
     samples = [head, *s.running[1:]]
     tables = [r.blocks.block_table for r in samples]
     refs = [s.kv.allocator.blocks[b].ref_count for b in tables[0]]
@@ -191,14 +191,14 @@ def test_a_request_owing_prompt_logprobs_takes_from_the_cache_only_what_it_score
                      on_output=lambda out: None)
     s.add(scored)
     first = s.schedule()
-    print("seated:", [(r.request_id, n) for r, n in first.scheduled])
-    assert [(r.request_id, n) for r, n in first.scheduled] == [("scored", 40)]  # no hit
+    print("seated:", first.plan())
+    assert first.plan() == [("scored", 40)]  # no hit
     # As if preempted after scoring its first 20 prompt tokens: one cached block is enough.
     s.preempt(scored)
     scored.prompt_logprobs = [None, *[TokenLogprobs(t, -1.0, []) for t in range(101, 120)]]
     again = s.schedule()
-    print("after preemption, 20 scored:", [(r.request_id, n) for r, n in again.scheduled])
-    assert [(r.request_id, n) for r, n in again.scheduled] == [("scored", 40 - BLOCK_SIZE)]
+    print("after preemption, 20 scored:", again.plan())
+    assert again.plan() == [("scored", 40 - BLOCK_SIZE)]
     assert scored.num_computed_tokens == BLOCK_SIZE
 
 
@@ -222,8 +222,7 @@ def three_priorities(policy: str) -> tuple[dict[str, Request], list[tuple[list[s
         if not s.has_work():
             break
         step = s.schedule()
-        sampled = [[7] if r.num_computed_tokens + n == r.num_tokens else []
-                   for r, n in step.scheduled]
+        sampled = {rid: [7] for rid, entry in step.scheduled.items() if entry.reaches_end}
         s.update_from_output(step, RunnerOutput(sampled))
         s.kv.allocator.check_invariants()
         if step.preempted:

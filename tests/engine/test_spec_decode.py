@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.model_runner import RunnerOutput
 from engine.request import FinishReason, Request, SamplingParams, Status
 from engine.scheduler import Scheduler
 from engine.spec_decode import SpeculativeConfig, propose_ngram, verify
+from engine.step_types import RunnerOutput
 from kvcache.block_allocator import BlockAllocator
 from kvcache.kv_cache_manager import KVCacheManager, blocks_for
 
@@ -124,18 +124,15 @@ def step(s: Scheduler, accept: int) -> dict[str, tuple[int, list[int]]]:
     """Schedule, then a made-up verification: each drafting request keeps `accept` drafts
     and gets one more token (50); others get token 50. Returns id -> (tokens, drafts)."""
     out = s.schedule()
-    sampled = []
-    for i, (r, n) in enumerate(out.scheduled):
-        drafts = out.draft_token_ids.get(i, [])
-        reaches_end = r.num_computed_tokens + n - len(drafts) == r.num_tokens
-        sampled.append([*drafts[:accept], 50] if reaches_end else [])
+    sampled = {rid: [*entry.draft_token_ids[:accept], 50]
+               for rid, entry in out.scheduled.items() if entry.reaches_end}
     s.update_from_output(out, RunnerOutput(sampled))
     s.kv.allocator.check_invariants()
     for r in s.running:  # no block beyond what its tokens need
         assert blocks_for(r.num_computed_tokens) <= len(r.blocks.block_table) <= blocks_for(
             r.num_tokens), (r.num_computed_tokens, r.num_tokens, r.blocks.block_table)
-    return {r.request_id: (n, out.draft_token_ids.get(i, []))
-            for i, (r, n) in enumerate(out.scheduled)}
+    return {rid: (entry.num_tokens, entry.draft_token_ids)
+            for rid, entry in out.scheduled.items()}
 
 
 @pytest.mark.parametrize("accept", [0, 2, 4])
@@ -198,10 +195,10 @@ def test_drafts_stop_at_max_tokens_and_a_stop_token_inside_them_ends_the_request
     r.token_ids[-2:] = [108, 109]
     r.token_ids[12] = EOS  # so the draft (what followed 108 109 at 8) has an EOS
     out = s.schedule()
-    drafts = out.draft_token_ids[0]
+    drafts = out.scheduled["b"].draft_token_ids
     print("drafts:", drafts)
     assert drafts == [100, 101, EOS, 103]
-    s.update_from_output(out, RunnerOutput([[*drafts, 50]]))
+    s.update_from_output(out, RunnerOutput({"b": [*drafts, 50]}))
     assert r.status is Status.FINISHED and r.token_ids[-1] == EOS  # nothing after the EOS
     assert s.kv.allocator.num_used == 0
 

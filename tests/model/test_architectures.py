@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.model_runner import SequenceStep
+from engine.step_types import SequenceStep
 from kvcache.kv_cache_manager import SequenceBlocks
 from kvcache.pool import BLOCK_SIZE
 from model.config import Llama3RopeScaling, ModelConfig

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.model_runner import ModelRunner, SequenceStep
+from engine.model_runner import ModelRunner
+from engine.step_types import SequenceStep
 from kvcache.block_allocator import BlockAllocator
 from kvcache.kv_cache_manager import KVCacheManager, SequenceBlocks
 from kvcache.pool import BLOCK_SIZE, KVCachePool
