@@ -14,7 +14,8 @@ import dataclasses
 import pytest
 import torch
 
-from engine.model_runner import ModelRunner, SequenceStep
+from engine.model_runner import ModelRunner
+from engine.step_types import SequenceStep
 from kvcache.block_allocator import BlockAllocator
 from kvcache.kv_cache_manager import KVCacheManager, SequenceBlocks
 from kvcache.pool import KVCachePool
