@@ -3,10 +3,11 @@
 A decode step of a few sequences runs faster on one OpenMP thread on some CPUs (the
 threads' start and join cost more than they share) and slower on others. The engine core
 process, when --single-thread-below is not given, times decode steps here at batch sizes 1,
-2, 4, 8 and 16, on one thread and on all of them, and picks the first batch size where all
-threads win. The choice is kept in a JSON file under the cache root, keyed by what it
+2, 4, 8 and 16, on one thread and on all of them in turns, and picks the first batch size
+where all threads win. The choice is kept in a JSON file under the cache root, keyed by what it
 depends on (the CPU's model, the thread count, the model, its dtype and weights, the
-attention and matmul paths), so a later start reads it in no time.
+attention and matmul paths, whether decode steps run as one C++ call), so a later start
+reads it in no time.
 
 In-process (--no-engine-process) the step shares the GIL with the HTTP server: a
 measurement taken at start, with no HTTP load, would favour threads that lose once requests
@@ -30,7 +31,10 @@ from engine.request import FinishReason, Request, SamplingParams
 log = logging.getLogger("nano_vllm.threads")
 
 BATCH_SIZES = (1, 2, 4, 8, 16)
-TIMED_STEPS = 4  # decode steps timed per batch size and thread count (after one warm-up)
+TIMED_STEPS = 4  # decode steps timed per batch size, thread count and round (after a warm-up)
+# One thread and all threads are timed in turns, this many times each: a slow moment of a
+# shared machine (another process, a frequency dip) then lands on both, not on one of them.
+ROUNDS = 3
 PROMPT = [1, 2, 3, 4]  # short enough, with the steps' tokens, to fill no block
 CACHE_ENV = "NANO_THREADS_CACHE"  # a file path replacing the default cache file
 FORCE_ENV = "NANO_MEASURE_THREADS"  # "1": measure again, as --single-thread-below measure
@@ -80,7 +84,8 @@ def cache_key(core: PagedEngineCore, cpu: str | None = None) -> dict[str, object
     return {"cpu": cpu or cpu_model_name(), "threads": runner.threads.max_threads,
             "model": str(resolve_model_dir(config.model)), "dtype": config.dtype,
             "weights": config.weights, "attention": runner.attention_backend,
-            "matmul": runner.matmul_path, "fused_ops": config.fused_ops}
+            "matmul": runner.matmul_path, "fused_ops": config.fused_ops,
+            "decode_stack": runner.decode_stack is not None}
 
 
 def _key_text(key: dict[str, object]) -> str:
@@ -147,7 +152,8 @@ def _timed_steps(core: PagedEngineCore, batch: int) -> list[float]:
 
 def measure(core: PagedEngineCore, batch_sizes: Sequence[int] | None = None) -> list[Timing]:
     """Median decode step times at each batch size (default BATCH_SIZES; those that fit the
-    seats and the free blocks, one each), on one thread and on all, with no speculation; the
+    seats and the free blocks, one each), on one thread and on all in turns (ROUNDS of
+    TIMED_STEPS each), with no speculation; the
     core is left as it was (asserted): no request, no block held."""
     policy, scheduler = core.runner.threads, core.scheduler
     before, speculative = policy.single_below, scheduler.speculative
@@ -156,11 +162,14 @@ def measure(core: PagedEngineCore, batch_sizes: Sequence[int] | None = None) -> 
     scheduler.speculative = None  # drafts would make a decode step more than one token
     try:
         for batch in (b for b in batch_sizes or BATCH_SIZES if b <= fits):
-            medians = []
-            for single_below in (batch + 1, 0):  # one thread, then all
-                policy.single_below = single_below
-                medians.append(statistics.median(_timed_steps(core, batch)))
-            timings.append(Timing(batch, round(medians[0], 2), round(medians[1], 2)))
+            one: list[float] = []
+            every: list[float] = []
+            for _ in range(ROUNDS):
+                for single_below, times in ((batch + 1, one), (0, every)):
+                    policy.single_below = single_below
+                    times.extend(_timed_steps(core, batch))
+            timings.append(Timing(batch, round(statistics.median(one), 2),
+                                  round(statistics.median(every), 2)))
     finally:
         policy.single_below, scheduler.speculative = before, speculative
     check_clean(core)
