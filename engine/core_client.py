@@ -36,7 +36,7 @@ from pathlib import Path
 import msgspec
 import zmq
 
-from engine.admission import EngineUnavailableError, check_line, retry_seconds
+from engine.admission import EngineUnavailableError, check_line, check_samples, retry_seconds
 from engine.config import EngineConfig
 from engine.core import EngineStats
 from engine.core_dashboard import ReceivedSnapshots
@@ -235,9 +235,7 @@ class EngineProcessClient:
     def add_request(self, request: Request) -> None:
         """Admit (QueueFullError, EngineUnavailableError) and send a request to the core."""
         params = request.params
-        if params.n > self.config.max_num_seqs:
-            raise ValueError(f"n={params.n} samples need more than the "
-                             f"{self.config.max_num_seqs} seats")
+        check_samples(self.config, params.n)
         grammar = (None if params.grammar is None
                    else GrammarMsg(params.grammar.spec.kind, params.grammar.spec.value))
         with self._lock:

@@ -17,11 +17,11 @@ import torch
 from engine.model_runner import ModelRunner
 from engine.step_types import SequenceStep
 from kvcache.block_allocator import BlockAllocator
-from kvcache.kv_cache_manager import KVCacheManager, SequenceBlocks
+from kvcache.kv_cache_manager import KVCacheManager
 from kvcache.pool import KVCachePool
 from model.decode_stack import DecodeStack, unsupported
 from model.layers import Linear, use_fused_ops
-from tests.model.test_paged_attention import prompt_ids
+from tests.model.test_paged_attention import prefill_prompts
 
 torch.set_grad_enabled(False)
 
@@ -41,14 +41,8 @@ def runner_pair(model) -> tuple[ModelRunner, ModelRunner, KVCacheManager]:
 
 def test_stack_logits_equal_the_layer_by_layer_path(model, tokenizer):
     fast, slow, manager = runner_pair(model)
-    seqs, tables = [], []
-    for i, n in enumerate([5, 17, 40]):  # contexts within one block, across two, three
-        ids = prompt_ids(tokenizer, n, seed=300 + i)
-        blocks = SequenceBlocks()
-        assert manager.allocate_slots(blocks, n + 4)
-        slow.compute_logits([SequenceStep(ids, 0, blocks.block_table, True)])
-        seqs.append(ids)
-        tables.append(blocks.block_table)
+    # Contexts within one block, across two, across three.
+    seqs, tables = prefill_prompts(slow, manager, tokenizer, [5, 17, 40], first_seed=300)
     for step in range(3):
         new = [2000 + 11 * step + i for i in range(len(seqs))]
         batch = [SequenceStep([t], len(ids), table, True)

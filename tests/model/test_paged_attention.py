@@ -72,18 +72,27 @@ def test_paged_prefill_matches_hf(model, hf_model, tokenizer, backend):
         manager.release(blocks)
 
 
-def check_paged_decode(runner: ModelRunner, manager: KVCacheManager, hf, tokenizer,
-                       lengths: list[int], label: str, first_seed: int = 100) -> None:
-    """Prefill prompts of these lengths one by one, then decode them as one batch for 3
-    steps; every step's logits must equal Hugging Face's on the same tokens."""
+def prefill_prompts(runner: ModelRunner, manager: KVCacheManager, tokenizer,
+                    lengths: list[int], first_seed: int, room: int = 3,
+                    ) -> tuple[list[list[int]], list[list[int]]]:
+    """Prefill real-text prompts of these lengths one by one, each with blocks for `room`
+    more tokens; their token ids and block tables."""
     seqs, tables = [], []
     for i, n in enumerate(lengths):
         ids = prompt_ids(tokenizer, n, seed=first_seed + i)
         blocks = SequenceBlocks()
-        assert manager.allocate_slots(blocks, n + 3)
+        assert manager.allocate_slots(blocks, n + room)
         runner.compute_logits([SequenceStep(ids, 0, blocks.block_table, True)])
         seqs.append(ids)
         tables.append(blocks.block_table)
+    return seqs, tables
+
+
+def check_paged_decode(runner: ModelRunner, manager: KVCacheManager, hf, tokenizer,
+                       lengths: list[int], label: str, first_seed: int = 100) -> None:
+    """Prefill prompts of these lengths one by one, then decode them as one batch for 3
+    steps; every step's logits must equal Hugging Face's on the same tokens."""
+    seqs, tables = prefill_prompts(runner, manager, tokenizer, lengths, first_seed)
     for step in range(3):
         new_tokens = [1000 + 7 * step + i for i in range(len(seqs))]
         batch = [SequenceStep([tok], len(ids), table, True)
