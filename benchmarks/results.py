@@ -222,6 +222,33 @@ class DashboardOverheadRun(JsonFile):
 
 
 @dataclass
+class OverheadRow:
+    """One turn of served_overhead.py for one configuration: one user's ITL p50 through the
+    engine alone and through the server, in ms."""
+
+    label: str
+    turn: int
+    flags: str  # server.py's flags ("" for its defaults)
+    engine_alone_ms: float
+    served_ms: float
+    overhead_ms: float  # served - engine alone
+
+
+@dataclass
+class ServedOverheadRun(JsonFile):
+    """served_overhead.py: the engine alone and the server, in turns, one user."""
+
+    machine: Machine
+    command: str
+    rows: list[OverheadRow]
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> ServedOverheadRun:
+        return cls(**{**raw, "machine": Machine(**raw["machine"]),
+                      "rows": [OverheadRow(**row) for row in raw["rows"]]})
+
+
+@dataclass
 class ComputePeak:
     """The best GFLOP/s of one dtype on a large square GEMM, by path, and what the CPU's
     flags and clock promise, where they can be read."""

@@ -14,7 +14,6 @@ each turn's two ITL p50s and their difference.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import re
 import shlex
@@ -24,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # see benchmarks/__init__.py
 
-from benchmarks.results import Machine
+from benchmarks.results import Machine, OverheadRow, ServedOverheadRun
 from benchmarks.side_by_side import measure
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -67,14 +66,11 @@ def main() -> int:
                        ["--users", "1", "--max-tokens", str(args.tokens), "--rounds", "2"]):
                 return 1
             served = served_itl(args.out / f"{name}.json")
-            rows.append({"label": label, "turn": turn, "flags": text, "engine_alone_ms": alone,
-                         "served_ms": served, "overhead_ms": round(served - alone, 2)})
+            rows.append(OverheadRow(label, turn, text, alone, served, round(served - alone, 2)))
             print(f"{name}: engine alone {alone:.2f} ms, served {served:.2f} ms, "
                   f"overhead {served - alone:+.2f} ms", flush=True)
-    (args.out / "overhead.json").write_text(json.dumps(
-        {"machine": dataclasses.asdict(Machine.this_one()), "command": shlex.join(sys.argv),
-         "rows": rows},
-        indent=2))
+    ServedOverheadRun(Machine.this_one(), shlex.join(sys.argv), rows).save(
+        args.out / "overhead.json")
     return 0
 
 

@@ -24,6 +24,7 @@ from benchmarks.results import (
     DashboardOverheadRun,
     ProfileRun,
     RooflineRun,
+    ServedOverheadRun,
     SpecDecodeRun,
     result_path,
 )
@@ -48,6 +49,8 @@ def result_kind(path: Path) -> type | None:
         return SpecDecodeRun
     if path.parent.name == "roofline":
         return RooflineRun
+    if path.parent.name == "served-overhead" and path.stem == "overhead":
+        return ServedOverheadRun
     return DashboardOverheadRun if path.parent.name == "dashboard" else BenchRun
 
 
