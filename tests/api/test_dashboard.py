@@ -43,14 +43,16 @@ def test_dashboard_page_and_its_files(server):
     assert missing.status_code == 404 and missing.json()["error"]["param"] == "name"
 
 
+def shared_by_all(message: dict[str, Any]) -> bool:
+    """A snapshot where every question's request is running and shares prefix blocks."""
+    running = [r for r in message["frame"]["requests"] if r["status"] == "running"]
+    return len(running) == len(QUESTIONS) and all(r["shared_blocks"] for r in running)
+
+
 def test_events_show_shared_prefix_blocks_and_their_text(server, tokenizer):
     prompt_ids = tokenizer(PREFIX + QUESTIONS[0]).input_ids
     common = len(tokenizer(PREFIX).input_ids) - 1  # the last prefix token may merge
     with shared_prefix_streams(server.url):
-        def shared_by_all(message: dict[str, Any]) -> bool:
-            running = [r for r in message["frame"]["requests"] if r["status"] == "running"]
-            return len(running) == len(QUESTIONS) and all(r["shared_blocks"] for r in running)
-
         message = frames(server, shared_by_all)
         frame = message["frame"]
         shared = [b for b, ref in enumerate(frame["refs"]) if ref > 1]

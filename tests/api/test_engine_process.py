@@ -31,7 +31,7 @@ from api.lifecycle import ENGINE_FAILURE_EXIT_CODE
 from benchmarks.live_server import LiveServer
 from tests.api.conftest import RunningServer
 from tests.api.dashboard_load import PREFIX, QUESTIONS, shared_prefix_streams
-from tests.api.test_dashboard import frames
+from tests.api.test_dashboard import frames, shared_by_all
 from tests.api.test_lifecycle import (
     COMPLETIONS,
     ROOT,
@@ -179,10 +179,6 @@ def test_dashboard_snapshots_and_block_details_cross(split, tokenizer):
     block's (after the requests) from the core's pool."""
     prompt_ids = tokenizer(PREFIX + QUESTIONS[0]).input_ids
     with shared_prefix_streams(split.url, max_tokens=60):
-        def shared_by_all(message: dict) -> bool:
-            running = [r for r in message["frame"]["requests"] if r["status"] == "running"]
-            return len(running) == len(QUESTIONS) and all(r["shared_blocks"] for r in running)
-
         message = frames(split, shared_by_all)
         frame = message["frame"]
         shared = [b for b, ref in enumerate(frame["refs"]) if ref > 1]
