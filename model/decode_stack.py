@@ -69,9 +69,9 @@ def unsupported(model: nn.Module) -> str | None:
 class DecodeStack:
     """The model's layers as one C++ object; called like the model on a decode step."""
 
-    def __init__(self, model: nn.Module, pool: KVCachePool, native: object) -> None:
+    def __init__(self, model: nn.Module, native: object) -> None:
         self.model = model
-        self.native = native
+        self.native = native  # holds the layers' weights and their K/V pool
 
     @classmethod
     def build(cls, model: nn.Module, pool: KVCachePool) -> DecodeStack | None:
@@ -89,7 +89,7 @@ class DecodeStack:
             native.add_layer(layer.input_layernorm.weight, *qkv, *o[:3],
                              layer.post_attention_layernorm.weight, *gate_up[:3], *down[:3],
                              pool.k[i], pool.v[i])
-        return cls(model, pool, native)
+        return cls(model, native)
 
     def __call__(self, input_ids: Tensor, positions: Tensor, step: StepMetadata,
                  logits_indices: Tensor | None = None) -> Tensor:
