@@ -69,16 +69,18 @@ def quantized_kernels() -> dict[str, Callable[[Tensor, Tensor, int], Tensor]]:
 ACTIVATIONS = ("float32", "int8")  # of the Q4_1 layers: exact, or the VNNI speed mode
 
 
-def int8_activation_kernel() -> Callable[[Tensor, Tensor, int], Tensor]:
-    """fn(x [M, K] fp32, packed, out_features) of `--activations int8`, or
-    QuantizedKernelUnavailable naming what is missing (AVX512-VNNI, or the build)."""
+def int8_activation_kernels() -> dict[str, Callable[[Tensor, Tensor, int], Tensor]]:
+    """{"Q4_1": fn, "Q8_0": fn} of `--activations int8`, each fn(x [M, K] fp32, packed,
+    out_features), or QuantizedKernelUnavailable naming what is missing (AVX512-VNNI, or
+    the build)."""
     quantized_kernels()  # AVX-512 and the build first: their own errors
     if not cpu_has_vnni():
         raise QuantizedKernelUnavailable(
             "--activations int8 needs a CPU with AVX512-VNNI (avx512_vnni in /proc/cpuinfo) "
             "for its int8 dot products; this one has none. Drop --activations to run the "
             "exact q4_1 path.")
-    return load_cpu_kernels().q4_1_int8act_linear
+    module = load_cpu_kernels()
+    return {"Q4_1": module.q4_1_int8act_linear, "Q8_0": module.q8_0_int8act_linear}
 
 
 def pack_for_kernel(weight: BlockTensor, code_width: int = 1) -> Tensor:
@@ -86,7 +88,9 @@ def pack_for_kernel(weight: BlockTensor, code_width: int = 1) -> Tensor:
 
     Rows are padded with zero blocks (w = 0) to a multiple of 16, then each group's 16 rows
     are interleaved per block: scales side by side, then the codes with the row fastest in
-    runs of code_width bytes (4 for the int8-activation kernel: one int32 lane's inputs)."""
+    runs of code_width bytes (4 for the int8-activation kernels: one int32 lane's inputs).
+    For those kernels Q8_0's codes are stored offset to unsigned (q + 128, `vpdpbusd`'s
+    unsigned operand)."""
     rows, blocks = weight.rows, weight.blocks.shape[1]
     groups = -(-rows // GROUP)
     raw = torch.zeros(groups * GROUP, blocks, weight.blocks.shape[2], dtype=torch.uint8)
@@ -101,7 +105,8 @@ def pack_for_kernel(weight: BlockTensor, code_width: int = 1) -> Tensor:
         parts = [interleave(raw[..., 0:2], 2), interleave(raw[..., 2:4], 2),
                  interleave(raw[..., 4:20], code_width)]
     else:  # Q8_0: d, then 32 int8 codes
-        parts = [interleave(raw[..., 0:2], 2), interleave(raw[..., 2:34], 1)]
+        codes = raw[..., 2:34] ^ 0x80 if code_width > 1 else raw[..., 2:34]
+        parts = [interleave(raw[..., 0:2], 2), interleave(codes, code_width)]
     return torch.cat(parts, dim=-1).contiguous()
 
 
@@ -109,19 +114,20 @@ class QuantizedLinear(nn.Module):
     """y = x @ Wᵀ for x [..., in] fp32, W kept as Q4_1 or Q8_0 codes ([out, in] blocks).
 
     The same contract as model/llama.py's Linear; the result is the fp32 matmul on the
-    dequantized weights up to summation order, or with activations="int8" (Q4_1 only) the
-    matmul on x rounded to int8 per block of 32."""
+    dequantized weights up to summation order, or with activations="int8" the matmul on x
+    rounded to int8 per block of 32."""
 
     def __init__(self, weight: BlockTensor, activations: str = "float32") -> None:
         super().__init__()
-        if activations not in ACTIVATIONS or (activations == "int8" and weight.kind != "Q4_1"):
-            raise ValueError(f"{weight.kind} weights take activations float32"
-                             f"{' or int8' if weight.kind == 'Q4_1' else ''}, not {activations}")
+        if activations not in ACTIVATIONS:
+            raise ValueError(f"activations are one of {', '.join(ACTIVATIONS)}, "
+                             f"not {activations}")
         self.kind, self.activations = weight.kind, activations
         self.in_features, self.out_features = weight.cols, weight.rows
+        self.code_width = 4 if activations == "int8" else 1
         if activations == "int8":
-            self.kernel = int8_activation_kernel()
-            self.register_buffer("packed", pack_for_kernel(weight, code_width=4))
+            self.kernel = int8_activation_kernels()[weight.kind]
+            self.register_buffer("packed", pack_for_kernel(weight, self.code_width))
         else:
             self.kernel = quantized_kernels()[weight.kind]
             self.register_buffer("packed", pack_for_kernel(weight))
@@ -146,13 +152,15 @@ class QuantizedEmbedding(nn.Module):
     """Token embedding read from a Q8_0 LM head's packed codes (tied weights share them).
 
     Rows are dequantized on lookup (w = d * q, exact in fp32), so the embedding costs no
-    memory of its own."""
+    memory of its own. Both packings of Q8_0 are read (the exact kernel's and the
+    int8-activation kernel's, model/csrc/q4_1_int8act_cpu.cpp)."""
 
     def __init__(self, head: QuantizedLinear) -> None:
         super().__init__()
         if head.kind != "Q8_0":
             raise ValueError(f"embedding lookup supports Q8_0 only, got {head.kind}")
         self.num_embeddings, self.embedding_dim = head.out_features, head.in_features
+        self.code_width = head.code_width
         self.register_buffer("packed", head.packed)  # the same tensor, not a copy
         # Callers read the model's dtype and device from embed_tokens.weight; an empty fp32
         # stand-in answers them (and fails loudly if anyone tries to index it).
@@ -165,9 +173,12 @@ class QuantizedEmbedding(nn.Module):
         rows = packed[ids // GROUP]  # [tokens, blocks, 544]: the 16 rows of each id's group
         scale_bytes = rows.gather(2, (2 * lane + torch.arange(2)).expand(-1, rows.shape[1], -1))
         scales = scale_bytes.contiguous().view(torch.float16).float()  # [tokens, blocks, 1]
-        code_index = 32 + lane + GROUP * torch.arange(BLOCK)
-        codes = rows.gather(2, code_index.expand(-1, rows.shape[1], -1)).view(torch.int8)
-        out = (codes.float() * scales).reshape(len(ids), self.embedding_dim)
+        width, j = self.code_width, torch.arange(BLOCK)  # code j of row `lane` sits at:
+        code_index = 32 + (j // width) * GROUP * width + lane * width + j % width
+        codes = rows.gather(2, code_index.expand(-1, rows.shape[1], -1))
+        if width > 1:
+            codes = codes ^ 0x80  # stored as q + 128
+        out = (codes.view(torch.int8).float() * scales).reshape(len(ids), self.embedding_dim)
         return out.reshape(*input_ids.shape, self.embedding_dim)
 
 
@@ -176,7 +187,7 @@ def check_activations(activations: str) -> None:
     if activations not in ACTIVATIONS:
         raise ValueError(f"activations must be one of {ACTIVATIONS}, not {activations!r}")
     if activations == "int8":
-        int8_activation_kernel()
+        int8_activation_kernels()
     else:
         quantized_kernels()
 
@@ -190,8 +201,8 @@ def refuse_gguf_file(path: Path, weights: str) -> None:
 class Q4_1Weights:
     """`--weights q4_1` as a weight format (model/checkpoint.py): the config of the folder,
     the tensors of its GGUF (default: the default model's, fetched once), each linear layer
-    and the LM head on the GGUF's own codes (the layers' Q4_1 matmuls take `activations`,
-    the Q8_0 LM head always float32), the embedding read from the head's codes."""
+    and the LM head on the GGUF's own codes (the layers' Q4_1 matmuls and the Q8_0 LM head
+    take `activations`), the embedding read from the head's codes."""
 
     def __init__(self, activations: str = "float32", fused_ops: bool = True,
                  gguf_path: str | Path | None = None) -> None:
@@ -218,8 +229,8 @@ class Q4_1Weights:
         if cfg.model_type != "llama":
             raise ValueError(f"--weights q4_1 runs Llama models, not {cfg.model_type}")
 
-    def linear(self, name: str, module: nn.Module, weights: list, biases: list | None,
-               activations: str | None = None) -> QuantizedLinear:
+    def linear(self, name: str, module: nn.Module, weights: list,
+               biases: list | None) -> QuantizedLinear:
         if biases is not None:
             raise ValueError(f"--weights q4_1 has no biases for {name}")
         weight = BlockTensor.cat(weights)
@@ -227,13 +238,13 @@ class Q4_1Weights:
         if (weight.rows, weight.cols) != expected:
             raise ValueError(f"GGUF tensor for {name} is {weight.rows}x{weight.cols}, the "
                              f"model's is {expected[0]}x{expected[1]}: not the same model")
-        return QuantizedLinear(weight, activations or self.activations)
+        return QuantizedLinear(weight, self.activations)
 
     def embedding_and_head(self, model: nn.Module, embedding: BlockTensor,
                            head: BlockTensor | None) -> None:
-        """The Q8_0 head multiplies float32 activations whatever the layers take."""
+        """The Q8_0 head takes the layers' activations (int8: rounded per block of 32)."""
         model.lm_head = self.linear("lm_head", model.lm_head,
-                                    [embedding if head is None else head], None, "float32")
+                                    [embedding if head is None else head], None)
         if head is None:  # tied: one set of codes serves both
             model.embed_tokens = QuantizedEmbedding(model.lm_head)
         else:

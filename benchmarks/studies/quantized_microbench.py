@@ -3,7 +3,7 @@
 All 30 layers' shapes (qkv 576->960, o 576->576, gate_up 576->3072, down 1536->576) with the
 default model's real weights, plus the LM head (576->49152), at 1, 8, 30 and 64 rows of x:
 fp32, q4_1 (the GGUF's codes; its LM head is Q8_0), q4_1-int8act (the same codes times int8
-activations, `--activations int8`; where the CPU has AVX512-VNNI; its LM head is q4_1's) and
+activations, `--activations int8`; where the CPU has AVX512-VNNI; its Q8_0 LM head too) and
 int8 (per output channel), in one run.
 Usage: `python3 -m benchmarks.studies.quantized_microbench [--repeats 30] [--rows 1 30]`.
 """
@@ -21,7 +21,7 @@ from benchmarks.model_matmuls import LAYER_PARTS
 from model.gguf_weights import read_gguf
 from model.int8 import int8_per_channel
 from model.prepare import fetch_default_gguf
-from model.quantized import QuantizedKernelUnavailable, QuantizedLinear, int8_activation_kernel
+from model.quantized import QuantizedKernelUnavailable, QuantizedLinear, int8_activation_kernels
 
 
 def timed_ms(run: Callable[[], None], repeats: int) -> tuple[float, float]:
@@ -88,9 +88,8 @@ def main() -> None:
         "int8": [QuantizedLinear(int8_per_channel(w)) for w in dense],
     }
     try:
-        int8_activation_kernel()
-        formats["q4_1-int8act"] = [QuantizedLinear(w, "int8") for w in blocks[:-1]] + [
-            formats["q4_1"][-1]]
+        int8_activation_kernels()
+        formats["q4_1-int8act"] = [QuantizedLinear(w, "int8") for w in blocks]
     except QuantizedKernelUnavailable as exc:
         print(f"q4_1-int8act left out: {exc}")
     del dense

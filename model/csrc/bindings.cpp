@@ -17,6 +17,7 @@ void set_chunk_steps(int64_t steps);
 torch::Tensor q4_1_linear(torch::Tensor x, torch::Tensor packed, int64_t out_features);
 torch::Tensor q8_0_linear(torch::Tensor x, torch::Tensor packed, int64_t out_features);
 torch::Tensor q4_1_int8act_linear(torch::Tensor x, torch::Tensor packed, int64_t out_features);
+torch::Tensor q8_0_int8act_linear(torch::Tensor x, torch::Tensor packed, int64_t out_features);
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> quantize_rows_int8(torch::Tensor x);
 void bind_decode_stack(pybind11::module_& m);
 
@@ -43,6 +44,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("q8_0_linear", &q8_0_linear, "x @ W^T from Q8_0 codes (quantized_linear_cpu.cpp)");
   m.def("q4_1_int8act_linear", &q4_1_int8act_linear,
         "x @ W^T from Q4_1 codes, x rounded to int8 per block (q4_1_int8act_cpu.cpp)");
+  m.def("q8_0_int8act_linear", &q8_0_int8act_linear,
+        "x @ W^T from Q8_0 codes, x rounded to int8 per block (q4_1_int8act_cpu.cpp)");
   m.def("quantize_rows_int8", &quantize_rows_int8,
         "x's int8 codes, scales and scaled sums as q4_1_int8act_linear makes them");
   bind_decode_stack(m);  // the DecodeStack class (decode_stack_cpu.cpp)

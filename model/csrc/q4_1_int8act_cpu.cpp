@@ -1,22 +1,26 @@
-// y ≈ x · Wᵀ from Q4_1 codes with x rounded to int8 per block of 32 (CPU, AVX512-VNNI).
+// y ≈ x · Wᵀ from Q4_1 or Q8_0 codes with x rounded to int8 per block of 32 (CPU, AVX512-VNNI).
 //
-// The opt-in speed mode of --weights q4_1, multiplying as llama.cpp does for its Q4 formats:
-// each row of x is quantized per block of 32 inputs, symmetric and to nearest,
+// The opt-in speed mode of --weights q4_1, multiplying as llama.cpp does for its quantized
+// formats: each row of x is quantized per block of 32 inputs, symmetric and to nearest,
 //   dx = max|x| / 127,  xq = round(x / dx) in [-127, 127],
 // and a block's 32 products become one integer dot product, the scales applied after:
-//   sum_k (d q_k + m) x_k  ≈  dx (d sum_k q_k xq_k + m sum_k xq_k).
-// `vpdpbusd` multiplies unsigned bytes (the codes, 0..15) by signed ones (xq) and adds each
-// 4 adjacent products into an int32 lane: 16 output rows by 4 inputs in one instruction, where
-// the exact kernel (quantized_linear_cpu.cpp) needs 4 FMAs and the unpacking for 16 by 1.
-// The integer sums are exact; only x's rounding to 8 bits changes the result
-// (tests/model/test_q4_1_int8act.py states how much).
+//   Q4_1 (w = d q + m, q in 0..15):    sum_k w_k x_k  ≈  dx (d sum_k q_k xq_k + m sum_k xq_k)
+//   Q8_0 (w = d q, q in -128..127):    sum_k w_k x_k  ≈  dx d (sum_k u_k xq_k - 128 sum_k xq_k)
+// `vpdpbusd` multiplies unsigned bytes by signed ones (xq) and adds each 4 adjacent products
+// into an int32 lane: 16 output rows by 4 inputs in one instruction, where the exact kernel
+// (quantized_linear_cpu.cpp) needs 4 FMAs and the unpacking for 16 by 1. Q4_1's codes are
+// unsigned already; Q8_0's are stored as u = q + 128 (0..255), and the 128 sum(xq) that adds
+// is taken off in the integers, so Q8_0's block sum is exact. Only x's rounding to 8 bits
+// changes the result (tests/model/test_q4_1_int8act.py states how much).
 //
 // Layout (packed once at load, model/quantized.py): output rows in groups of 16; per group
-// and block of 32 inputs, 320 contiguous bytes: d[16] fp16, m[16] fp16, then codes[4][16][4]:
-// byte [c][r][t] is row r's GGUF code byte j = 4c + t (weight j in its low nibble, j + 16 in
-// its high one). One 64-byte load then gives each of 16 lanes (rows) 4 consecutive inputs:
-// the low nibbles pair with xq[4c .. 4c + 3], the high ones with xq[16 + 4c .. 16 + 4c + 3].
-// Groups follow one another: [groups][blocks][320].
+// and block of 32 inputs, contiguous bytes:
+//   Q4_1, 320: d[16] fp16, m[16] fp16, then codes[4][16][4]: byte [c][r][t] is row r's GGUF
+//     code byte j = 4c + t (weight j in its low nibble, j + 16 in its high one). One 64-byte
+//     load gives each of 16 lanes (rows) 4 consecutive inputs: the low nibbles pair with
+//     xq[4c .. 4c + 3], the high ones with xq[16 + 4c .. 16 + 4c + 3].
+//   Q8_0, 544: d[16] fp16, then u[8][16][4]: byte [c][r][t] is row r's weight 4c + t.
+// Groups follow one another: [groups][blocks][bytes].
 //
 // Threads first quantize x's blocks between them, then split the output groups. Each group
 // is multiplied in register tiles of up to 8 rows of x: the tile's 8 x 16 sums stay in
@@ -40,7 +44,6 @@
 namespace {
 constexpr int64_t kLanes = 16;   // output rows per group
 constexpr int64_t kBlock = 32;   // inputs per block
-constexpr int64_t kBytes = 320;  // per group and block
 constexpr int64_t kAhead = 8;    // blocks to prefetch ahead, as in the exact kernel
 constexpr int kRows = 8;         // rows of x per register tile
 // Explicit rounding: these intrinsics are opaque to -ffast-math, so the quantization is
@@ -51,11 +54,12 @@ constexpr int kNearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
 constexpr float kTiniest = 1e-30f;
 
 // x quantized per block: codes [M][K] (stored as int32 words: 4 codes each), and per block
-// the scale dx and dx * sum(xq) (the min term's factor).
+// the scale dx, dx * sum(xq) (Q4_1's min term's factor) and sum(xq) itself (Q8_0's).
 struct QuantizedX {
   int32_t* words;
   float* scale;
   float* scaled_sum;
+  int32_t* sum;
 };
 
 inline float divide(float a, float b) {
@@ -69,7 +73,8 @@ inline __m512i round_codes(__m512 x, __m512 inverse) {
 }
 
 // One block of 32 inputs: codes (32 bytes), scale and scaled sum.
-inline void quantize_block(const float* x, int8_t* codes, float* scale, float* scaled_sum) {
+inline void quantize_block(const float* x, int8_t* codes, float* scale, float* scaled_sum,
+                           int32_t* sum) {
   const __m512 a = _mm512_loadu_ps(x), b = _mm512_loadu_ps(x + 16);
   const float peak = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
   const float dx = peak >= kTiniest ? divide(peak, 127.0f) : 0.0f;
@@ -78,52 +83,85 @@ inline void quantize_block(const float* x, int8_t* codes, float* scale, float* s
   _mm_storeu_si128(reinterpret_cast<__m128i*>(codes), _mm512_cvtepi32_epi8(qa));
   _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + 16), _mm512_cvtepi32_epi8(qb));
   *scale = dx;
-  *scaled_sum = dx * static_cast<float>(_mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb)));
+  *sum = _mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb));
+  *scaled_sum = dx * static_cast<float>(*sum);
 }
 
 // Blocks [begin, end) of the M x (K / 32) blocks of x (row-major).
 void quantize_blocks(const float* x, int64_t begin, int64_t end, const QuantizedX& out) {
   for (int64_t i = begin; i < end; ++i)
     quantize_block(x + i * kBlock, reinterpret_cast<int8_t*>(out.words + i * (kBlock / 4)),
-                   out.scale + i, out.scaled_sum + i);
+                   out.scale + i, out.scaled_sum + i, out.sum + i);
 }
 
-// One group's block, unpacked: lo[c] holds rows' codes 4c..4c+3, hi[c] 16+4c..16+4c+3.
+// One group's block, unpacked: c[i] holds each row's 4 codes that pair with words[i] of a
+// block of x (inputs 4i .. 4i + 3).
 struct Codes {
-  __m512i lo[4], hi[4];
-  __m512 d, m;
+  __m512i c[8];
+  __m512 d, m;  // m: Q4_1's minimums (unused for Q8_0)
 };
 
-inline void load_codes(const uint8_t* p, bool prefetch, Codes& c) {
-  if (prefetch)
-    for (int64_t line = 0; line < kBytes; line += 64)
-      _mm_prefetch(reinterpret_cast<const char*>(p + kAhead * kBytes + line), _MM_HINT_T0);
-  c.d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-  c.m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32)));
-  const __m512i nibble = _mm512_set1_epi8(0x0F);
-  for (int i = 0; i < 4; ++i) {
-    const __m512i v = _mm512_loadu_si512(p + 64 + 64 * i);
-    c.lo[i] = _mm512_and_si512(v, nibble);
-    c.hi[i] = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
-  }
+inline void prefetch_ahead(const uint8_t* p, int64_t bytes) {
+  for (int64_t line = 0; line < bytes; line += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(p + kAhead * bytes + line), _MM_HINT_T0);
 }
 
-// total + dx (d · dot(q, xq) + m · sum(xq)) for one row of x and one group's block.
-inline __m512 block_product(const Codes& c, const int32_t* words, float scale,
-                            float scaled_sum, __m512 total) {
-  __m512i acc = _mm512_setzero_si512();
-  for (int i = 0; i < 4; ++i) {
-    acc = _mm512_dpbusd_epi32(acc, c.lo[i], _mm512_set1_epi32(words[i]));
-    acc = _mm512_dpbusd_epi32(acc, c.hi[i], _mm512_set1_epi32(words[4 + i]));
+inline __m512 halves(const uint8_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+// The two code formats: bytes per group and block, unpacking, and a block's contribution.
+struct Q4_1 {
+  static constexpr int64_t kBytes = 320;
+  static void load(const uint8_t* p, bool prefetch, Codes& c) {
+    if (prefetch) prefetch_ahead(p, kBytes);
+    c.d = halves(p);
+    c.m = halves(p + 32);
+    const __m512i nibble = _mm512_set1_epi8(0x0F);
+    for (int i = 0; i < 4; ++i) {
+      const __m512i v = _mm512_loadu_si512(p + 64 + 64 * i);
+      c.c[i] = _mm512_and_si512(v, nibble);  // weights 4i .. 4i + 3
+      c.c[4 + i] = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);  // 16 + 4i ..
+    }
   }
-  const __m512 dot = _mm512_cvtepi32_ps(acc);  // |dot| < 2^16: exact
-  total = _mm512_fmadd_ps(dot, _mm512_mul_ps(c.d, _mm512_set1_ps(scale)), total);
-  return _mm512_fmadd_ps(c.m, _mm512_set1_ps(scaled_sum), total);
+  // total + dx (d · dot(q, xq) + m · sum(xq)); |dot| < 2^16: exact in fp32.
+  static __m512 add(const Codes& c, __m512i dot, float scale, float scaled_sum, int32_t,
+                    __m512 total) {
+    total = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(c.d, _mm512_set1_ps(scale)),
+                            total);
+    return _mm512_fmadd_ps(c.m, _mm512_set1_ps(scaled_sum), total);
+  }
+};
+
+struct Q8_0 {
+  static constexpr int64_t kBytes = 544;
+  static void load(const uint8_t* p, bool prefetch, Codes& c) {
+    if (prefetch) prefetch_ahead(p, kBytes);
+    c.d = halves(p);
+    for (int i = 0; i < 8; ++i) c.c[i] = _mm512_loadu_si512(p + 32 + 64 * i);
+  }
+  // total + dx d (dot(u, xq) - 128 sum(xq)): the integer difference is dot(q, xq), exact,
+  // and |dot(q, xq)| <= 32 * 128 * 127 < 2^24 converts to fp32 exactly.
+  static __m512 add(const Codes& c, __m512i dot, float scale, float, int32_t sum,
+                    __m512 total) {
+    const __m512i exact = _mm512_sub_epi32(dot, _mm512_set1_epi32(128 * sum));
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(exact), _mm512_mul_ps(c.d, _mm512_set1_ps(scale)),
+                           total);
+  }
+};
+
+// One row of x against one group's block: the 8 dot products, then the scales.
+template <class F>
+inline __m512 block_product(const Codes& c, const QuantizedX& xq, int64_t i, __m512 total) {
+  const int32_t* words = xq.words + i * (kBlock / 4);
+  __m512i acc = _mm512_setzero_si512();
+  for (int k = 0; k < 8; ++k) acc = _mm512_dpbusd_epi32(acc, c.c[k], _mm512_set1_epi32(words[k]));
+  return F::add(c, acc, xq.scale[i], xq.scaled_sum[i], xq.sum[i], total);
 }
 
 // R rows of x from row m0 against one group (outputs n0 .. n0 + 15), over all blocks.
 // R = 8 keeps 8 code registers, 8 sums and the scales well inside AVX-512's 32 registers.
-template <int R>
+template <class F, int R>
 void tile(const QuantizedX& xq, int64_t blocks, const uint8_t* w, int64_t m0, float* y,
           int64_t N, int64_t n0) {
   __m512 total[R];
@@ -131,33 +169,31 @@ void tile(const QuantizedX& xq, int64_t blocks, const uint8_t* w, int64_t m0, fl
   const bool prefetch = m0 == 0;  // later row tiles find the group's codes in L1
   for (int64_t b = 0; b < blocks; ++b) {
     Codes codes;
-    load_codes(w + b * kBytes, prefetch, codes);
-    for (int r = 0; r < R; ++r) {
-      const int64_t i = (m0 + r) * blocks + b;
-      total[r] = block_product(codes, xq.words + i * (kBlock / 4), xq.scale[i],
-                               xq.scaled_sum[i], total[r]);
-    }
+    F::load(w + b * F::kBytes, prefetch, codes);
+    for (int r = 0; r < R; ++r)
+      total[r] = block_product<F>(codes, xq, (m0 + r) * blocks + b, total[r]);
   }
   const __mmask16 mask = n0 + kLanes <= N ? 0xFFFF : (__mmask16)((1u << (N - n0)) - 1);
   for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(y + (m0 + r) * N + n0, mask, total[r]);
 }
 
 // The last rows < R rows from m0, as one tile of exactly that many.
-template <int R>
+template <class F, int R>
 void last_rows(int64_t rows, const QuantizedX& xq, int64_t blocks, const uint8_t* w,
                int64_t m0, float* y, int64_t N, int64_t n0) {
   if constexpr (R > 0) {
-    if (rows == R) return tile<R>(xq, blocks, w, m0, y, N, n0);
-    last_rows<R - 1>(rows, xq, blocks, w, m0, y, N, n0);
+    if (rows == R) return tile<F, R>(xq, blocks, w, m0, y, N, n0);
+    last_rows<F, R - 1>(rows, xq, blocks, w, m0, y, N, n0);
   }
 }
 
 // All M rows of x against group g (its codes at w).
+template <class F>
 void group(int64_t M, const QuantizedX& xq, int64_t blocks, const uint8_t* w, float* y,
            int64_t N, int64_t g) {
   int64_t m0 = 0;
-  for (; m0 + kRows <= M; m0 += kRows) tile<kRows>(xq, blocks, w, m0, y, N, g * kLanes);
-  last_rows<kRows - 1>(M - m0, xq, blocks, w, m0, y, N, g * kLanes);
+  for (; m0 + kRows <= M; m0 += kRows) tile<F, kRows>(xq, blocks, w, m0, y, N, g * kLanes);
+  last_rows<F, kRows - 1>(M - m0, xq, blocks, w, m0, y, N, g * kLanes);
 }
 
 void check_x(const torch::Tensor& x, const char* name) {
@@ -166,14 +202,15 @@ void check_x(const torch::Tensor& x, const char* name) {
   TORCH_CHECK(x.size(1) % kBlock == 0, name, ": x's ", x.size(1), " inputs are not blocks of ",
               kBlock);
 }
-}  // namespace
 
-torch::Tensor q4_1_int8act_linear(torch::Tensor x, torch::Tensor packed, int64_t N) {
-  const char* name = "q4_1_int8act_linear";
+template <class F>
+torch::Tensor int8act_linear(const torch::Tensor& x, const torch::Tensor& packed, int64_t N,
+                             const char* name) {
   check_x(x, name);
   TORCH_CHECK(packed.dtype() == torch::kUInt8 && packed.dim() == 3 && packed.is_contiguous() &&
-                  packed.size(2) == kBytes,
-              name, ": packed weights must be contiguous uint8 [groups, blocks, ", kBytes, "]");
+                  packed.size(2) == F::kBytes,
+              name, ": packed weights must be contiguous uint8 [groups, blocks, ", F::kBytes,
+              "]");
   const int64_t M = x.size(0), K = x.size(1), groups = packed.size(0), blocks = K / kBlock;
   TORCH_CHECK(blocks == packed.size(1), name, ": x has ", K, " inputs, weights ",
               packed.size(1) * kBlock);
@@ -183,13 +220,13 @@ torch::Tensor q4_1_int8act_linear(torch::Tensor x, torch::Tensor packed, int64_t
   if (M == 0) return y;
   pybind11::gil_scoped_release no_gil;  // pure C++ from here on
   // Everything is allocated here: nothing may throw inside the OpenMP region.
-  std::vector<int32_t> words(M * K / 4);
+  std::vector<int32_t> words(M * K / 4), sum(M * blocks);
   std::vector<float> scale(M * blocks), scaled_sum(M * blocks);
-  const QuantizedX xq{words.data(), scale.data(), scaled_sum.data()};
+  const QuantizedX xq{words.data(), scale.data(), scaled_sum.data(), sum.data()};
   const float* xp = x.data_ptr<float>();
   const uint8_t* wp = packed.data_ptr<uint8_t>();
   float* yp = y.data_ptr<float>();
-  const int64_t group_bytes = blocks * kBytes;
+  const int64_t group_bytes = blocks * F::kBytes;
 #pragma omp parallel
   {
     const int64_t threads = omp_get_num_threads(), me = omp_get_thread_num();
@@ -197,9 +234,19 @@ torch::Tensor q4_1_int8act_linear(torch::Tensor x, torch::Tensor packed, int64_t
     quantize_blocks(xp, all * me / threads, all * (me + 1) / threads, xq);
 #pragma omp barrier
 #pragma omp for schedule(static)
-    for (int64_t g = 0; g < groups; ++g) group(M, xq, blocks, wp + g * group_bytes, yp, N, g);
+    for (int64_t g = 0; g < groups; ++g)
+      group<F>(M, xq, blocks, wp + g * group_bytes, yp, N, g);
   }
   return y;
+}
+}  // namespace
+
+torch::Tensor q4_1_int8act_linear(torch::Tensor x, torch::Tensor packed, int64_t N) {
+  return int8act_linear<Q4_1>(x, packed, N, "q4_1_int8act_linear");
+}
+
+torch::Tensor q8_0_int8act_linear(torch::Tensor x, torch::Tensor packed, int64_t N) {
+  return int8act_linear<Q8_0>(x, packed, N, "q8_0_int8act_linear");
 }
 
 // x's int8 codes [M, K], scales [M, K / 32] and scaled sums [M, K / 32], exactly as
@@ -210,8 +257,9 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> quantize_rows_int8(torch
   auto codes = torch::empty({M, K}, x.options().dtype(torch::kInt8));
   auto scale = torch::empty({M, blocks}, x.options());
   auto scaled_sum = torch::empty({M, blocks}, x.options());
-  std::vector<int32_t> words(M * K / 4);
-  const QuantizedX xq{words.data(), scale.data_ptr<float>(), scaled_sum.data_ptr<float>()};
+  std::vector<int32_t> words(M * K / 4), sum(M * blocks);
+  const QuantizedX xq{words.data(), scale.data_ptr<float>(), scaled_sum.data_ptr<float>(),
+                      sum.data()};
   quantize_blocks(x.data_ptr<float>(), 0, M * blocks, xq);
   std::memcpy(codes.data_ptr<int8_t>(), words.data(), M * K);
   return {codes, scale, scaled_sum};

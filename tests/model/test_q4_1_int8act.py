@@ -44,7 +44,7 @@ ROWS = [1, 3, 8, 30, 33, 64]
 
 def kernel_or_skip() -> None:
     try:
-        quantized.int8_activation_kernel()
+        quantized.int8_activation_kernels()
     except QuantizedKernelUnavailable as exc:
         pytest.skip(str(exc))
 
@@ -60,9 +60,11 @@ def reference_codes(x: Tensor, rounding=torch.round) -> tuple[Tensor, Tensor]:
 
 
 def reference_linear(codes: Tensor, dx: Tensor, weight: BlockTensor) -> Tensor:
-    """sum_blocks dx (d dot(q, xq) + m sum(xq)) in float64: the integers are exact."""
+    """sum_blocks dx (d dot(q, xq) + m sum(xq)) in float64 (m = 0 for Q8_0): the integers
+    are exact."""
     dot = torch.einsum("nbk,mbk->mnb", weight.codes().double(), codes.double())
-    d, m = weight.scales().double(), weight.minimums().double()
+    d = weight.scales().double()
+    m = weight.minimums().double() if weight.kind == "Q4_1" else torch.zeros_like(d)
     return (dx.double()[:, None] * (d * dot + m * codes.double().sum(-1)[:, None])).sum(-1)
 
 
@@ -82,27 +84,32 @@ def test_activation_codes_match_the_reference_bit_for_bit():
     assert codes[2, :6].tolist() == [127, 0, 2, 2, 0, -2]
 
 
-def exact_case(rows: int, cols: int, batch: int, seed: int) -> tuple[BlockTensor, Tensor]:
+def exact_case(rows: int, cols: int, batch: int, seed: int,
+               kind: str = "Q4_1") -> tuple[BlockTensor, Tensor]:
     """Scales of powers of two and x of small integers times them: every product and every
-    partial sum is exact in fp32 (all below 2^24 units), so any summation order agrees."""
+    partial sum is exact in fp32 (all below 2^24 units), so any summation order agrees.
+    Q8_0's codes span all of -128..127 (random_blocks draws every byte)."""
     g = torch.Generator().manual_seed(seed)
-    weight = random_blocks("Q4_1", rows, cols, seed)
+    weight = random_blocks(kind, rows, cols, seed)
     halves = torch.empty(rows, cols // 32, 2, dtype=torch.float16)
     halves[..., 0] = (torch.randint(0, 2, (rows, cols // 32), generator=g) * 2 - 1) * 2.0**-6
     halves[..., 1] = torch.randint(-15, 16, (rows, cols // 32), generator=g) * 2.0**-6
-    weight.blocks[..., :4] = halves.view(torch.uint8).reshape(rows, cols // 32, 4)
+    width = 4 if kind == "Q4_1" else 2  # Q8_0: d only
+    weight.blocks[..., :width] = halves.view(torch.uint8).reshape(rows, cols // 32, 4)[
+        ..., :width]
     ints = torch.randint(-127, 128, (batch, cols // 32, 32), generator=g).float()
     ints[..., 0] = 127.0  # each block's peak: dx = 2^-c exactly
     scale = 2.0 ** -torch.randint(0, 5, (batch, 1, 1), generator=g).float()
     return weight, (ints * scale).reshape(batch, cols)
 
 
+@pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
 @pytest.mark.parametrize("shape", [(1000, 1536), (40, 64), (576, 576)])
-def test_kernel_equals_the_integer_math_exactly_where_fp32_is_exact(shape):
+def test_kernel_equals_the_integer_math_exactly_where_fp32_is_exact(shape, kind):
     """1000 and 40 rows are not multiples of 16 or 32: the padded group and a lone group."""
     kernel_or_skip()
     for batch in ROWS:
-        weight, x = exact_case(*shape, batch, seed=batch)
+        weight, x = exact_case(*shape, batch, seed=batch, kind=kind)
         codes, dx = reference_codes(x)
         ours = QuantizedLinear(weight, "int8")(x).double()
         truth = reference_linear(codes, dx, weight)
@@ -110,11 +117,12 @@ def test_kernel_equals_the_integer_math_exactly_where_fp32_is_exact(shape):
         assert torch.equal(ours, truth)
 
 
+@pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
 @pytest.mark.parametrize("shape", [(960, 576), (1000, 1536)])
-def test_kernel_matches_the_integer_math_on_random_inputs(shape):
+def test_kernel_matches_the_integer_math_on_random_inputs(shape, kind):
     """Real-size random scales: only fp32's rounding of the scaled sums may differ."""
     kernel_or_skip()
-    weight = random_blocks("Q4_1", *shape, seed=shape[0])
+    weight = random_blocks(kind, *shape, seed=shape[0])
     layer, g = QuantizedLinear(weight, "int8"), torch.Generator().manual_seed(1)
     for batch in ROWS:
         x = torch.randn(batch, shape[1], generator=g)
@@ -180,8 +188,9 @@ def test_int8_activations_within_their_tolerance(models, model, sequences):
 
 
 def int8act_layers(model: LlamaModel) -> list[QuantizedLinear]:
+    """The Q4_1 layers on the int8 kernel (the Q8_0 LM head has no min term)."""
     return [m for m in model.modules() if isinstance(m, QuantizedLinear)
-            and m.activations == "int8"]
+            and m.activations == "int8" and m.kind == "Q4_1"]
 
 
 def test_broken_variants_fail_the_tolerance(models, model_dir, sequences):
@@ -229,5 +238,5 @@ def test_int8_activations_need_q4_1_weights():
     with pytest.raises(ValueError, match="--weights q4_1"):
         EngineConfig(activations="int8").validate()
     with pytest.raises(ValueError, match="activations"):
-        QuantizedLinear(random_blocks("Q8_0", 16, 32, 0), "int8")
+        QuantizedLinear(random_blocks("Q8_0", 16, 32, 0), "int4")
     EngineConfig(weights="q4_1", activations="int8").validate()
