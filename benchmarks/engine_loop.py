@@ -1,5 +1,6 @@
 """One user through the engine alone, no HTTP: the inter-token latency the engine itself
-gives, to set beside the end-to-end figure of benchmarks/bench.py.
+gives, to set beside the end-to-end figure of benchmarks/bench.py. With --users N, N equal
+requests decode together and the figure is the first one's ITL: one batched step.
 
     python3 benchmarks/engine_loop.py --dtype bfloat16 --single-thread-below 0
 
@@ -32,6 +33,7 @@ def main() -> None:
     parser.add_argument("--lm-head", default="default", choices=["default", "q8_0"])
     parser.add_argument("--single-thread-below", type=int, default=16)
     parser.add_argument("--tokens", type=int, default=100)
+    parser.add_argument("--users", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--activations", default="float32")
     parser.add_argument("--compare-decode-stack", action="store_true",
@@ -44,21 +46,25 @@ def main() -> None:
         for stack in stacks}
     for round_ in range(args.rounds):
         for stack, engine in engines.items():
-            p50 = one_user_itl(engine, f"r{round_}", args.tokens)
+            p50 = itl_p50(engine, f"r{round_}", args.tokens, args.users)
             print(f"{args.model or 'default model'}, {args.dtype}, {args.weights} weights, "
                   f"{args.activations} activations, {args.lm_head} LM head, "
-                  f"single thread below {args.single_thread_below}, decode "
+                  f"single thread below {args.single_thread_below}, {args.users} user(s), decode "
                   f"{'stack' if stack else 'layer by layer'}: ITL p50 {p50:.2f} ms")
 
 
-def one_user_itl(engine, request_id: str, tokens: int) -> float:
-    """The median gap between one greedy request's tokens, in ms."""
+def itl_p50(engine, request_id: str, tokens: int, users: int = 1) -> float:
+    """The median gap between the first of `users` equal greedy requests' tokens, in ms."""
     prompt = engine.tokenizer("Once upon a time").input_ids
     times: list[float] = []
     params = SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True)
     engine.add_request(Request(request_id, prompt, params,
                                lambda _, times=times: times.append(time.perf_counter())))
+    for i in range(1, users):
+        engine.add_request(Request(f"{request_id}-{i}", prompt, params, lambda _: None))
     while len(times) < tokens:
+        engine.step()
+    while engine.has_work():
         engine.step()
     gaps = sorted(b - a for a, b in pairwise(times))
     return gaps[len(gaps) // 2] * 1000
