@@ -5,10 +5,10 @@ each weight in fp32 and multiplies by FMA computes the fp32 model, summed in ano
 The kernel (model/csrc/quantized_linear_cpu.cpp) does exactly that from the codes, so each
 decode step streams ~66 MB of Q4_1 layers and a 30 MB Q8_0 LM head instead of 538 MB of fp32.
 
-`--activations int8` (opt-in, not exact) multiplies the same Q4_1 codes by activations rounded
-to int8 per block of 32, with integer dot products (AVX512-VNNI,
+`--activations int8` (opt-in, not exact) multiplies the same Q4_1 codes, and the Q8_0 LM head's,
+by activations rounded to int8 per block of 32, with integer dot products (AVX512-VNNI,
 model/csrc/q4_1_int8act_cpu.cpp); its error against this exact path is measured in
-tests/model/test_q4_1_int8act.py. The LM head stays on the exact Q8_0 path.
+tests/model/test_q4_1_int8act.py.
 
 `Q4_1Weights` is this weight format on the one loading path (model/loader.py): the folder's
 config, the GGUF's tensors under Hugging Face's names, and each linear layer built from its
