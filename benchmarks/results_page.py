@@ -439,8 +439,10 @@ def sections(folder: Path) -> list[Section]:
             restructure),
         Section(
             "Prefix caching: a ~500-token system prompt shared by 30 users",
-            "With the cache the shared prompt is computed once, by the first user, and every "
-            "other user prefills only its own ~25 tokens; without it each user prefills ~525.",
+            "With the cache the shared prompt is computed once, by the first user: the others "
+            "wait the step it takes for its last blocks to be cached rather than compute them "
+            "alongside it, then each prefills its own ~25 tokens and the shared prompt's last, "
+            "partly filled block; without it each user prefills ~525.",
             [f"{SERVER}                   & {BENCH} --label prefix-cache-on  --users 30 "
              "--max-tokens 100 --system-repeats 50",
              f"{SERVER} --no-prefix-cache & {BENCH} --label prefix-cache-off --users 30 "

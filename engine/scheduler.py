@@ -9,7 +9,9 @@ request has tokens computed (K/V in the cache) and tokens still to compute. A de
 has one left; a prompt being prefilled takes as much of the token budget as is left,
 in chunks over several steps if need be. Then requests are seated from the front of the
 waiting line while seats, budget and KV blocks allow, each starting after its longest
-cached prefix.
+cached prefix. A request whose next prompt block is still being computed by a seated one
+(users arriving together with one system prompt) is passed over until that block is
+cached, its seats kept for it; those behind it may go first.
 
 Blocks are taken as a sequence grows, not reserved up front. When a running sequence
 needs a block and none is free, a request is preempted: its blocks are released (full ones
@@ -40,7 +42,7 @@ from engine.request import FinishReason, Request, Status
 from engine.spec_decode import SpeculativeConfig, can_speculate, note_drafts, propose_ngram
 from engine.step_types import RequestUpdate, RunnerOutput, SchedulerOutput
 from engine.waiting_queue import PriorityQueue, make_waiting_queue
-from kvcache.kv_cache_manager import KVCacheManager, blocks_for
+from kvcache.kv_cache_manager import KVCacheManager, SequenceBlocks, blocks_for
 from kvcache.pool import BLOCK_SIZE
 
 
@@ -90,18 +92,41 @@ class Scheduler:
             if self._make_room(request, request.num_computed_tokens + n, out):
                 self._schedule(request, n, out)
                 budget -= n
-        # Seat newcomers, but not in a step that had to preempt: the pool is full.
-        seated = 0
-        while (self.waiting and not out.preempted and budget > 0 and seated <
-               self.max_prefills_per_step and self.seats_taken() + 1
-               + len(self.waiting[0].pending_forks) <= self.max_num_seqs):
-            n = self._seat(self.waiting[0], budget, out)
-            if n == 0:
-                break
-            budget -= n
-            seated += 1
+        self._seat_newcomers(budget, out)
         out.block_copies = self.kv.take_block_copies()
         return out
+
+    def _seat_newcomers(self, budget: int, out: SchedulerOutput) -> None:
+        """Seat from the front of the line while seats, budget and blocks allow; not in a
+        step that had to preempt (the pool is full). A request whose next prompt block a
+        seated request is still computing is passed over, its seats kept for it: seated now,
+        it would compute that block a second time; once the block is cached it finds it."""
+        seated = kept = 0
+        for request in list(self.waiting):
+            seats = 1 + len(request.pending_forks)
+            if (out.preempted or budget == 0 or seated == self.max_prefills_per_step
+                    or self.seats_taken() + kept + seats > self.max_num_seqs):
+                return
+            looked_up = request.token_ids[:request.prefix_cache_limit() + 1]
+            hit = self.kv.find_cached_prefix(looked_up)
+            if self._block_in_flight(request, len(hit.block_table)):
+                kept += seats
+                continue
+            n = self._seat(request, len(looked_up), hit, budget, out)
+            if n == 0:
+                return
+            budget -= n
+            seated += 1
+
+    def _block_in_flight(self, request: Request, cached_blocks: int) -> bool:
+        """Whether a seated request with the same tokens up to the end of the block after
+        `request`'s cached prefix has yet to compute that block (so to cache it)."""
+        end = (cached_blocks + 1) * BLOCK_SIZE
+        if not self.kv.allocator.enable_prefix_cache or request.prefix_cache_limit() < end:
+            return False
+        prefix = request.token_ids[:end]
+        return any(r.num_computed_tokens < end <= r.num_tokens and r.token_ids[:end] == prefix
+                   for r in self.running)
 
     def _running_order(self) -> list[Request]:
         """The order the seated go in: as seated, or (priority) the line's order, best first
@@ -147,18 +172,21 @@ class Scheduler:
         self._schedule(request, 1 + len(drafts), out, drafts)
         return True
 
-    def _seat(self, request: Request, budget: int, out: SchedulerOutput) -> int:
-        """Seat the front of the line after its cached prefix; tokens scheduled (0: no room)."""
-        looked_up = request.token_ids[:request.prefix_cache_limit() + 1]
-        hit = self.kv.find_cached_prefix(looked_up)
+    def _seat(self, request: Request, looked_up: int, hit: SequenceBlocks, budget: int,
+              out: SchedulerOutput) -> int:
+        """Seat a waiting request after its cached prefix `hit` (found among its first
+        `looked_up` tokens); tokens scheduled (0: no room)."""
         cached = len(hit.block_table) * BLOCK_SIZE
         n = min(request.num_tokens - cached, budget)
         if not self.kv.allocate_slots(hit, cached + n, new_prefix_hit=True):
             return 0
-        self.waiting.popleft()
+        if request is self.waiting[0]:
+            self.waiting.popleft()
+        else:
+            self.waiting.remove(request)
         request.blocks = hit
         request.num_computed_tokens = cached
-        out.prefix_queried_tokens += len(looked_up)
+        out.prefix_queried_tokens += looked_up
         out.prefix_hit_tokens += cached
         if request.scheduled_time is None:
             request.scheduled_time = time.monotonic()

@@ -254,3 +254,52 @@ def test_fcfs_still_preempts_the_most_recently_seated():
     print("fcfs:", preemptions, {r: made[r].num_preemptions for r in made})
     assert preemptions[0][0] == ["high"]  # seated last, so preempted first, priority or not
     assert made["high"].num_preemptions >= 1 and made["low"].num_preemptions == 0
+
+
+def shared(rid: str, own: int, shared_tokens: int = 3 * BLOCK_SIZE) -> Request:
+    """A prompt of `shared_tokens` every such request has, then 4 tokens of its own."""
+    tokens = list(range(1000, 1000 + shared_tokens)) + [own] * 4
+    return Request(rid, tokens, SamplingParams(temperature=0, max_tokens=4),
+                   on_output=lambda out: None)
+
+
+def test_a_prefix_being_computed_is_waited_for_not_computed_twice():
+    s = make(num_blocks=40, budget=32)
+    s.add(shared("a", 1))
+    s.add(shared("b", 2))
+    steps = [run_step(s) for _ in range(3)]
+    print("steps:", steps)
+    assert steps[0] == [("a", 32)]
+    # b's third block is a's next: b waits rather than compute it alongside a.
+    assert steps[1] == [("a", 20)]
+    assert steps[2] == [("a", 1), ("b", 4)]  # all 3 shared blocks from the cache
+    assert s.running[1].num_cached_tokens == 3 * BLOCK_SIZE
+
+
+def test_without_the_prefix_cache_nothing_waits_for_a_prefix():
+    s = make(num_blocks=40, budget=32, prefix_cache=False)
+    s.add(shared("a", 1))
+    s.add(shared("b", 2))
+    assert run_step(s) == [("a", 32)]
+    assert run_step(s) == [("a", 20), ("b", 12)]
+
+
+def test_a_request_behind_one_that_waits_for_its_prefix_goes_first():
+    s = make(num_blocks=40, budget=64)
+    s.add(shared("a", 1, shared_tokens=5 * BLOCK_SIZE))
+    s.add(shared("b", 2, shared_tokens=5 * BLOCK_SIZE))
+    s.add(req("other", 10, start=5000))
+    assert run_step(s) == [("a", 64)]
+    assert run_step(s) == [("a", 20), ("other", 10)]  # b waits for a's blocks
+    assert run_step(s) == [("a", 1), ("other", 1), ("b", 4)]
+
+
+def test_seats_are_kept_for_a_request_waiting_for_its_prefix():
+    s = make(num_blocks=40, max_num_seqs=2, budget=32)
+    s.add(shared("a", 1))
+    s.add(shared("b", 2))
+    s.add(req("other", 10, start=5000))
+    run_step(s)
+    assert run_step(s) == [("a", 20)]  # the second seat is b's, not other's
+    assert run_step(s) == [("a", 1), ("b", 4)]
+    assert [r.request_id for r in s.waiting] == ["other"]

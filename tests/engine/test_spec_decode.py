@@ -113,9 +113,10 @@ def make(num_blocks: int = 20, **spec) -> Scheduler:
                      speculative=config)
 
 
-def copying(rid: str, length: int = 30, max_tokens: int = 40) -> Request:
-    """A prompt that repeats itself, so its suffix always has a match to draft from."""
-    prompt = [100 + i % 10 for i in range(length)]
+def copying(rid: str, length: int = 30, max_tokens: int = 40, phase: int = 0) -> Request:
+    """A prompt that repeats itself, so its suffix always has a match to draft from (another
+    `phase` gives another first block, so it is not waited for in the prefix cache)."""
+    prompt = [100 + (i + phase) % 10 for i in range(length)]
     return Request(rid, prompt, SamplingParams(temperature=0, max_tokens=max_tokens),
                    on_output=lambda out: None)
 
@@ -155,7 +156,7 @@ def test_rejected_drafts_are_not_computed_and_their_blocks_are_freed(accept):
 
 def test_drafts_never_preempt_and_leave_a_block_spare_per_seated_request():
     s = make(num_blocks=6)  # 5 usable
-    a, b = copying("a", length=31), copying("b", length=32)
+    a, b = copying("a", length=31), copying("b", length=32, phase=5)
     s.add(a)
     s.add(b)
     step(s, accept=0)  # prefills: 2 blocks each; b's next token needs the last free block
@@ -168,7 +169,7 @@ def test_drafts_never_preempt_and_leave_a_block_spare_per_seated_request():
 
 def test_no_drafts_when_more_are_seated_than_disable_by_batch_size():
     s = make(num_blocks=40, disable_by_batch_size=2)
-    requests = [copying(f"r{i}", length=20) for i in range(3)]
+    requests = [copying(f"r{i}", length=20, phase=i) for i in range(3)]
     for r in requests:
         s.add(r)
     step(s, accept=0)
