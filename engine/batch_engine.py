@@ -6,8 +6,9 @@ loops for as long as there is work:
 1. intake: take new requests, aborts and timed-out requests (releasing their blocks);
 2. step the core: schedule, run the model once over every scheduled token (prefill
    chunks and decodes together), update each request from the output;
-3. output processing: detokenize, check stop strings, count metrics, and hand each
-   request its new text through its callback.
+3. output processing: count metrics and hand each request its new tokens through its
+   callback; with their text and stop strings checked (engine/detokenizer.py's SampleText),
+   unless the engine runs in a core process, whose client does that in the API process.
 
 Admission: a request is refused (QueueFullError, HTTP 429) when --max-waiting requests or
 --max-num-queued-tokens prompt tokens already wait for a seat, with a retry time from the
@@ -54,7 +55,10 @@ log = logging.getLogger("nano_vllm.engine")
 
 class BatchEngine:
     def __init__(self, config: EngineConfig, model: LlamaModel, tokenizer,
-                 core_class: type[EngineCore] = PagedEngineCore) -> None:
+                 core_class: type[EngineCore] = PagedEngineCore, detokenize: bool = True) -> None:
+        """`detokenize=False`: outputs carry token ids and no text; stop strings are found,
+        and finished requests counted, elsewhere (engine/core_process.py: its client, which
+        calls `end_by_stop_string`)."""
         self.config = config
         self.model = model
         self.tokenizer = tokenizer
@@ -62,13 +66,14 @@ class BatchEngine:
         if tokenizer.eos_token_id is not None:
             eos.add(tokenizer.eos_token_id)
         self.core: EngineCore = core_class(config, model, eos)
-        self.metrics = EngineMetrics()
+        self.metrics = EngineMetrics(count_finishes=detokenize)
         self.metrics.add_gauges(self.stats)
-        self.outputs = OutputProcessor(tokenizer, self.metrics)
+        self.outputs = OutputProcessor(tokenizer, self.metrics, detokenize)
 
-        self._lock = threading.Lock()  # guards _inbox and _aborts, filled by other threads
+        self._lock = threading.Lock()  # guards _inbox, _aborts, _stops: filled by other threads
         self._inbox: deque[Request] = deque()
         self._aborts: set[str] = set()
+        self._stops: set[str] = set()  # samples whose text reached a stop string elsewhere
         self._in_flight = InFlight()  # each sample of every request taken in (engine thread)
         self._wakeup = threading.Event()
         self._stop = threading.Event()
@@ -183,6 +188,13 @@ class BatchEngine:
             self._aborts.add(request_id)
         self._wakeup.set()
 
+    def end_by_stop_string(self, sample_id: str) -> None:
+        """End one sample (its own id) with finish reason stop, its blocks freed next step:
+        its text, made elsewhere, reached a stop string. Nothing if it has ended already."""
+        with self._lock:
+            self._stops.add(sample_id)
+        self._wakeup.set()
+
     def cached_block(self, block_id: int,
                      timeout: float = BLOCK_QUERY_TIMEOUT) -> CachedBlock | None:
         """A cached-free block's content for the dashboard (None: not cached-free), read by
@@ -248,7 +260,8 @@ class BatchEngine:
 
     def has_work(self) -> bool:
         """Anything for a step to do: arrivals, aborts, or requests in the core."""
-        return bool(self._inbox or self._aborts or self._abort_all or self.core.has_work())
+        return bool(self._inbox or self._aborts or self._stops or self._abort_all
+                    or self.core.has_work())
 
     def guarded_step(self) -> None:
         """One step; an error outside the model run fails every request in flight (a
@@ -309,6 +322,7 @@ class BatchEngine:
         with self._lock:
             arrivals, self._inbox = self._inbox, deque()
             aborts, self._aborts = self._aborts, set()
+            stops, self._stops = self._stops, set()
             abort_all, self._abort_all = self._abort_all, None
             self._admission.joined([r.num_prompt_tokens for r in arrivals])
         for request in arrivals:
@@ -319,6 +333,10 @@ class BatchEngine:
             for sample in self._in_flight.group(request_id):
                 if sample.request_id in self._in_flight:
                     self._finish(sample, FinishReason.ABORT)
+        for sample_id in stops:
+            sample = self._in_flight.get(sample_id)
+            if sample is not None:
+                self._finish(sample, FinishReason.STOP)
         if abort_all is not None:
             for request in self._in_flight.all():
                 if request.request_id in self._in_flight:  # not ended with its parent
@@ -348,7 +366,8 @@ class BatchEngine:
 
     def _finish(self, request: Request, reason: FinishReason, error: str | None = None,
                 code: str | None = None) -> None:
-        """End a request from outside the core's own stop checks (abort, error, timeout)."""
+        """End a request from outside the core's own stop checks (abort, error, timeout, a
+        stop string found elsewhere)."""
         self.core.finish(request, reason)
         self._in_flight.forget(request)
         self.outputs.finish(request, reason, error, code=code)
@@ -356,8 +375,8 @@ class BatchEngine:
             self._finish(sample, reason, error, code)
 
 
-def load_engine(config: EngineConfig,
-                core_class: type[EngineCore] = PagedEngineCore) -> BatchEngine:
+def load_engine(config: EngineConfig, core_class: type[EngineCore] = PagedEngineCore,
+                detokenize: bool = True) -> BatchEngine:
     """Load the model `config` names (model/loader.py: found or prepared, in its --weights)
     and its tokenizer, and build an engine around a core of `core_class` (baseline_server.py
     passes its own)."""
@@ -371,7 +390,7 @@ def load_engine(config: EngineConfig,
     if config.chat_template is not None:
         use_chat_template(tokenizer, config.chat_template)
     torch.set_grad_enabled(False)
-    return BatchEngine(config, loaded.model, tokenizer, core_class)
+    return BatchEngine(config, loaded.model, tokenizer, core_class, detokenize)
 
 
 def use_chat_template(tokenizer, path: str) -> None:

@@ -7,10 +7,15 @@ with the engine in engine/core_process.py. This process loads only the tokenizer
 - Admission happens here, synchronously, with the check BatchEngine itself runs
   (engine/admission.py's check_line) over the core's counts after its last step plus the
   requests sent since that the core had not yet taken in; the core queues what it is sent.
-- Outputs come back in one Report per step; a receiver thread calls each request's
-  `on_output` (as the engine thread does in-process) and mirrors the core's counts.
+- Outputs come back in one Report per step, as token ids; a receiver thread makes each
+  sample's text and finds its stop strings (engine/detokenizer.py's SampleText, as the
+  engine thread does in-process), calls each request's `on_output` and mirrors the core's
+  counts. A sample a stop string ends is finished here for its client, and the core is told
+  to end it too (EndSample), which frees its blocks; what the core still sends for it is
+  dropped.
 - /metrics asks the core for its Prometheus text (the core's counters, exactly as they
-  stand once the outputs received so far were sent).
+  stand once the outputs received so far were sent), and adds the finished requests by
+  reason, counted here.
 - The dashboard reads the snapshots the core sends while someone watches, and asks the
   core for a cached-free block's content (engine/core_dashboard.py).
 - If the core process dies, every request in flight ends with an error (ENGINE_FAILED),
@@ -46,6 +51,7 @@ from engine.core_messages import (
     AddRequest,
     BlockAnswer,
     CoreState,
+    EndSample,
     Failed,
     FromCore,
     GrammarMsg,
@@ -59,6 +65,8 @@ from engine.core_messages import (
     open_socket,
 )
 from engine.core_process import PAGED_CORE
+from engine.detokenizer import SampleText
+from engine.metrics import FinishMetrics
 from engine.request import ENGINE_FAILED, FinishReason, Request, RequestOutput
 from engine.snapshot import BLOCK_QUERY_TIMEOUT, CachedBlock
 
@@ -79,17 +87,23 @@ class EngineStartError(RuntimeError):
 @dataclass
 class _InFlight:
     request: Request
-    unfinished: set[int]  # sample indices still to end
+    texts: dict[int, SampleText]  # each sample still to end, by its index
 
 
 class RemoteMetrics:
-    """/metrics' text, rendered by the core process."""
+    """/metrics' text: the core process's, then the finished requests by reason, counted
+    here where each request's last output is made (engine/metrics.py)."""
 
     def __init__(self, client: EngineProcessClient) -> None:
         self._client = client
+        self.finishes = FinishMetrics()
 
     def render(self) -> bytes:
-        return self._client.render_metrics()
+        return self._client.render_metrics() + self.finishes.render()
+
+    def dashboard_totals(self) -> dict[str, float]:
+        """The dashboard's counters that are counted here."""
+        return {"finished": float(self.finishes.total)}
 
 
 class EngineProcessClient:
@@ -133,7 +147,8 @@ class EngineProcessClient:
         self._description = ready.description
         self._state = ready.state
         # The dashboard's view; None for a core with no pool to show (the baseline's).
-        self.snapshots = ReceivedSnapshots(self._send_now) if ready.dashboard else None
+        self.snapshots = (ReceivedSnapshots(self._send_now, self.metrics.dashboard_totals)
+                          if ready.dashboard else None)
         self._receiver = threading.Thread(target=self._receive, name="engine-client",
                                           daemon=True)
 
@@ -207,7 +222,7 @@ class EngineProcessClient:
     def num_in_flight(self) -> int:
         """Requests (samples counted apiece) accepted and not yet finished."""
         with self._lock:
-            return sum(len(f.unfinished) for f in self._in_flight.values())
+            return sum(len(f.texts) for f in self._in_flight.values())
 
     def describe(self) -> str:
         return f"{self._description}; engine core in process {self.core_pid}"
@@ -251,7 +266,9 @@ class EngineProcessClient:
                                   time.monotonic() - request.arrival_time, request.priority,
                                   request.timeout))
             self._unacked.append((self._seq, request.num_prompt_tokens))
-            self._in_flight[request.request_id] = _InFlight(request, set(range(params.n)))
+            self._in_flight[request.request_id] = _InFlight(request, {
+                index: SampleText(self.tokenizer, request.prompt_token_ids, params.stop,
+                                  params.min_tokens) for index in range(params.n)})
 
     def _retry_after(self, excess_requests: int = 0, excess_tokens: int = 0) -> int:
         rates = self._state.rates
@@ -355,13 +372,16 @@ class EngineProcessClient:
     def _deliver(self, report: Report) -> None:
         for request_id, output in report.outputs:
             entry = self._in_flight.get(request_id)
-            if entry is None:
-                continue
+            if entry is None or (text := entry.texts.get(output.sample_index)) is None:
+                continue  # ended here already (by a stop string), or failed
+            if text.apply(output):  # a stop string: the core is told first, to free sooner
+                self._send_now(EndSample(output.request_id))  # the sample's own id
             entry.request.on_output(output)
             if output.finished:
+                self.metrics.finishes.on_finish(output.finish_reason)
                 with self._lock:
-                    entry.unfinished.discard(output.sample_index)
-                    if not entry.unfinished:
+                    del entry.texts[output.sample_index]
+                    if not entry.texts:
                         del self._in_flight[request_id]
         self._mirror(report.state)
 
@@ -385,11 +405,12 @@ class EngineProcessClient:
             in_flight, self._in_flight = self._in_flight, {}
             self._unacked.clear()
         for entry in in_flight.values():
-            for index in sorted(entry.unfinished):
+            for index in sorted(entry.texts):
                 request_id = entry.request.request_id + (f"#{index}" if index else "")
                 entry.request.on_output(RequestOutput(
                     request_id, "", [], finished=True, finish_reason=FinishReason.ERROR,
                     error=error, error_code=ENGINE_FAILED, sample_index=index))
+                self.metrics.finishes.on_finish(FinishReason.ERROR)
         if not self._closing:
             for callback in self._failure_callbacks:
                 callback()

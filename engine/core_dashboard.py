@@ -25,9 +25,11 @@ WATCH_RESEND = 0.5  # seconds between two Watch messages while someone watches
 class ReceivedSnapshots:
     """The core's latest snapshot, as the dashboard's routes read a SnapshotBoard."""
 
-    def __init__(self, send: Callable[[ToCore], None]) -> None:
+    def __init__(self, send: Callable[[ToCore], None],
+                 own_counters: Callable[[], dict[str, float]] | None = None) -> None:
         self.latest: EngineSnapshot | None = None
         self._send = send  # to the core; any thread
+        self._own_counters = own_counters  # the counters kept in this process, not the core
         self._told = float("-inf")
         self._lock = threading.Lock()
         self._queries: dict[int, Future[CachedBlock | None]] = {}
@@ -56,7 +58,10 @@ class ReceivedSnapshots:
     # --- the client's receiver thread ------------------------------------------------------
 
     def received(self, message: Snapshot) -> None:
-        self.latest = msgspec.json.decode(message.snapshot, type=EngineSnapshot)
+        snapshot = msgspec.json.decode(message.snapshot, type=EngineSnapshot)
+        if self._own_counters is not None:
+            snapshot.counters.update(self._own_counters())
+        self.latest = snapshot
 
     def answered(self, message: BlockAnswer) -> None:
         with self._lock:

@@ -3,10 +3,11 @@ as typed msgpack (msgspec): plain fields only, never pickled engine objects.
 
 Three ZMQ sockets, all bound by the API process on private ipc:// paths:
 
-- requests (API PUSH -> core PULL): `AddRequest`, `Abort`, `AbortAll`, `Shutdown`, and for
-  the dashboard `Watch` and `BlockQuery`;
-- outputs (core PUSH -> API PULL): `Ready` once, a `Report` after every step (its outputs
-  and the core's counts), `Failed` if the engine dies, `Stopped` after a `Shutdown`; for
+- requests (API PUSH -> core PULL): `AddRequest`, `Abort`, `EndSample` (a stop string),
+  `AbortAll`, `Shutdown`, and for the dashboard `Watch` and `BlockQuery`;
+- outputs (core PUSH -> API PULL): `Ready` once, a `Report` after every step (its outputs:
+  token ids, logprobs, counts and timing, no text; and the core's counts), `Failed` if the
+  engine dies, `Stopped` after a `Shutdown`; for
   the dashboard, a `Snapshot` whenever the core took one (only while watched, at most ~10
   a second) and a `BlockAnswer` to each `BlockQuery` (between two steps: only the engine's
   own thread reads its pool);
@@ -57,6 +58,14 @@ class Abort(msgspec.Struct, tag=True):
     request_id: str
 
 
+class EndSample(msgspec.Struct, tag=True):
+    """The API process found a stop string in this sample's text (request_id: the sample's
+    own id) and ended it for its client: end it here too (finish reason stop), freeing its
+    blocks. The core's last output for it is not delivered; nothing if it ended already."""
+
+    request_id: str
+
+
 class AbortAll(msgspec.Struct, tag=True):
     error: str
 
@@ -74,7 +83,7 @@ class BlockQuery(msgspec.Struct, tag=True):
     block_id: int
 
 
-ToCore = AddRequest | Abort | AbortAll | Shutdown | Watch | BlockQuery
+ToCore = AddRequest | Abort | EndSample | AbortAll | Shutdown | Watch | BlockQuery
 
 # --- core -> API ------------------------------------------------------------------------------
 
@@ -104,7 +113,8 @@ class Ready(msgspec.Struct, tag=True):
 
 
 class Report(msgspec.Struct, tag=True):
-    outputs: list[tuple[str, RequestOutput]]  # (the request's id as added, its output)
+    # (the request's id as added, its output: text "", tokens, and its timing so far)
+    outputs: list[tuple[str, RequestOutput]]
     state: CoreState
 
 

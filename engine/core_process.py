@@ -7,11 +7,13 @@ machine, then cached) and runs it on its main thread in a busy loop, with no HTT
 beside it to share the GIL:
 
 1. take what the API process sent (engine/core_messages.py): new requests (admitted there
-   already), aborts, the end of every request at a drain's timeout, shutdown; for the
-   dashboard, that someone watches, and queries for a cached-free block's content (answered
-   at once: between steps, this thread may read the pool);
+   already), aborts, the samples whose text reached a stop string there (the API process
+   detokenizes: this one sends token ids), the end of every request at a drain's timeout,
+   shutdown; for the dashboard, that someone watches, and queries for a cached-free block's
+   content (answered at once: between steps, this thread may read the pool);
 2. one step of the engine;
-3. send the outputs that step produced, and the core's counts, as one Report; and the
+3. send the outputs that step produced (token ids, no text), and the core's counts, as one
+   Report; and the
    dashboard's snapshot, when the step (or, idle, the last one) took a new one.
 
 A thread answers the API's metrics queries meanwhile. The process exits when told to
@@ -45,6 +47,7 @@ from engine.core_messages import (
     BlockAnswer,
     BlockQuery,
     CoreState,
+    EndSample,
     Failed,
     Rates,
     Ready,
@@ -169,6 +172,8 @@ class CoreProcess:
         elif isinstance(message, Abort):
             self._queue_compiled(message.request_id)  # so that it ends as any other does
             engine.abort(message.request_id)
+        elif isinstance(message, EndSample):
+            engine.end_by_stop_string(message.request_id)
         elif isinstance(message, AbortAll):
             self._queue_compiled(*self._compiling)
             engine.abort_all(message.error)
@@ -267,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     pin_to({int(c) for c in args.cpus.split(",")} if args.cpus else None)
     try:
         config = decode_config(args.config)
-        engine = load_engine(config, core_class_at(args.core))
+        engine = load_engine(config, core_class_at(args.core), detokenize=False)
     except (ModelPreparationError, ValueError, QuantizedKernelUnavailable) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -1,4 +1,4 @@
-"""Incremental detokenization with stop strings.
+"""Incremental detokenization with stop strings, and a sample's text from its tokens.
 
 Byte-level BPE can split one character over several tokens, so text is only
 released once the newest tokens decode to whole characters (no trailing U+FFFD).
@@ -10,6 +10,8 @@ min_tokens tokens are out, and then only in text that arrived from then on.
 from __future__ import annotations
 
 from collections.abc import Sequence
+
+from engine.request import FinishReason, RequestOutput
 
 # Decoding a few tokens before the new ones keeps spacing right (many tokenizers
 # render a leading space only when the token is not first).
@@ -59,3 +61,56 @@ class IncrementalDetokenizer:
         delta = self.text[self.emitted:end]
         self.emitted = end
         return delta
+
+
+class SampleText:
+    """One sample's text, made from the token ids the engine core hands out: the one place
+    stop strings are found. Used on the engine thread in-process (engine/output_processor.py)
+    and in the API process for a core in its own process (engine/core_client.py).
+
+    The core ends a request only by a stop token (EOS, stop_token_ids, a finished grammar)
+    or by length; its output then says so, and with a stop token the last new token is that
+    token, whose text is not part of the output's. A stop string found here ends the sample
+    at the token that completed it: the tokens after it (several per step with speculative
+    decoding) are dropped, with their logprobs."""
+
+    def __init__(self, tokenizer, prompt_token_ids: Sequence[int], stop: Sequence[str],
+                 min_tokens: int = 0) -> None:
+        self.detok = IncrementalDetokenizer(tokenizer, prompt_token_ids, stop, min_tokens)
+        self.token_ids = list(prompt_token_ids)  # prompt, then every output token kept
+        self.cumulative_logprob = 0.0  # of the tokens kept, when logprobs come
+
+    def apply(self, output: RequestOutput) -> bool:
+        """Fill in the text of `output`, the core's next for this sample; on a stop string,
+        cut its tokens and logprobs after it and make it the last (finish reason stop).
+        True if the stop string ended a sample the core has not ended: the caller must
+        end it there."""
+        new = output.token_ids
+        first = len(self.token_ids)
+        self.token_ids += new
+        stop_token = output.finish_reason is FinishReason.STOP and bool(new)
+        kept = len(new)
+        for i in range(len(new) - stop_token):
+            end = first + i + 1
+            self.detok.add(self.token_ids if end == len(self.token_ids)
+                           else self.token_ids[:end])
+            if self.detok.stopped:
+                kept = i + 1
+                break
+        if output.logprobs is not None:
+            for entry in output.logprobs[:kept]:
+                self.cumulative_logprob += entry.logprob
+        if not self.detok.stopped:
+            output.text = self.detok.take(final=output.finished) if output.error is None else ""
+            return False
+        del self.token_ids[first + kept:]
+        ended_here = not output.finished
+        output.num_output_tokens -= len(new) - kept
+        output.token_ids = new[:kept]
+        if output.logprobs is not None:
+            output.logprobs = output.logprobs[:kept]
+            output.cumulative_logprob = self.cumulative_logprob
+        output.finished, output.finish_reason = True, FinishReason.STOP
+        output.stop_string = self.detok.matched_stop
+        output.text = self.detok.take(final=True)
+        return ended_here

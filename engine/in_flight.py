@@ -36,6 +36,10 @@ class InFlight:
     def __contains__(self, request_id: str) -> bool:
         return request_id in self._requests
 
+    def get(self, request_id: str) -> Request | None:
+        """The unfinished sample with this (its own) id, if there is one."""
+        return self._requests.get(request_id)
+
     def all(self) -> list[Request]:
         """Every unfinished sample, in the order they were taken in (a copy)."""
         return list(self._requests.values())

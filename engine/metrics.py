@@ -2,6 +2,15 @@
 
 Each engine has its own registry; gauges are read from the engine when scraped,
 so the hot path only bumps counters and histograms.
+
+Where each counts: tokens (generation_tokens, TTFT, ITL), steps (prompt tokens, prefix
+cache, preemptions, speculative decoding) and request latencies (e2e, queue time) are the
+engine's, in whichever process it runs; a token counts once generated, so one generated
+past a stop string (the rest of a speculative step's, or, with the engine core in its own
+process, those of the steps it ran before it took in the request's end) counts too. Finished
+requests by reason (request_success) are counted where a request's last output is made: by
+the engine in-process, by the API process beside an engine core process
+(engine/core_client.py), as only there is a stop string found.
 """
 
 from __future__ import annotations
@@ -34,8 +43,15 @@ DASHBOARD_COUNTERS = {
 }
 
 
+def finish_counter(registry: CollectorRegistry) -> Counter:
+    """request_success, by finish reason (see above for where it counts)."""
+    return Counter(P + "request_success", "Finished requests.", ["finished_reason"],
+                   registry=registry)
+
+
 class EngineMetrics:
-    def __init__(self) -> None:
+    def __init__(self, count_finishes: bool = True) -> None:
+        """`count_finishes=False`: request_success is counted elsewhere (see above)."""
         self.registry = CollectorRegistry()
         r = self.registry
         self.prompt_tokens = Counter(P + "prompt_tokens", "Prefill tokens processed.", registry=r)
@@ -46,8 +62,7 @@ class EngineMetrics:
             P + "prefix_cache_hits", "Prompt tokens found in the prefix cache.", registry=r)
         self.preemptions = Counter(P + "num_preemptions", "Requests preempted.", registry=r)
         self.spec_decode = SpecDecodeMetrics(r)
-        self.request_success = Counter(P + "request_success", "Finished requests.",
-                                       ["finished_reason"], registry=r)
+        self.request_success = finish_counter(r) if count_finishes else None
         self.ttft = Histogram(P + "time_to_first_token_seconds", "Time to first token.",
                               buckets=LATENCY_BUCKETS, registry=r)
         self.itl = Histogram(P + "inter_token_latency_seconds", "Time between output tokens.",
@@ -64,6 +79,8 @@ class EngineMetrics:
         for metric in (self.generation_tokens, self.prompt_tokens, self.prefix_cache_queries,
                        self.prefix_cache_hits, self.preemptions, self.request_success,
                        self.ttft, self.itl):
+            if metric is None:
+                continue
             for family in metric.collect():
                 for sample in family.samples:
                     key = DASHBOARD_COUNTERS.get(sample.name)
@@ -115,10 +132,28 @@ class EngineMetrics:
         request.last_token_time = now
 
     def on_finish(self, request: Request, now: float) -> None:
-        self.request_success.labels(request.finish_reason).inc()
+        if self.request_success is not None:
+            self.request_success.labels(request.finish_reason).inc()
         self.e2e.observe(now - request.arrival_time)
         if request.scheduled_time is not None:
             self.queue_time.observe(request.scheduled_time - request.arrival_time)
+
+
+class FinishMetrics:
+    """request_success where a request's last output is made outside the engine (the API
+    process beside an engine core process): its own registry, rendered after the core's."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.request_success = finish_counter(self.registry)
+        self.total = 0  # the dashboard's "finished"
+
+    def on_finish(self, reason: str) -> None:
+        self.request_success.labels(reason).inc()
+        self.total += 1
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
 
 
 class SpecDecodeMetrics:

@@ -109,7 +109,7 @@ class RequestOutput:
     logprobs: list[TokenLogprobs] | None = None
     prompt_logprobs: list[TokenLogprobs | None] | None = None
     cumulative_logprob: float | None = None  # final output, when logprobs were kept
-    timing: RequestTiming | None = None  # final output
+    timing: RequestTiming | None = None  # final output (a core process sends it with each: so far)
     stop_string: str | None = None  # final output: the stop string that ended it, if one did
 
 

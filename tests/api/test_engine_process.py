@@ -2,8 +2,9 @@
 
 Real server processes (tests/api/test_lifecycle.py's helpers), started with no flag for
 it: the answers match the in-process engine's token for token; samples, logprobs,
-structured outputs, /metrics and the dashboard's snapshots and block details cross; a
-client that leaves frees its blocks; SIGTERM drains and both processes exit 0; a killed
+structured outputs, /metrics and the dashboard's snapshots and block details cross; stop
+strings, found in the API process, end the text as in-process and the core frees their
+blocks; a client that leaves frees its blocks; SIGTERM drains and both processes exit 0; a killed
 core fails its streams, the server answers 503 and exits for its supervisor, and no
 process is left behind, also when the API process is killed; the baseline's core runs in
 such a process too. One server serves the first tests, the last of them stopping it; the
@@ -40,7 +41,7 @@ from tests.api.test_lifecycle import (
     small_server,
     wait_for,
 )
-from tests.api.test_server import check_error
+from tests.api.test_server import check_error, stream
 from tests.api.test_structured_outputs import ASK, ITEM, schema_format
 
 CHAT = "/v1/chat/completions"
@@ -211,6 +212,91 @@ def test_metrics_show_the_cores_counters(split):
     assert metric(split.url, "request_success_total") == finished + 1
     assert metric(split.url, "generation_tokens_total") == generated + 5
     assert metric(split.url, "kv_blocks_total") > 0
+
+
+def straddling_stop(tokens: list[str]) -> tuple[str, int]:
+    """A stop string made of the end of one token and the start of the next (the text's
+    first occurrence of it), and how many tokens the text keeps up to the one completing
+    it. One token a step: the stop string also straddles two steps."""
+    joined = "".join(tokens)
+    for k in range(len(tokens) // 3, len(tokens) - 1):
+        left, right = tokens[k], tokens[k + 1]
+        stop = left[-2:] + right[:2]
+        if (len(left) >= 2 and len(right) >= 2 and stop.isascii() and stop.strip() == stop
+                and joined.find(stop) == len("".join(tokens[:k + 1])) - 2):
+            return stop, k + 2
+    raise AssertionError(f"no two tokens to stop across in {tokens}")
+
+
+def finished_by_reason(url: str) -> dict[str, float]:
+    text = httpx.get(url + "/metrics", timeout=10).text
+    return {reason: float(value) for reason, value in re.findall(
+        r'^nano_vllm:request_success_total{finished_reason="(\w+)"} (\S+)$', text, re.M)}
+
+
+def test_a_stop_string_across_tokens_ends_the_text_as_in_process(split, server: RunningServer):
+    """Found in the API process, the stop string cuts the text, the tokens and their
+    logprobs where the in-process engine does; a stream ends once, with "stop"."""
+    body = {"prompt": "Once upon a time", "max_tokens": 24, "ignore_eos": True,
+            "temperature": 0, "logprobs": 0}
+    tokens = post(server.url, COMPLETIONS, body)["choices"][0]["logprobs"]["tokens"]
+    stop, kept = straddling_stop(tokens)
+    joined = "".join(tokens)
+    expected = joined[:joined.find(stop)]
+    print(f"tokens {tokens}\nstop {stop!r}: expect {expected!r} in {kept} tokens")
+    body["stop"] = [stop]
+    theirs, ours = post(server.url, COMPLETIONS, body), post(split.url, COMPLETIONS, body)
+    for answer in (theirs, ours):
+        choice = answer["choices"][0]
+        assert choice["text"] == expected and choice["finish_reason"] == "stop"
+        assert answer["usage"]["completion_tokens"] == kept
+        assert choice["logprobs"]["tokens"] == tokens[:kept]
+    assert ours["choices"][0]["logprobs"] == theirs["choices"][0]["logprobs"]
+    events = stream(split, COMPLETIONS, body)
+    print("stream:", [e["choices"][0]["text"] for e in events])
+    assert "".join(e["choices"][0]["text"] for e in events) == expected
+    assert [e["choices"][0]["finish_reason"] for e in events
+            if e["choices"][0]["finish_reason"]] == ["stop"]
+
+
+def test_samples_with_a_stop_string_match_the_in_process_engine(split, server: RunningServer):
+    """n=3 seeded samples, each ended by its own stop string (or by length) in the API
+    process: the same texts, tokens and logprobs as in-process."""
+    body = {"prompt": "Once upon a time", "max_tokens": 16, "temperature": 1.0, "seed": 3,
+            "n": 3, "logprobs": 1, "stop": ["e"]}
+    theirs, ours = post(server.url, COMPLETIONS, body), post(split.url, COMPLETIONS, body)
+    for mine, other in zip(ours["choices"], theirs["choices"], strict=True):
+        print(mine["index"], repr(mine["text"]), mine["finish_reason"])
+        assert mine["text"] == other["text"] and "e" not in mine["text"]
+        assert mine["finish_reason"] == other["finish_reason"]
+        assert mine["logprobs"]["tokens"] == other["logprobs"]["tokens"]
+    assert [c["finish_reason"] for c in ours["choices"]].count("stop") >= 2
+    assert ours["usage"] == theirs["usage"]
+
+
+def test_the_core_frees_the_blocks_of_a_request_a_stop_string_ended(split):
+    """A stop string early in a long request: the API ends it, the core frees its blocks
+    and seat (its own gauges say so) having generated at most a few tokens past it, and
+    the request counts once, as stopped."""
+    body = {"prompt": "Tell me a story", "max_tokens": 12, "ignore_eos": True,
+            "temperature": 0, "logprobs": 0}
+    tokens = post(split.url, COMPLETIONS, body)["choices"][0]["logprobs"]["tokens"]
+    stop, kept = straddling_stop(tokens)
+    wait_for(lambda: metric(split.url, "kv_blocks_used") == 0)
+    reasons = finished_by_reason(split.url)
+    generated = metric(split.url, "generation_tokens_total")
+    answer = post(split.url, COMPLETIONS, {**body, "max_tokens": 400, "stop": [stop]})
+    assert answer["usage"]["completion_tokens"] == kept
+    assert answer["choices"][0]["finish_reason"] == "stop"
+    wait_for(lambda: metric(split.url, "kv_blocks_used") == 0
+             and metric(split.url, "num_requests_running") == 0, timeout=15)
+    after = finished_by_reason(split.url)
+    past = metric(split.url, "generation_tokens_total") - generated - kept
+    print(f"stop {stop!r} after {kept} tokens; the core generated {past:g} more; "
+          f"finished {reasons} -> {after}")
+    assert after.get("stop", 0) == reasons.get("stop", 0) + 1
+    assert sum(after.values()) == sum(reasons.values()) + 1
+    assert 0 <= past <= 10
 
 
 def test_a_client_that_leaves_frees_its_blocks(split):

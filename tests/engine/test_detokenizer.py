@@ -1,9 +1,14 @@
 """Incremental detokenization: characters split across tokens, stop strings split across
-tokens, and the text held back while a stop string might still be forming."""
+tokens, and the text held back while a stop string might still be forming; and a sample's
+text made from the core's token-only outputs (SampleText, as the API process makes it for a
+core in its own process): a stop string split across outputs, or found among several tokens
+of one output, cuts the tokens and logprobs after it."""
 
 from __future__ import annotations
 
-from engine.detokenizer import IncrementalDetokenizer
+from engine.detokenizer import IncrementalDetokenizer, SampleText
+from engine.logprobs import TokenLogprobs
+from engine.request import FinishReason, RequestOutput
 
 
 def feed(tokenizer, prompt: list[int], output: list[int],
@@ -67,3 +72,90 @@ def test_the_stop_string_that_appears_first_is_the_one_matched(tokenizer):
     assert "".join(deltas) == " red "
     _, unstopped = feed(tokenizer, prompt, output, ["xyz"])
     assert unstopped.matched_stop is None
+
+
+def core_output(tokens: list[int], num_output_tokens: int, finish: FinishReason | None = None,
+                logprobs: bool = False) -> RequestOutput:
+    """What the engine core sends: token ids, counts, no text."""
+    output = RequestOutput("r", "", list(tokens), finished=finish is not None,
+                           finish_reason=finish, num_output_tokens=num_output_tokens)
+    if logprobs:
+        output.logprobs = [TokenLogprobs(t, -0.5, []) for t in tokens]
+    return output
+
+
+def stop_case(tokenizer) -> tuple[list[int], list[int], int]:
+    """A prompt, output tokens with "STOPWORD" over several of them, and how many of them
+    make up the text up to and including the stop string."""
+    prompt = tokenizer("Count:").input_ids
+    before = tokenizer(" one two three", add_special_tokens=False).input_ids
+    output = tokenizer(" one two three STOPWORD four five", add_special_tokens=False).input_ids
+    assert output[:len(before)] == before
+    for cut in range(len(before), len(output) + 1):
+        if "STOPWORD" in tokenizer.decode(output[:cut]):
+            return prompt, output, cut
+    raise AssertionError("no stop string in the text")
+
+
+def test_a_stop_string_among_several_tokens_of_one_output_cuts_them(tokenizer):
+    """As with speculative decoding: one output brings the whole stop string and tokens past
+    it; they are dropped, with their logprobs, and the count follows."""
+    prompt, output, cut = stop_case(tokenizer)
+    text = SampleText(tokenizer, prompt, ["STOPWORD"])
+    first = core_output(output[:2], 2, logprobs=True)
+    assert not text.apply(first) and not first.finished
+    rest = core_output(output[2:], len(output), logprobs=True)
+    print("kept", cut, "of", len(output), "tokens:", tokenizer.decode(output[:cut]))
+    assert text.apply(rest), "a sample the core has not ended: the caller must end it"
+    assert rest.finished and rest.finish_reason is FinishReason.STOP
+    assert rest.stop_string == "STOPWORD"
+    assert rest.token_ids == output[2:cut] and rest.num_output_tokens == cut
+    assert [e.token_id for e in rest.logprobs] == output[2:cut]
+    assert rest.cumulative_logprob == -0.5 * cut  # of the tokens kept only
+    assert first.text + rest.text == " one two three "
+
+
+def test_a_stop_string_split_across_outputs_ends_at_the_token_that_completes_it(tokenizer):
+    prompt, output, cut = stop_case(tokenizer)
+    text = SampleText(tokenizer, prompt, ["STOPWORD"])
+    outputs = []
+    for i, token in enumerate(output):
+        outputs.append(core_output([token], i + 1))
+        if text.apply(outputs[-1]):
+            break
+    texts = [o.text for o in outputs]
+    print("texts:", texts)
+    assert len(outputs) == cut and outputs[-1].finished and not outputs[-2].finished
+    assert outputs[-1].num_output_tokens == cut and outputs[-1].stop_string == "STOPWORD"
+    assert "".join(texts) == " one two three " and "S" not in "".join(texts[:-1])
+
+
+def test_a_stop_string_in_the_cores_last_output_makes_the_reason_stop(tokenizer):
+    """The core ended the sample by length in the output that completes the stop string: the
+    reason becomes stop, and there is nothing for the caller to end."""
+    prompt, output, cut = stop_case(tokenizer)
+    text = SampleText(tokenizer, prompt, ["STOPWORD"])
+    last = core_output(output[:cut], cut, FinishReason.LENGTH)
+    assert not text.apply(last)
+    assert last.finish_reason is FinishReason.STOP and last.text == " one two three "
+
+
+def test_a_stop_tokens_text_is_not_part_of_the_output(tokenizer):
+    prompt = tokenizer("Go:").input_ids
+    words = tokenizer(" red green", add_special_tokens=False).input_ids
+    eos = tokenizer.eos_token_id
+    text = SampleText(tokenizer, prompt, [])
+    last = core_output([*words, eos], len(words) + 1, FinishReason.STOP)
+    assert not text.apply(last)
+    assert last.text == " red green" and last.token_ids == [*words, eos]
+    assert last.stop_string is None
+
+
+def test_min_tokens_holds_a_stop_string_off(tokenizer):
+    """A stop string counts only once more than min_tokens tokens are out: with min_tokens
+    at the whole output, the text runs on."""
+    prompt, output, _ = stop_case(tokenizer)
+    text = SampleText(tokenizer, prompt, ["STOPWORD"], min_tokens=len(output))
+    last = core_output(output, len(output), FinishReason.LENGTH)
+    assert not text.apply(last)
+    assert last.finish_reason is FinishReason.LENGTH and "STOPWORD four" in last.text

@@ -7,7 +7,7 @@ import torch
 
 from engine.batch_engine import BatchEngine
 from engine.config import EngineConfig
-from engine.request import Request, RequestOutput, SamplingParams
+from engine.request import FinishReason, Request, RequestOutput, SamplingParams
 
 MAX_NEW = 12
 
@@ -179,3 +179,37 @@ def test_a_failing_step_fails_only_its_requests(model, tokenizer, prompts):
     assert engine.core.allocator.num_used == 0
     tokens, _ = run(engine, prompts[:2], [0, 0], max_tokens=4)  # and it keeps serving
     assert all(len(t) == 4 for t in tokens)
+
+
+def test_without_text_a_stop_string_found_elsewhere_ends_one_sample_once(model, tokenizer,
+                                                                         prompts):
+    """detokenize=False, as in the engine core process: outputs carry token ids and timing,
+    no text; end_by_stop_string ends one sample of two (reason stop, its seat freed), and
+    for a sample that has ended already it does nothing. Finished requests are counted by
+    whoever makes the text, not here."""
+    engine = BatchEngine(EngineConfig(num_blocks=128), model, tokenizer, detokenize=False)
+    outputs: list[RequestOutput] = []
+    params = SamplingParams(max_tokens=20, temperature=1.0, seed=1, n=2, ignore_eos=True)
+    engine.add_request(Request("r", prompts[0], params, on_output=outputs.append))
+
+    def of(index: int) -> list[RequestOutput]:
+        return [o for o in outputs if o.sample_index == index]
+
+    while sum(len(o.token_ids) for o in of(1)) < 3:
+        engine.step()
+    engine.end_by_stop_string("r#1")
+    engine.step()
+    assert [o.finish_reason for o in of(1) if o.finished] == [FinishReason.STOP]
+    assert engine.core.stats()["running"] == 1
+    while not of(0)[-1].finished:
+        engine.step()
+    engine.end_by_stop_string("r")  # ended by length already
+    engine.end_by_stop_string("r#1")  # ended here already
+    while engine.has_work():
+        engine.step()
+    print([(o.sample_index, o.token_ids, o.finish_reason) for o in outputs if o.finished])
+    assert [o.finish_reason for o in outputs if o.finished] == [FinishReason.STOP,
+                                                                  FinishReason.LENGTH]
+    assert all(o.text == "" and o.timing is not None for o in outputs)
+    assert engine.core.allocator.num_used == 0
+    assert b"request_success" not in engine.metrics.render()
