@@ -438,11 +438,11 @@ def sections(folder: Path) -> list[Section]:
             [f"restructure/{n}-{i}.json" for n in ("before", "after") for i in (1, 2)],
             restructure),
         Section(
-            "Prefix caching: a ~500-token system prompt shared by 30 users",
+            "Prefix caching: a ~660-token system prompt shared by 30 users",
             "With the cache the shared prompt is computed once, by the first user: the others "
             "wait the step it takes for its last blocks to be cached rather than compute them "
-            "alongside it, then each prefills its own ~25 tokens and the shared prompt's last, "
-            "partly filled block; without it each user prefills ~525.",
+            "alongside it, then each prefills its own ~20 tokens and the shared prompt's last, "
+            "partly filled block; without it each user prefills its whole ~690-token prompt.",
             [f"{SERVER}                   & {BENCH} --label prefix-cache-on  --users 30 "
              "--max-tokens 100 --system-repeats 50",
              f"{SERVER} --no-prefix-cache & {BENCH} --label prefix-cache-off --users 30 "
@@ -452,8 +452,10 @@ def sections(folder: Path) -> list[Section]:
         Section(
             "Shared prompt: the obvious knobs",
             "The same load against four servers, one after the other: a smaller per-step "
-            "token budget and bf16. None brings TTFT p50 to 1 s: prefill chunks after the "
-            "cached prefix gather it and run SDPA over it in every layer.",
+            "token budget and bf16, measured before newcomers waited for the shared prompt's "
+            "last blocks (section above). None of these brought TTFT p50 to 1 s; what did was "
+            "no longer computing the shared prompt's tail alongside the first user "
+            "(docs/performance.md, Prefill attention).",
             ["python3 server.py --port 8127 [--dtype bfloat16] [--max-num-batched-tokens 256] "
              "& python3 benchmarks/bench.py --url http://127.0.0.1:8127 --label LABEL "
              "--results-dir results/prefix-options --users 30 --max-tokens 100 "
