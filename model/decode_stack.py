@@ -43,8 +43,8 @@ def linear_spec(module: nn.Module) -> LinearSpec | None:
         return DENSE, module.packed, module.out_features, bias
     if isinstance(module, QuantizedLinear):
         kind = Q4_1_INT8ACT if module.activations == "int8" else {"Q4_1": Q4_1,
-                                                                   "Q8_0": Q8_0}[module.kind]
-        return kind, module.packed, module.out_features, bias
+                                                                   "Q8_0": Q8_0}.get(module.kind)
+        return None if kind is None else (kind, module.packed, module.out_features, bias)
     return None
 
 
