@@ -23,8 +23,11 @@ as Q6_K's form, Q4_1 and Q4_K as Q4_K's. Other mixes are dequantized.
 
 from __future__ import annotations
 
+import logging
+from collections import Counter
+
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from model.gguf_weights import BlockTensor
 
@@ -118,3 +121,28 @@ def fuse(parts: list[BlockTensor]) -> BlockTensor | None:
         return None
     return BlockTensor.cat([as_kind(p, common[0]) for p in parts])
 
+
+
+def report_and_pack(model: nn.Module, dequantized: list[str], types: dict[str, str]) -> None:
+    """Log what a GGUF file's matrices run on (the kernels by type, the dequantized modules
+    with the types they came from); pack the dequantized ones for our dense GEMM."""
+    from model.quantized import QuantizedLinear
+    from model.registry import architecture
+
+    log = logging.getLogger("nano_vllm.kernel")
+    kinds = Counter(m.kind for m in model.modules() if isinstance(m, QuantizedLinear))
+    log.info("--weights q4_1 on a %s GGUF: %s on their own codes", model.cfg.model_type,
+             ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())))
+    if not dequantized:
+        return
+    from model.dense_linear import pack_model_linears
+
+    arch = architecture(model.cfg.model_type)
+
+    def source(name: str) -> str:
+        parts = arch.checkpoint_modules(name, model.cfg)
+        return "/".join(types.get(f"{part}.weight", "?") for part in parts)
+
+    log.info("dequantized to fp32 (no exact kernel takes their types): %s",
+             ", ".join(f"{name} ({source(name)})" for name in dequantized))
+    pack_model_linears(model)

@@ -1,4 +1,6 @@
-"""`--weights q4_1`: run the default model on its own 4-bit codes, exact to the fp32 model.
+"""`--weights q4_1`: run the default model on its own 4-bit codes, exact to the fp32 model
+(and, with --model FILE.gguf, any GGUF file on its own codes where a kernel takes their type:
+model/gguf_codes.py).
 
 The fp32 model is the dequantized GGUF (model/gguf_weights.py), so a matmul that dequantizes
 each weight in fp32 and multiplies by FMA computes the fp32 model, summed in another order.
@@ -21,7 +23,6 @@ a loaded fp32 model's linear layers, embedding and LM head for quantized ones by
 from __future__ import annotations
 
 import logging
-from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -290,27 +291,10 @@ class Q4_1Weights:
         if self.fused_ops:
             use_fused_ops(model, load_fused_ops())
         if self.tensor_types is not None:
-            self.log_kinds(model)
+            from model.gguf_codes import report_and_pack
+
+            report_and_pack(model, self.dequantized, self.tensor_types)
         return model.eval().requires_grad_(False)
-
-    def log_kinds(self, model: nn.Module) -> None:
-        """Say what a GGUF file's matrices run on; pack the dequantized ones for our GEMM."""
-        kinds = Counter(m.kind for m in model.modules() if isinstance(m, QuantizedLinear))
-        log.info("--weights q4_1 on %s: %s on their own codes", model.cfg.model_type,
-                 ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())))
-        if self.dequantized:
-            from model.dense_linear import pack_model_linears
-            from model.registry import architecture
-
-            arch, types = architecture(model.cfg.model_type), self.tensor_types
-
-            def source(name: str) -> str:
-                parts = arch.checkpoint_modules(name, model.cfg)
-                return "/".join(types.get(f"{part}.weight", "?") for part in parts)
-
-            log.info("dequantized to fp32 (no exact kernel takes their types): %s",
-                     ", ".join(f"{name} ({source(name)})" for name in self.dequantized))
-            pack_model_linears(model)
 
 
 def quantize_model_q4_1(model: LlamaModel, gguf_path: str | Path,

@@ -1,4 +1,6 @@
-// y = x · Wᵀ with W kept as llama.cpp's Q4_1 or Q8_0 codes (CPU, AVX-512, fp32 arithmetic).
+// y = x · Wᵀ with W kept as llama.cpp's Q4_1, Q8_0 or Q5_0 codes, or its Q4_K / Q6_K codes
+// rewritten as blocks of 32 with fp32 scales (model/gguf_codes.py) (CPU, AVX-512, fp32
+// arithmetic).
 //
 // Exact to the fp32 model: each weight is dequantized in fp32 exactly as the GGUF reference
 // does (d * q + m; d * q is exact in fp32, so one rounding), then multiplied with x by FMA.
@@ -9,7 +11,8 @@
 // broadcast. Per group and block of 32 inputs, contiguous:
 //   Q4_1, 320 bytes: d[16] fp16, m[16] fp16, codes[16][16]: byte [j][r] holds row r's weight
 //                    j in its low nibble and weight j + 16 in its high one (as in the GGUF);
-//   Q8_0, 544 bytes: d[16] fp16, codes[32][16] int8: [k][r].
+//   Q8_0, 544 bytes: d[16] fp16, codes[32][16] int8: [k][r];
+//   Q5_0, Q4_K, Q6_K: see their structs below.
 // Groups follow one another: [groups][blocks][bytes].
 //
 // Threads split the output groups; each reads its codes from memory once per call. Up to 8
