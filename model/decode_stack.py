@@ -62,6 +62,8 @@ def unsupported(model: nn.Module) -> str | None:
         for name, linear in (("qkv", attn.qkv_proj), ("o_proj", attn.o_proj),
                              ("gate_up", mlp.gate_up_proj), ("down", mlp.down_proj)):
             if linear_spec(linear) is None:
+                if isinstance(linear, QuantizedLinear):  # a GGUF file's Q5_0, Q4_K, Q6_K
+                    return f"{name} runs on the {linear.kind} kernel, which the stack lacks"
                 return f"{name} runs on PyTorch's matmul"
     return None
 

@@ -176,3 +176,7 @@ def test_weights_q4_1_runs_each_matrix_on_its_own_codes(codes_gguf):
     assert first_two == ["layers.1.mlp.gate_up_proj", "layers.1.mlp.down_proj"]
     assert expected.std() > 1.0
     assert diff < LOGITS_ATOL
+    if ours.cfg.model_type == "llama":  # the decode stack takes Q4_1 and Q8_0 layers only
+        from model.decode_stack import unsupported
+
+        assert unsupported(ours) == "o_proj runs on the Q4_K kernel, which the stack lacks"
