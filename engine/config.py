@@ -86,9 +86,11 @@ class EngineConfig:
                                  f"where the step shares the process with the HTTP server: "
                                  f"{d.single_thread_below}")
         parser.add_argument("--weights", default=d.weights, choices=["default", "q4_1", "int8"],
-                            help="q4_1: the default model's own 4-bit GGUF codes (exact to "
-                                 "the fp32 model); int8: per-channel int8 made at load; both "
-                                 "CPU, float32 activations, AVX-512")
+                            help="q4_1: the default model's own 4-bit GGUF codes, or with "
+                                 "--model FILE.gguf that file's own codes where a kernel takes "
+                                 "their type (Q4_1, Q8_0, Q5_0, Q4_K, Q6_K; exact to the fp32 "
+                                 "model); int8: per-channel int8 made at load; both CPU, "
+                                 "float32 activations, AVX-512")
         parser.add_argument("--activations", default=d.activations, choices=["float32", "int8"],
                             help="with --weights q4_1: int8 rounds each layer's input to 8 "
                                  "bits per block of 32 for integer dot products (AVX512-VNNI; "

@@ -42,9 +42,10 @@ def linear_spec(module: nn.Module) -> LinearSpec | None:
     if isinstance(module, PackedLinear) and module.uses_kernel:
         return DENSE, module.packed, module.out_features, bias
     if isinstance(module, QuantizedLinear):
-        kind = Q4_1_INT8ACT if module.activations == "int8" else {"Q4_1": Q4_1,
-                                                                   "Q8_0": Q8_0}[module.kind]
-        return kind, module.packed, module.out_features, bias
+        kinds = ({"Q4_1": Q4_1_INT8ACT} if module.activations == "int8"
+                 else {"Q4_1": Q4_1, "Q8_0": Q8_0})
+        kind = kinds.get(module.kind)
+        return None if kind is None else (kind, module.packed, module.out_features, bias)
     return None
 
 
@@ -62,6 +63,9 @@ def unsupported(model: nn.Module) -> str | None:
         for name, linear in (("qkv", attn.qkv_proj), ("o_proj", attn.o_proj),
                              ("gate_up", mlp.gate_up_proj), ("down", mlp.down_proj)):
             if linear_spec(linear) is None:
+                if isinstance(linear, QuantizedLinear):  # a GGUF file's Q5_0, Q4_K, Q6_K
+                    int8 = " x int8" if linear.activations == "int8" else ""
+                    return f"{name} runs on the {linear.kind}{int8} kernel, which the stack lacks"
                 return f"{name} runs on PyTorch's matmul"
     return None
 

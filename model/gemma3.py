@@ -20,8 +20,9 @@ itself, in the prefill masks and in the paged decode path (model/attention/). Ba
 scores by head_dim ** -0.5, so the queries are first multiplied by
 sqrt(head_dim / query_pre_attn_scalar) (1 for the released models, where both are 256).
 
-On a CPU, the linear layers run through our packed GEMM like Llama's; the norms, RoPE and
-GELU stay in PyTorch (the fused kernels implement Llama's forms of them).
+On a CPU, the linear layers run through our packed GEMM like Llama's, and RoPE through the
+fused kernel; in fp32 the (1 + weight) norms run on the fused norm kernel with their gain
+added once at load. The per-head q/k norms and the GELU stay in PyTorch.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from torch import Tensor, nn
 from model.config import ModelConfig
 from model.layers import (
     AttentionFn,
+    FusedOps,
     GemmaRMSNorm,
     Linear,
     QKNorm,
@@ -56,12 +58,18 @@ class Gemma3Attention(nn.Module):
         self.o_proj = Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size)
         scalar = cfg.query_pre_attn_scalar or cfg.head_dim
         self.query_scale = (cfg.head_dim / scalar) ** 0.5  # see the module docstring
+        self.fused: FusedOps | None = None  # see model/layers.py use_fused_ops
 
     def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], attention: AttentionFn) -> Tensor:
         kv_size = self.num_kv_heads * self.head_dim
         qk, v = self.qkv_proj(x).split([self.num_heads * self.head_dim + kv_size, kv_size], dim=-1)
         qk = self.qk_norm(qk.unflatten(-1, (-1, self.head_dim)))
-        qk = RotaryEmbedding.apply(qk, *rope)
+        if self.fused is not None:  # in place, in the normed q|k (a new tensor)
+            cos, sin = (t.reshape(-1, self.head_dim) for t in rope)
+            self.fused.rope_inplace(qk.reshape(-1, qk.shape[-2] * self.head_dim),
+                                    qk.shape[-2], cos, sin)
+        else:
+            qk = RotaryEmbedding.apply(qk, *rope)
         q, k = qk.split([self.num_heads, self.num_kv_heads], dim=-2)
         if self.query_scale != 1.0:
             q = q * self.query_scale

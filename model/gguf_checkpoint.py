@@ -30,7 +30,7 @@ import torch
 
 from model.config import ModelConfig
 from model.gguf_header import HeaderError, read_tensor_extents
-from model.gguf_weights import rope_unpermute_index
+from model.gguf_weights import BlockTensor, rope_unpermute_index
 
 # general.architecture -> our model_type
 GGUF_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
@@ -61,7 +61,8 @@ class GGUFError(ValueError):
 @dataclass
 class GGUFCheckpoint:
     config: ModelConfig
-    hf_weights: dict[str, torch.Tensor]  # fp32, Hugging Face names
+    hf_weights: dict[str, torch.Tensor | BlockTensor]  # fp32 (or codes), Hugging Face names
+    tensor_types: dict[str, str]  # the file's type of each, by the same names
 
 
 def open_gguf(path: Path):
@@ -204,8 +205,9 @@ def dequantize(tensor) -> torch.Tensor:
     return torch.from_numpy(np.array(values, dtype=np.float32).reshape(shape))
 
 
-def read_gguf_checkpoint(path: str | Path) -> GGUFCheckpoint:
-    """Config and fp32 Hugging Face-named weights of a GGUF file."""
+def read_gguf_checkpoint(path: str | Path, keep_codes: tuple[str, ...] = ()) -> GGUFCheckpoint:
+    """Config and fp32 Hugging Face-named weights of a GGUF file; matrices of the types in
+    `keep_codes` stay in their codes instead, in our kernels' form (model/gguf_codes.py)."""
     path = Path(path)
     reader = open_gguf(path)
     cfg = read_config(reader, path)
@@ -214,15 +216,31 @@ def read_gguf_checkpoint(path: str | Path) -> GGUFCheckpoint:
     if unknown:
         raise GGUFError(f"{path}: tensors this server does not load: {', '.join(unknown[:8])}"
                         + (" ..." if len(unknown) > 8 else ""))
-    weights: dict[str, torch.Tensor] = {}
+    weights: dict[str, torch.Tensor | BlockTensor] = {}
+    types: dict[str, str] = {}
     for t in reader.tensors:
         name = hf_name(t.name, arch)
         assert name is not None
-        w = dequantize(t)
+        types[name] = t.tensor_type.name
+        w = read_codes(t) if types[name] in keep_codes else dequantize(t)
         if arch == "llama" and t.name.endswith(("attn_q.weight", "attn_k.weight")):
             heads = cfg.num_heads if "attn_q" in t.name else cfg.num_kv_heads
-            w = w[rope_unpermute_index(w.shape[0], heads)]
+            index = rope_unpermute_index(w.shape[0] if isinstance(w, torch.Tensor) else w.rows,
+                                         heads)
+            w = w[index] if isinstance(w, torch.Tensor) else w.take_rows(index)
         if arch == "gemma3" and t.name.endswith("norm.weight"):
             w = w - 1.0
         weights[name] = w
-    return GGUFCheckpoint(cfg, weights)
+    return GGUFCheckpoint(cfg, weights, types)
+
+
+def read_codes(tensor) -> BlockTensor:
+    """A quantized tensor's blocks (a view of the memory map, or their kernel form)."""
+    import warnings
+
+    from model.gguf_codes import block_tensor
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "non-writable": we only read it
+        data = torch.from_numpy(tensor.data)
+    return block_tensor(tensor.tensor_type.name, data.reshape(data.shape[0], -1))

@@ -32,7 +32,7 @@ BLOCK_BYTES = {"Q4_1": 20, "Q8_0": 34}
 class BlockTensor:
     """A quantized [rows, cols] matrix as raw blocks: uint8 [rows, cols / 32, bytes per block]."""
 
-    kind: str  # "Q4_1" or "Q8_0"
+    kind: str  # "Q4_1", "Q8_0", "Q5_0", or the K-quants' forms (model/gguf_codes.py)
     blocks: torch.Tensor
 
     @property
@@ -44,26 +44,42 @@ class BlockTensor:
         return self.blocks.shape[1] * BLOCK
 
     def scales(self) -> torch.Tensor:
-        """d per block, fp32 [rows, cols / 32]."""
+        """d per block, fp32 [rows, cols / 32] (Q6_K's form: [rows, cols / 32, 2], one per
+        16 weights)."""
+        if self.kind in ("Q4_K", "Q6_K"):
+            return self.blocks[..., 0:8 if self.kind == "Q6_K" else 4].contiguous().view(
+                torch.float32).squeeze(-1)
         return self.blocks[..., 0:2].contiguous().view(torch.float16).squeeze(-1).float()
 
     def minimums(self) -> torch.Tensor:
-        """m per block (Q4_1 only), fp32 [rows, cols / 32]."""
+        """m per block (Q4_1, Q4_K), fp32 [rows, cols / 32]."""
+        if self.kind == "Q4_K":
+            return self.blocks[..., 4:8].contiguous().view(torch.float32).squeeze(-1)
         assert self.kind == "Q4_1"
         return self.blocks[..., 2:4].contiguous().view(torch.float16).squeeze(-1).float()
 
     def codes(self) -> torch.Tensor:
-        """q per weight: [rows, cols / 32, 32], uint8 0..15 (Q4_1) or int8 (Q8_0)."""
-        if self.kind == "Q8_0":
-            return self.blocks[..., 2:].contiguous().view(torch.int8)
-        packed = self.blocks[..., 4:]
-        return torch.cat([packed & 0x0F, packed >> 4], dim=-1)
+        """q per weight: [rows, cols / 32, 32], uint8 0..15 (Q4_1, Q4_K) or int8 (Q8_0,
+        Q6_K's q - 32, Q5_0's q - 16)."""
+        if self.kind in ("Q8_0", "Q6_K"):
+            return self.blocks[..., 2 if self.kind == "Q8_0" else 8:].contiguous().view(
+                torch.int8)
+        packed = self.blocks[..., {"Q4_1": 4, "Q4_K": 8, "Q5_0": 6}[self.kind]:]
+        q = torch.cat([packed & 0x0F, packed >> 4], dim=-1)
+        if self.kind != "Q5_0":
+            return q
+        high = self.blocks[..., 2:6].contiguous().view(torch.int32)  # bit i: weight i's 5th
+        bits = (high >> torch.arange(BLOCK, dtype=torch.int32)) & 1
+        return ((q.to(torch.int32) | (bits << 4)) - 16).to(torch.int8)
 
     def dequantize(self) -> torch.Tensor:
         """The fp32 weights [rows, cols], computed as gguf's reference code does."""
         q = self.codes().float()
-        w = q * self.scales().unsqueeze(-1)
-        if self.kind == "Q4_1":
+        if self.kind == "Q6_K":  # a scale per 16 weights
+            w = (q.unflatten(-1, (2, 16)) * self.scales().unsqueeze(-1)).flatten(-2)
+        else:
+            w = q * self.scales().unsqueeze(-1)
+        if self.kind in ("Q4_1", "Q4_K"):
             w = w + self.minimums().unsqueeze(-1)
         return w.reshape(self.rows, self.cols)
 

@@ -130,8 +130,24 @@ class GemmaRMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.zeros(dim))
         self.eps = eps
+        self._fused: FusedOps | None = None
+        self._gain: Tensor | None = None
+
+    @property
+    def fused(self) -> FusedOps | None:
+        return self._fused
+
+    @fused.setter
+    def fused(self, ops: FusedOps | None) -> None:
+        """Set by use_fused_ops on the loaded model: the fp32 gain (1 + weight) is kept for
+        the compiled norm, which fp32 activations then take (one op instead of five)."""
+        self._fused = ops
+        self._gain = None if ops is None else (1.0 + self.weight.detach().float())
 
     def forward(self, x: Tensor) -> Tensor:
+        if self._fused is not None and x.dtype == torch.float32:
+            rows = x.reshape(-1, x.shape[-1]).contiguous()
+            return self._fused.add_rms_norm(rows, rows[:0], self._gain, self.eps).view_as(x)
         normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
         return (normed * (1.0 + self.weight.float())).to(x.dtype)
 
@@ -202,14 +218,33 @@ class QKNorm(nn.Module):
         self.k_weight = nn.Parameter(torch.full((head_dim,), 1.0 - weight_offset))
         self.eps = eps
         self.weight_offset = weight_offset
+        self._gain: Tensor | None = None  # (offset +) both weights, per head: see `fused`
 
-    def forward(self, qk: Tensor) -> Tensor:
+    @property
+    def fused(self) -> FusedOps | None:
+        return None  # no compiled op of its own; set means "the weights are final"
+
+    @fused.setter
+    def fused(self, ops: FusedOps | None) -> None:
+        """Set by use_fused_ops on the loaded model: the per-head gain is built once then,
+        not on every call (in fp32 where there is an offset, as the call computes it)."""
+        self._gain = None if ops is None else self.gain().detach()
+
+    def gain(self) -> Tensor:
         weight = torch.cat([self.q_weight.expand(self.num_heads, -1),
                             self.k_weight.expand(self.num_kv_heads, -1)])
+        return self.weight_offset + weight.float() if self.weight_offset else weight
+
+    def forward(self, qk: Tensor) -> Tensor:
+        cached = self._gain is not None and self._gain.dtype == (
+            torch.float32 if self.weight_offset else qk.dtype)
+        gain = self._gain if cached else self.gain()
         if self.weight_offset:
+            if qk.dtype == torch.float32:
+                return F.rms_norm(qk, (qk.shape[-1],), eps=self.eps) * gain
             normed = F.rms_norm(qk.float(), (qk.shape[-1],), eps=self.eps)
-            return (normed * (self.weight_offset + weight.float())).to(qk.dtype)
-        return F.rms_norm(qk, (qk.shape[-1],), eps=self.eps) * weight
+            return (normed * gain).to(qk.dtype)
+        return F.rms_norm(qk, (qk.shape[-1],), eps=self.eps) * gain
 
 
 def use_fused_ops(model: nn.Module, kernels: ModuleType | None) -> None:

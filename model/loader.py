@@ -220,9 +220,9 @@ def load_model(model_dir: str | Path, device: torch.device | str = "cpu",
 def log_torch_pieces(cfg: ModelConfig) -> None:
     """Say which parts of this architecture our CPU kernels leave to PyTorch."""
     if cfg.model_type == "gemma3_text":
-        log.info("gemma3_text: its (1 + weight) RMSNorms, RoPE and gated tanh-GELU run in "
-                 "PyTorch (the fused kernels implement Llama's forms); the matmuls and the "
-                 "paged decode attention (with its sliding window) use our kernels")
+        log.info("gemma3_text: its per-head q/k norms and gated tanh-GELU run in PyTorch "
+                 "(and its (1 + weight) RMSNorms, except in float32); the matmuls, RoPE and "
+                 "the paged decode attention (with its sliding window) use our kernels")
         return
     if cfg.qkv_bias:
         log.info("%s: q/k/v biases are added in PyTorch after the QKV matmul (the packed "

@@ -1,4 +1,6 @@
-"""`--weights q4_1`: run the default model on its own 4-bit codes, exact to the fp32 model.
+"""`--weights q4_1`: run the default model on its own 4-bit codes, exact to the fp32 model
+(and, with --model FILE.gguf, any GGUF file on its own codes where a kernel takes their type:
+model/gguf_codes.py).
 
 The fp32 model is the dequantized GGUF (model/gguf_weights.py), so a matmul that dequantizes
 each weight in fp32 and multiplies by FMA computes the fp32 model, summed in another order.
@@ -37,7 +39,7 @@ from model.cpu_kernel import (
     load_fused_ops,
 )
 from model.gguf_weights import BLOCK, BlockTensor, read_gguf_codes
-from model.layers import use_fused_ops
+from model.layers import BiasedLinear, use_fused_ops
 from model.llama import LlamaModel
 
 log = logging.getLogger("nano_vllm.kernel")
@@ -63,10 +65,13 @@ def quantized_kernels() -> dict[str, Callable[[Tensor, Tensor, int], Tensor]]:
         raise QuantizedKernelUnavailable(
             f"the CPU kernels could not be built ({cpu_kernels_error()}). They need a C++ "
             "compiler with OpenMP and ninja; use the default fp32 weights instead.")
-    return {"Q4_1": module.q4_1_linear, "Q8_0": module.q8_0_linear}
+    return {"Q4_1": module.q4_1_linear, "Q8_0": module.q8_0_linear,
+            "Q5_0": module.q5_0_linear, "Q4_K": module.q4_k_linear,
+            "Q6_K": module.q6_k_linear}
 
 
-ACTIVATIONS = ("float32", "int8")  # of the Q4_1 layers: exact, or the VNNI speed mode
+ACTIVATIONS = ("float32", "int8")  # exact, or the VNNI speed mode
+INT8_ACTIVATION_KINDS = ("Q4_1", "Q8_0")  # the block types with an int8-activation kernel
 
 
 def int8_activation_kernels() -> dict[str, Callable[[Tensor, Tensor, int], Tensor]]:
@@ -101,17 +106,23 @@ def pack_for_kernel(weight: BlockTensor, code_width: int = 1) -> Tensor:
         field = field.reshape(groups, GROUP, blocks, -1, width)
         return field.permute(0, 2, 3, 1, 4).reshape(groups, blocks, -1)
 
-    if weight.kind == "Q4_1":  # d, m, then 16 code bytes (weights j and j + 16)
-        parts = [interleave(raw[..., 0:2], 2), interleave(raw[..., 2:4], 2),
-                 interleave(raw[..., 4:20], code_width)]
-    else:  # Q8_0: d, then 32 int8 codes
-        codes = raw[..., 2:34] ^ 0x80 if code_width > 1 else raw[..., 2:34]
-        parts = [interleave(raw[..., 0:2], 2), interleave(codes, code_width)]
+    if weight.kind == "Q8_0" and code_width > 1:  # the int8-activation kernel: q + 128
+        raw[..., 2:34] ^= 0x80
+    # Each format's fields: (start byte, width of one lane's run); codes last.
+    fields = {"Q4_1": [(0, 2), (2, 2), (4, code_width)],  # d, m, 16 code bytes (j, j + 16)
+              "Q8_0": [(0, 2), (2, code_width)],  # d, 32 int8 codes
+              "Q5_0": [(0, 2), (2, 4), (6, 1)],  # d, 32 fifth bits, 16 code bytes
+              "Q4_K": [(0, 4), (4, 4), (8, 1)],  # fp32 s and m, 16 code bytes
+              "Q6_K": [(0, 4), (4, 4), (8, 1)]}[weight.kind]  # fp32 s0 and s1, 32 int8 codes
+    ends = [start for start, _ in fields[1:]] + [raw.shape[2]]
+    parts = [interleave(raw[..., start:end], width)
+             for (start, width), end in zip(fields, ends, strict=True)]
     return torch.cat(parts, dim=-1).contiguous()
 
 
 class QuantizedLinear(nn.Module):
-    """y = x @ Wᵀ for x [..., in] fp32, W kept as Q4_1 or Q8_0 codes ([out, in] blocks).
+    """y = x @ Wᵀ for x [..., in] fp32, W kept as GGUF codes: Q4_1, Q8_0, Q5_0 or
+    the K-quants' forms of model/gguf_codes.py ([out, in] blocks of 32).
 
     The same contract as model/llama.py's Linear; the result is the fp32 matmul on the
     dequantized weights up to summation order, or with activations="int8" the matmul on x
@@ -119,8 +130,10 @@ class QuantizedLinear(nn.Module):
 
     def __init__(self, weight: BlockTensor, activations: str = "float32") -> None:
         super().__init__()
-        if activations not in ACTIVATIONS:
-            raise ValueError(f"activations are one of {', '.join(ACTIVATIONS)}, "
+        if activations not in ACTIVATIONS or (activations == "int8"
+                                               and weight.kind not in INT8_ACTIVATION_KINDS):
+            raise ValueError(f"{weight.kind} weights take activations float32"
+                             f"{' or int8' if weight.kind in INT8_ACTIVATION_KINDS else ''}, "
                              f"not {activations}")
         self.kind, self.activations = weight.kind, activations
         self.in_features, self.out_features = weight.cols, weight.rows
@@ -199,15 +212,24 @@ def refuse_gguf_file(path: Path, weights: str) -> None:
 
 
 class Q4_1Weights:
-    """`--weights q4_1` as a weight format (model/checkpoint.py): the config of the folder,
-    the tensors of its GGUF (default: the default model's, fetched once), each linear layer
-    and the LM head on the GGUF's own codes (the layers' Q4_1 matmuls and the Q8_0 LM head
-    take `activations`), the embedding read from the head's codes."""
+    """`--weights q4_1` as a weight format (model/checkpoint.py).
+
+    On a folder: its config, the tensors of its GGUF (default: the default model's, fetched
+    once), each linear layer and the LM head on the GGUF's own codes (the layers' Q4_1
+    matmuls and the Q8_0 LM head take `activations`), the embedding read from
+    the head's codes.
+
+    On a GGUF file (any architecture): every matrix of a type our kernels take
+    (model/gguf_codes.py KERNEL_TYPES) runs on its own codes, the rest is dequantized to
+    fp32 as the default weights are (the log names which); a Q8_0 embedding is read from
+    its codes. Exact either way: the same weights, summed in another order."""
 
     def __init__(self, activations: str = "float32", fused_ops: bool = True,
                  gguf_path: str | Path | None = None) -> None:
         check_activations(activations)  # the kernel, before anything is read
         self.activations, self.fused_ops, self.gguf_path = activations, fused_ops, gguf_path
+        self.tensor_types: dict[str, str] | None = None  # a GGUF file's, once read
+        self.dequantized: list[str] = []  # what runs on fp32 weights, for the log
 
     def codes(self, cfg: ModelConfig, num_layers: int | None = None) -> Checkpoint:
         """The GGUF's codes as the checkpoint of a model of `cfg` with `num_layers` layers
@@ -222,30 +244,60 @@ class Q4_1Weights:
         return Checkpoint(cfg, codes.tensors, path)
 
     def read(self, path: Path) -> Checkpoint:
-        refuse_gguf_file(path, "q4_1")
+        if path.is_file():
+            from model.gguf_checkpoint import read_gguf_checkpoint
+            from model.gguf_codes import KERNEL_TYPES
+
+            gguf = read_gguf_checkpoint(path, keep_codes=KERNEL_TYPES)
+            self.tensor_types = gguf.tensor_types
+            return Checkpoint(gguf.config, dict(gguf.hf_weights), path)
         return self.codes(ModelConfig.from_dir(path))
 
     def check(self, cfg: ModelConfig) -> None:
-        if cfg.model_type != "llama":
-            raise ValueError(f"--weights q4_1 runs Llama models, not {cfg.model_type}")
+        if cfg.model_type != "llama" and self.tensor_types is None:
+            raise ValueError(f"--weights q4_1 runs Llama models from a folder (or any GGUF "
+                             f"file), not {cfg.model_type}")
 
     def linear(self, name: str, module: nn.Module, weights: list,
-               biases: list | None) -> QuantizedLinear:
-        if biases is not None:
-            raise ValueError(f"--weights q4_1 has no biases for {name}")
-        weight = BlockTensor.cat(weights)
-        expected = tuple(module.weight_t.shape[::-1])  # our Linear keeps [in, out]
-        if (weight.rows, weight.cols) != expected:
-            raise ValueError(f"GGUF tensor for {name} is {weight.rows}x{weight.cols}, the "
-                             f"model's is {expected[0]}x{expected[1]}: not the same model")
-        return QuantizedLinear(weight, self.activations)
+               biases: list | None) -> nn.Module:
+        from model.gguf_codes import fuse
 
-    def embedding_and_head(self, model: nn.Module, embedding: BlockTensor,
-                           head: BlockTensor | None) -> None:
-        """The Q8_0 head takes the layers' activations (int8: rounded per block of 32)."""
+        if biases is not None and self.tensor_types is None:
+            raise ValueError(f"--weights q4_1 has no biases for {name}")
+        inner = module.linear if isinstance(module, BiasedLinear) else module
+        codes = all(isinstance(w, BlockTensor) for w in weights)
+        weight = fuse(weights) if codes else None
+        if weight is None:  # a type no kernel takes, or a mix none holds: fp32 weights
+            self.dequantized.append(name)
+            dense = [w.dequantize() if isinstance(w, BlockTensor) else w for w in weights]
+            inner.load_state_dict({"weight_t": torch.cat(dense).t().contiguous()},
+                                  assign=True, strict=True)
+            built = inner
+        else:
+            expected = tuple(inner.weight_t.shape[::-1])  # our Linear keeps [in, out]
+            if (weight.rows, weight.cols) != expected:
+                raise ValueError(f"GGUF tensor for {name} is {weight.rows}x{weight.cols}, "
+                                 f"the model's is {expected[0]}x{expected[1]}: not the same "
+                                 "model")
+            acts = self.activations if weight.kind in INT8_ACTIVATION_KINDS else "float32"
+            built = QuantizedLinear(weight, acts)
+        if biases is None:
+            return built
+        module.linear = built
+        module.bias = nn.Parameter(torch.cat(biases), requires_grad=False)
+        return module
+
+    def embedding_and_head(self, model: nn.Module, embedding: BlockTensor | Tensor,
+                           head: BlockTensor | Tensor | None) -> None:
+        """A Q8_0 head takes the layers' activations (int8: rounded per block of 32); a Q8_0
+        embedding is looked up in its codes (shared with a tied head), another one kept as
+        fp32 rows."""
         model.lm_head = self.linear("lm_head", model.lm_head,
                                     [embedding if head is None else head], None)
-        if head is None:  # tied: one set of codes serves both
+        if not (isinstance(embedding, BlockTensor) and embedding.kind == "Q8_0"):
+            rows = embedding.dequantize() if isinstance(embedding, BlockTensor) else embedding
+            model.embed_tokens.load_state_dict({"weight": rows}, assign=True, strict=True)
+        elif head is None:  # tied: one set of codes serves both
             model.embed_tokens = QuantizedEmbedding(model.lm_head)
         else:
             model.embed_tokens = QuantizedEmbedding(QuantizedLinear(embedding))
@@ -253,6 +305,10 @@ class Q4_1Weights:
     def finish(self, model: nn.Module) -> nn.Module:
         if self.fused_ops:
             use_fused_ops(model, load_fused_ops())
+        if self.tensor_types is not None:
+            from model.gguf_codes import report_and_pack
+
+            report_and_pack(model, self.dequantized, self.tensor_types)
         return model.eval().requires_grad_(False)
 
 

@@ -16,6 +16,9 @@ void set_prefetch_bytes(int64_t bytes);
 void set_chunk_steps(int64_t steps);
 torch::Tensor q4_1_linear(torch::Tensor x, torch::Tensor packed, int64_t out_features);
 torch::Tensor q8_0_linear(torch::Tensor x, torch::Tensor packed, int64_t out_features);
+torch::Tensor q5_0_linear(torch::Tensor x, torch::Tensor packed, int64_t out_features);
+torch::Tensor q4_k_linear(torch::Tensor x, torch::Tensor packed, int64_t out_features);
+torch::Tensor q6_k_linear(torch::Tensor x, torch::Tensor packed, int64_t out_features);
 torch::Tensor q4_1_int8act_linear(torch::Tensor x, torch::Tensor packed, int64_t out_features);
 torch::Tensor q8_0_int8act_linear(torch::Tensor x, torch::Tensor packed, int64_t out_features);
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> quantize_rows_int8(torch::Tensor x);
@@ -42,6 +45,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_chunk_steps", &set_chunk_steps, "dense_linear tuning knob");
   m.def("q4_1_linear", &q4_1_linear, "x @ W^T from Q4_1 codes (quantized_linear_cpu.cpp)");
   m.def("q8_0_linear", &q8_0_linear, "x @ W^T from Q8_0 codes (quantized_linear_cpu.cpp)");
+  m.def("q5_0_linear", &q5_0_linear, "x @ W^T from Q5_0 codes (quantized_linear_cpu.cpp)");
+  m.def("q4_k_linear", &q4_k_linear,
+        "x @ W^T from Q4_K codes, per 32: fp32 scale and min (quantized_linear_cpu.cpp)");
+  m.def("q6_k_linear", &q6_k_linear,
+        "x @ W^T from Q6_K codes, per 16: fp32 scale (quantized_linear_cpu.cpp)");
   m.def("q4_1_int8act_linear", &q4_1_int8act_linear,
         "x @ W^T from Q4_1 codes, x rounded to int8 per block (q4_1_int8act_cpu.cpp)");
   m.def("q8_0_int8act_linear", &q8_0_int8act_linear,

@@ -1,4 +1,6 @@
-// y = x · Wᵀ with W kept as llama.cpp's Q4_1 or Q8_0 codes (CPU, AVX-512, fp32 arithmetic).
+// y = x · Wᵀ with W kept as llama.cpp's Q4_1, Q8_0 or Q5_0 codes, or its Q4_K / Q6_K codes
+// rewritten as blocks of 32 with fp32 scales (model/gguf_codes.py) (CPU, AVX-512, fp32
+// arithmetic).
 //
 // Exact to the fp32 model: each weight is dequantized in fp32 exactly as the GGUF reference
 // does (d * q + m; d * q is exact in fp32, so one rounding), then multiplied with x by FMA.
@@ -9,7 +11,8 @@
 // broadcast. Per group and block of 32 inputs, contiguous:
 //   Q4_1, 320 bytes: d[16] fp16, m[16] fp16, codes[16][16]: byte [j][r] holds row r's weight
 //                    j in its low nibble and weight j + 16 in its high one (as in the GGUF);
-//   Q8_0, 544 bytes: d[16] fp16, codes[32][16] int8: [k][r].
+//   Q8_0, 544 bytes: d[16] fp16, codes[32][16] int8: [k][r];
+//   Q5_0, Q4_K, Q6_K: see their structs below.
 // Groups follow one another: [groups][blocks][bytes].
 //
 // Threads split the output groups; each reads its codes from memory once per call. Up to 8
@@ -75,6 +78,75 @@ struct Q8_0 {
   inline void pair(int j, __m512& lo, __m512& hi) const {
     lo = at(j);
     hi = at(j + 16);
+  }
+};
+
+// Q5_0, 352 bytes: d[16] fp16, qh[16] uint32 (bit i: weight i's fifth bit), codes[16][16] as
+// Q4_1's. w = d * (q - 16): exact in fp32 (11 + 5 significant bits), as the GGUF reference.
+struct Q5_0 {
+  static constexpr int64_t kBytes = 352;
+  __m512 d;
+  __m512i qh;
+  const uint8_t* codes;
+  Q5_0() = default;
+  explicit Q5_0(const uint8_t* p)
+      : d(load_halves(p)), qh(_mm512_loadu_si512(p + 32)), codes(p + 96) {}
+  inline void pair(int j, __m512& lo, __m512& hi) const {
+    const __m512i b = _mm512_cvtepu8_epi32(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + kLanes * j)));
+    const __m512i nibble = _mm512_set1_epi32(0x0F), bit4 = _mm512_set1_epi32(0x10);
+    const __m512i sixteen = _mm512_set1_epi32(16);
+    // Bit j (and j + 16) of qh, moved to bit 4.
+    const __m512i h_lo = _mm512_and_si512(
+        j >= 4 ? _mm512_srl_epi32(qh, _mm_cvtsi32_si128(j - 4))
+               : _mm512_sll_epi32(qh, _mm_cvtsi32_si128(4 - j)), bit4);
+    const __m512i h_hi = _mm512_and_si512(_mm512_srl_epi32(qh, _mm_cvtsi32_si128(j + 12)), bit4);
+    const __m512i q_lo = _mm512_sub_epi32(_mm512_or_si512(_mm512_and_si512(b, nibble), h_lo),
+                                          sixteen);
+    const __m512i q_hi = _mm512_sub_epi32(_mm512_or_si512(_mm512_srli_epi32(b, 4), h_hi),
+                                          sixteen);
+    lo = _mm512_mul_ps(_mm512_cvtepi32_ps(q_lo), d);
+    hi = _mm512_mul_ps(_mm512_cvtepi32_ps(q_hi), d);
+  }
+};
+
+// A Q4_K sub-block of 32, 384 bytes: s[16] fp32, m[16] fp32, codes[16][16] as Q4_1's.
+// s = d * sc and m = -dmin * mn are exact in fp32 (11 + 6 significant bits, made at load), so
+// is s * q; w = s * q + m in one FMA is the one rounding of the GGUF reference's d * q - dm.
+struct Q4_K {
+  static constexpr int64_t kBytes = 384;
+  __m512 s, m;
+  const uint8_t* codes;
+  Q4_K() = default;
+  explicit Q4_K(const uint8_t* p)
+      : s(_mm512_loadu_ps(p)), m(_mm512_loadu_ps(p + 64)), codes(p + 128) {}
+  inline void pair(int j, __m512& lo, __m512& hi) const {
+    const __m512i b = _mm512_cvtepu8_epi32(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + kLanes * j)));
+    const __m512i low = _mm512_and_si512(b, _mm512_set1_epi32(0x0F));
+    lo = _mm512_fmadd_ps(_mm512_cvtepi32_ps(low), s, m);
+    hi = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(b, 4)), s, m);
+  }
+};
+
+// Two Q6_K sub-blocks of 16, 640 bytes: s0[16], s1[16] fp32 (weights 0-15, 16-31), then
+// codes[32][16] int8 (q - 32) as Q8_0's. s = d * sc is exact in fp32 (11 + 7 significant
+// bits), and so is s * q (+ 5 more): the GGUF reference's weight, with no rounding at all.
+struct Q6_K {
+  static constexpr int64_t kBytes = 640;
+  __m512 s0, s1;
+  const uint8_t* codes;
+  Q6_K() = default;
+  explicit Q6_K(const uint8_t* p)
+      : s0(_mm512_loadu_ps(p)), s1(_mm512_loadu_ps(p + 64)), codes(p + 128) {}
+  inline __m512 at(int k, __m512 s) const {
+    const __m512i q = _mm512_cvtepi8_epi32(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + kLanes * k)));
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(q), s);
+  }
+  inline void pair(int j, __m512& lo, __m512& hi) const {
+    lo = at(j, s0);
+    hi = at(j + 16, s1);
   }
 };
 
@@ -283,4 +355,16 @@ torch::Tensor q4_1_linear(torch::Tensor x, torch::Tensor packed, int64_t out_fea
 
 torch::Tensor q8_0_linear(torch::Tensor x, torch::Tensor packed, int64_t out_features) {
   return quantized_linear<Q8_0>(x, packed, out_features, "q8_0_linear");
+}
+
+torch::Tensor q5_0_linear(torch::Tensor x, torch::Tensor packed, int64_t out_features) {
+  return quantized_linear<Q5_0>(x, packed, out_features, "q5_0_linear");
+}
+
+torch::Tensor q4_k_linear(torch::Tensor x, torch::Tensor packed, int64_t out_features) {
+  return quantized_linear<Q4_K>(x, packed, out_features, "q4_k_linear");
+}
+
+torch::Tensor q6_k_linear(torch::Tensor x, torch::Tensor packed, int64_t out_features) {
+  return quantized_linear<Q6_K>(x, packed, out_features, "q6_k_linear");
 }

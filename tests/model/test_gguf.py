@@ -18,7 +18,7 @@ import torch
 from model.gguf_checkpoint import TENSOR_TYPES, GGUFError, read_gguf_checkpoint
 from model.gguf_header import read_tensor_extents
 from model.layers import causal_attention
-from model.loader import load_model
+from model.loader import load_model, load_path
 from tests.conftest import LOGITS_ATOL
 from tests.model.gguf_files import write_tiny_gguf
 
@@ -45,27 +45,30 @@ def hf_config(name: str):
                             head_dim=256, sliding_window=WINDOW, tie_word_embeddings=True)
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3", "gemma3"])
-def tiny_gguf(request, tmp_path_factory):
+def write_and_load(arch: str, matrix_types: list[str], tmp_path_factory):
     """(GGUF path, the types written, transformers' model loaded from that file)."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
-    source = AutoModelForCausalLM.from_config(hf_config(request.param), dtype=torch.float32)
+    source = AutoModelForCausalLM.from_config(hf_config(arch), dtype=torch.float32)
     for name, param in source.named_parameters():
-        gemma = request.param == "gemma3"
+        gemma = arch == "gemma3"
         if name.endswith("norm.weight"):  # gains near 1 ((1 + w) for Gemma)
             param.copy_((0.0 if gemma else 1.0) + 0.3 * torch.randn_like(param))
         else:
             param.normal_(0, 0.15)  # 0.3 at width 64 in test_architectures: same scale
-    folder = tmp_path_factory.mktemp(f"gguf-{request.param}")
+    folder = tmp_path_factory.mktemp(f"gguf-{arch}")
     path = folder / "tiny.gguf"
-    types = write_tiny_gguf(path, source, MATRIX_TYPES,
-                            WINDOW if request.param == "gemma3" else None)
+    types = write_tiny_gguf(path, source, matrix_types, WINDOW if arch == "gemma3" else None)
     del source
     theirs = AutoModelForCausalLM.from_pretrained(folder, gguf_file=path.name,
                                                   dtype=torch.float32).eval()
     return path, types, theirs
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3", "gemma3"])
+def tiny_gguf(request, tmp_path_factory):
+    return write_and_load(request.param, MATRIX_TYPES, tmp_path_factory)
 
 
 def test_gguf_logits_match_transformers_loading_the_same_file(tiny_gguf):
@@ -134,3 +137,46 @@ def test_unsupported_architecture_and_tensor_type_are_named(llama_gguf, tmp_path
     with pytest.raises(GGUFError, match=f"tensor {re.escape(first.name)} is IQ2_XXS") as err:
         read_gguf_checkpoint(other)
     print(err.value)
+
+
+# Two layers' matrices in state-dict order (q, k, v, o, gate, up, down), as Q4_K_M mixes
+# them: fused parts of one type, of types one form holds (Q5_0 + Q8_0 as Q8_0), of types none
+# does (Q4_K + Q6_K: dequantized), and types no kernel takes (F16, BF16).
+CODE_TYPES = ["Q5_0", "Q5_0", "Q8_0", "Q4_K", "Q4_1", "Q4_1", "Q6_K",
+              "Q5_0", "Q5_0", "Q5_0", "Q6_K", "Q4_K", "Q6_K", "BF16", "F16"]
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2", "gemma3"])
+def codes_gguf(request, tmp_path_factory):
+    return write_and_load(request.param, CODE_TYPES, tmp_path_factory)
+
+
+def test_weights_q4_1_runs_each_matrix_on_its_own_codes(codes_gguf):
+    """`--weights q4_1` on a GGUF file: every matrix a kernel takes stays in its codes (a
+    fused module in the form that holds all its parts), the others are dequantized; the
+    logits are transformers' within the same tolerance, since the weights are the same."""
+    from model.gguf_codes import KERNEL_TYPES
+    from model.quantized import Q4_1Weights, QuantizedKernelUnavailable, QuantizedLinear
+
+    path, _, theirs = codes_gguf
+    try:
+        fmt = Q4_1Weights()
+    except QuantizedKernelUnavailable as exc:
+        pytest.skip(str(exc))
+    ours = load_path(path, fmt)
+    kinds = {m.kind for m in ours.modules() if isinstance(m, QuantizedLinear)}
+    ids = torch.randint(0, WIDE["vocab_size"], (1, 40), generator=torch.Generator().manual_seed(1))
+    expected = theirs(ids).logits[0]
+    mine = ours(ids, torch.arange(40)[None], causal_attention)[0]
+    diff = (mine - expected).abs().max().item()
+    print(f"{ours.cfg.model_type}, --weights q4_1: kernels {sorted(kinds)}, dequantized "
+          f"{fmt.dequantized}; max |diff| vs transformers = {diff:.2e}")
+    assert set(KERNEL_TYPES) <= kinds
+    first_two = [name for name in fmt.dequantized if name.startswith(("layers.0.", "layers.1."))]
+    assert first_two == ["layers.1.mlp.gate_up_proj", "layers.1.mlp.down_proj"]
+    assert expected.std() > 1.0
+    assert diff < LOGITS_ATOL
+    if ours.cfg.model_type == "llama":  # the decode stack takes Q4_1 and Q8_0 layers only
+        from model.decode_stack import unsupported
+
+        assert unsupported(ours) == "o_proj runs on the Q4_K kernel, which the stack lacks"
