@@ -14,7 +14,8 @@ cached prefix.
 Blocks are taken as a sequence grows, not reserved up front. When a running sequence
 needs a block and none is free, a request is preempted: its blocks are released (full ones
 stay findable in the prefix cache), and it returns to the line to be recomputed later. (With
-sliding-window layers, each KV cache group takes its own blocks, all from one pool:
+sliding-window layers, each KV cache group takes its own blocks, all from one pool, and a
+sliding group gives back the blocks its window has left behind after each step:
 kvcache/kv_cache_manager.py.) Under
 fcfs that is the most recently seated request, and it returns to the front of the line.
 Under priority it is the one the line would seat last (the lowest priority, aged as in
@@ -228,6 +229,7 @@ class Scheduler:
             # drafts are not in token_ids yet: their blocks are made findable next step).
             final = min(request.num_computed_tokens, request.num_tokens)
             self.kv.cache_full_blocks(request.blocks, request.token_ids, final)
+            self.kv.free_left_behind(request.blocks, final)
             prompt_logprobs = output.prompt_logprobs.get(request_id)
             if prompt_logprobs:
                 assert request.prompt_logprobs is not None

@@ -81,5 +81,6 @@ class KVCacheGroups:
         if self.num_groups == 1:
             return "one KV cache group of all layers"
         sliding = sum(w is not None for w in self.windows)
-        return (f"{self.num_groups} KV cache groups of {self.group_size} layers "
+        layers = f"{self.group_size} layer{'s' if self.group_size > 1 else ''}"
+        return (f"{self.num_groups} KV cache groups of {layers} "
                 f"({self.num_groups - sliding} full attention, {sliding} sliding window)")

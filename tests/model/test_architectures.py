@@ -238,6 +238,54 @@ def test_engine_preemption_keeps_the_answers(ours, tokenizer, prompts, hf_answer
     tiny_pool.core.allocator.check_invariants()
 
 
+def count_left_behind(engine) -> list[int]:
+    """A list that gets, after each step, the blocks the seated requests' sliding groups
+    have given back; every step also checks that the pool's count of blocks in use is the
+    blocks the seated requests hold (what a window left behind is counted nowhere)."""
+    core, counts = engine.core, []
+    core_step = core.step
+
+    def step_and_count():
+        result = core_step()
+        running = core.scheduler.running
+        counts.append(sum(r.blocks.left_behind[g] for r in running
+                          for g in range(core.groups.num_groups)))
+        assert core.allocator.num_used == len({b for r in running for b in r.blocks.held()})
+        core.allocator.check_invariants()
+        return result
+
+    core.step = step_and_count
+    return counts
+
+
+def test_engine_gives_back_the_blocks_a_window_left_behind(ours, tokenizer, prompts,
+                                                            hf_answers):
+    if not ours.cfg.sliding_window:
+        pytest.skip("every layer attends to the whole context: one KV cache group")
+    engine = make_engine(ours, tokenizer, num_blocks=64)
+    left_behind = count_left_behind(engine)
+    tokens, _ = run(engine, prompts, [0, 0, 1, 3, 3, 5], max_tokens=MAX_NEW, ignore_eos=True)
+    check(tokens, hf_answers, "window given back")
+    print(f"{engine.core.describe()}\nblocks given back after each step: {left_behind}")
+    assert max(left_behind) > 0
+    assert engine.core.allocator.num_used == 0
+
+
+def test_engine_samples_share_and_give_back_the_window(ours, tokenizer, prompts, hf_answers):
+    from engine.request import Request, SamplingParams
+    from tests.engine.test_logprobs import drive
+
+    engine = make_engine(ours, tokenizer, num_blocks=64)
+    left_behind = count_left_behind(engine)
+    longest = max(range(len(prompts)), key=lambda i: len(prompts[i]))
+    params = SamplingParams(max_tokens=MAX_NEW, temperature=0, ignore_eos=True, n=3)
+    by_sample = drive(engine, [Request("n3", prompts[longest], params, print)])
+    answers = [[t for o in by_sample[i] for t in o.token_ids] for i in range(3)]
+    check(answers, [hf_answers[longest]] * 3, "samples")
+    assert max(left_behind) > 0 or not ours.cfg.sliding_window
+    assert engine.core.allocator.num_used == 0
+
+
 # --- what is refused, and the rope scaling itself --------------------------------------------
 
 
