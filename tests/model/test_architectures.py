@@ -21,7 +21,7 @@ import torch
 
 from engine.step_types import SequenceStep
 from kvcache.kv_cache_manager import SequenceBlocks
-from kvcache.pool import BLOCK_SIZE
+from kvcache.pool import BLOCK_SIZE, DUMMY_BLOCK
 from model.config import Llama3RopeScaling, ModelConfig
 from model.layers import causal_attention, llama3_scaled
 from model.loader import load_model
@@ -172,6 +172,40 @@ def test_prefix_hit_and_chunks_match_hf_logits(ours, hf, tokenizer):
     diff = (logits[0] - hf_last_logits(hf, second)).abs().max().item()
     print(f"prefix hit ({cached} tokens reused): |diff| vs HF = {diff:.2e}")
     assert diff < LOGITS_ATOL
+
+
+def test_hit_without_a_sliding_block_is_shorter_and_matches_hf_logits(ours, hf, tokenizer):
+    if not ours.cfg.sliding_window:
+        pytest.skip("every layer attends to the whole context: one KV cache group")
+    runner, manager = make_runner(ours)
+    allocator, sliding = manager.allocator, [g for g, _ in manager.sliding]
+    shared = prompt_ids(tokenizer, 3 * BLOCK_SIZE, seed=8)
+    first, second = [*shared, 11, 12], [*shared, 21, 22, 23]
+    a = SequenceBlocks()
+    assert manager.allocate_slots(a, len(first))
+    runner.compute_logits([SequenceStep(first, 0, a.tables, True)])
+    manager.cache_full_blocks(a, first, len(first))
+    manager.free_left_behind(a, len(first))
+    manager.release(a)  # all cached-free now
+    hit = manager.find_cached_prefix(second)
+    assert len(hit.hashes) == 3 and all(hit.tables[g][0] == DUMMY_BLOCK for g in sliding)
+    # Evict block 2 of one sliding group: a hit of 3 blocks needs it (the next query, at 48,
+    # sees 37..48); one of 2 blocks needs only block 1 (the query at 32 sees 21..32).
+    gone = hit.tables[sliding[-1]][2]
+    allocator.acquire(gone)
+    allocator._forget(allocator.blocks[gone])
+    allocator.free(gone)
+    b = manager.find_cached_prefix(second)
+    cached = len(b.hashes) * BLOCK_SIZE
+    print(f"hit without block 2 of group {sliding[-1]}: {cached} tokens, tables {b.tables}")
+    assert cached == 2 * BLOCK_SIZE
+    assert manager.allocate_slots(b, len(second), new_prefix_hit=True)
+    logits = runner.compute_logits([SequenceStep(second[cached:], cached, b.tables, True)])
+    diff = (logits[0] - hf_last_logits(hf, second)).abs().max().item()
+    print(f"shortened prefix hit: |diff| vs HF = {diff:.2e}")
+    assert diff < LOGITS_ATOL
+    manager.release(b)
+    allocator.check_invariants()
 
 
 # --- the engine: greedy answers against generate ---------------------------------------------
