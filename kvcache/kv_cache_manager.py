@@ -194,8 +194,11 @@ class KVCacheManager:
     def free_left_behind(self, blocks: SequenceBlocks, num_computed: int) -> None:
         """In each sliding-window group, give back the blocks no query from position
         num_computed on can see (full ones stay findable until evicted)."""
+        if not self.sliding:
+            return
+        tables = self._tables(blocks)
         for g, window in self.sliding:
-            table = blocks.tables[g]
+            table = tables[g]
             first = min(first_visible_block(num_computed, window), len(table))
             for i in range(blocks.left_behind[g], first):
                 self.allocator.free(table[i])
