@@ -59,29 +59,34 @@ def hf_greedy(hf, prompt: list[int], new_tokens: int) -> tuple[list[int], list[t
 
 def our_steps(model, prompt: list[int], tokens: list[int], chunk: int) -> list[torch.Tensor]:
     """Logits of the prompt's last token and of each given token after it, through the paged
-    cache: the prompt in chunks, then one decode step per token."""
+    cache in the model's KV cache groups: the prompt in chunks, then one decode step per
+    token, the sliding groups giving back what their window has left behind after each."""
     from engine.model_runner import ModelRunner
     from engine.step_types import SequenceStep
     from kvcache.block_allocator import BlockAllocator
+    from kvcache.groups import KVCacheGroups
     from kvcache.kv_cache_manager import KVCacheManager, SequenceBlocks
     from kvcache.pool import BLOCK_SIZE, KVCachePool
 
     cfg = model.cfg
+    groups = KVCacheGroups.from_windows(cfg.layer_windows())
     total = len(prompt) + len(tokens)
-    num_blocks = -(-total // BLOCK_SIZE) + 2
+    num_blocks = (-(-total // BLOCK_SIZE) + 2) * groups.num_groups
     runner = ModelRunner(model, KVCachePool(cfg.num_layers, num_blocks, cfg.num_kv_heads,
-                                            cfg.head_dim))
-    manager = KVCacheManager(BlockAllocator(num_blocks))
+                                            cfg.head_dim, groups=groups))
+    manager = KVCacheManager(BlockAllocator(num_blocks), groups)
     blocks = SequenceBlocks()
     assert manager.allocate_slots(blocks, total)
     for start in range(0, len(prompt), chunk):
         part = prompt[start:start + chunk]
-        logits = runner.compute_logits([SequenceStep(part, start, blocks.block_table,
+        logits = runner.compute_logits([SequenceStep(part, start, blocks.tables,
                                                      start + len(part) == len(prompt))])
+        manager.free_left_behind(blocks, start + len(part))
     steps = [logits[0]]
     for i, token in enumerate(tokens[:-1]):
         logits = runner.compute_logits(
-            [SequenceStep([token], len(prompt) + i, blocks.block_table, True)])
+            [SequenceStep([token], len(prompt) + i, blocks.tables, True)])
+        manager.free_left_behind(blocks, len(prompt) + i + 1)
         steps.append(logits[0])
     return steps
 

@@ -71,7 +71,7 @@ GREEDY = Request("profile", [0], SamplingParams(temperature=0), on_output=lambda
 
 # The only two functions that know how the runner is asked for a step: when
 # the runner's interface changes, they change.
-def decode_batch(tables: list[list[int]], token_ids: list[int],
+def decode_batch(tables: list[list[list[int]]], token_ids: list[int],
                  start_pos: int) -> list[SequenceStep]:
     """Every user decodes one token at `start_pos`, after start_pos cached tokens."""
     return [SequenceStep([token], start_pos, table, need_logits=True)
@@ -199,7 +199,7 @@ def profile_cell(model: nn.Module, users: int, context: int, steps: int,
     for _ in range(users):
         blocks = SequenceBlocks()
         assert kv.allocate_slots(blocks, per_user)
-        tables.append(blocks.block_table)
+        tables.append(blocks.tables)
     # Layer by layer: the decode stack (model/decode_stack.py) runs every layer in one C++
     # call, where the hooks that name the parts cannot see.
     runner = ModelRunner(model, pool, attention, decode_stack=False)

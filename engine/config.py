@@ -18,6 +18,9 @@ class EngineConfig:
     num_blocks: int | None = None  # KV pool size in blocks; None = from kv_cache_memory
     kv_cache_memory: str = "2GiB"
     enable_prefix_cache: bool = True
+    # Sliding-window models: a block table per KV cache group, and the blocks a window has
+    # left behind given back (kvcache/groups.py); False keeps every token for every layer.
+    hybrid_kv_cache: bool = True
     max_num_batched_tokens: int = 512  # token budget of one step (prefill chunks + decodes)
     max_prefills_per_step: int = 0  # newcomers seated per step; 0 = as many as fit
     attention: str = "auto"  # decode attention: "cpu-kernel", "torch" (gather + SDPA) or auto
@@ -57,6 +60,10 @@ class EngineConfig:
                             help="KV cache size, e.g. 2GiB or 512MiB")
         parser.add_argument("--no-prefix-cache", action="store_true",
                             help="turn prefix caching off (also NANO_PREFIX_CACHE=0)")
+        parser.add_argument("--disable-hybrid-kv-cache", action="store_true",
+                            help="sliding-window models (Gemma 3): keep every token's K/V for "
+                                 "every layer instead of giving back the blocks a window has "
+                                 "left behind (for comparison)")
         parser.add_argument("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens,
                             help="tokens computed per step; longer prompts are prefilled in chunks")
         parser.add_argument("--max-prefills-per-step", type=int, default=0,
@@ -137,6 +144,7 @@ class EngineConfig:
         config = cls(model=args.model, device=args.device, dtype=args.dtype,
                      max_num_seqs=args.max_num_seqs, num_blocks=args.num_blocks,
                      kv_cache_memory=args.kv_cache_memory, enable_prefix_cache=prefix_cache,
+                     hybrid_kv_cache=not args.disable_hybrid_kv_cache,
                      max_num_batched_tokens=args.max_num_batched_tokens,
                      max_prefills_per_step=args.max_prefills_per_step,
                      attention=args.attention, matmul=args.matmul, weights=args.weights,

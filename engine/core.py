@@ -21,6 +21,7 @@ from engine.scheduler import Scheduler
 from engine.spec_decode import describe_speculation
 from engine.step_types import RequestUpdate
 from kvcache.block_allocator import BlockAllocator
+from kvcache.groups import KVCacheGroups
 from kvcache.kv_cache_manager import KVCacheManager
 from kvcache.pool import BLOCK_SIZE, KVCachePool, parse_memory
 from model.llama import LlamaModel
@@ -80,14 +81,21 @@ class PagedEngineCore:
                  eos_token_ids: Collection[int]) -> None:
         cfg = model.cfg
         dtype, device = model.norm.weight.dtype, model.norm.weight.device
-        num_blocks = config.num_blocks or KVCachePool.blocks_for_memory(
-            parse_memory(config.kv_cache_memory), cfg.num_layers, cfg.num_kv_heads, cfg.head_dim,
-            dtype)
+        # One group of all layers, or (sliding windows) groups that each hold group_size
+        # layers: a block then takes 1/num_groups of a whole-model block's memory, and
+        # --num-blocks N is the memory of N blocks of all layers.
+        groups = (KVCacheGroups.from_windows(cfg.layer_windows()) if config.hybrid_kv_cache
+                  else KVCacheGroups.single(cfg.num_layers))
+        num_blocks = (config.num_blocks * groups.num_groups if config.num_blocks else
+                      KVCachePool.blocks_for_memory(parse_memory(config.kv_cache_memory),
+                                                    groups.group_size, cfg.num_kv_heads,
+                                                    cfg.head_dim, dtype))
         self.config = config
+        self.groups = groups
         self.pool = KVCachePool(cfg.num_layers, num_blocks, cfg.num_kv_heads, cfg.head_dim,
-                                dtype, device)
+                                dtype, device, groups)
         self.allocator = BlockAllocator(num_blocks, config.enable_prefix_cache)
-        self.kv = KVCacheManager(self.allocator)
+        self.kv = KVCacheManager(self.allocator, groups)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens,
                                    config.max_prefills_per_step, eos_token_ids,
                                    config.scheduling_policy, config.priority_aging,
@@ -96,8 +104,10 @@ class PagedEngineCore:
                                config.single_thread_below)
         self.runner = ModelRunner(model, self.pool, config.attention, threads,
                                   config.decode_stack)
-        # A request longer than this could never fit, even alone in the pool.
-        self.max_tokens_per_request = min(self.allocator.num_usable * BLOCK_SIZE,
+        # A request longer than this could never fit, even alone in the pool (counted as if
+        # every group kept every block: a sliding group's peak while it prefills a chunk).
+        self.max_tokens_per_request = min(
+            self.allocator.num_usable // groups.num_groups * BLOCK_SIZE,
                                           cfg.max_position_embeddings)
 
     def add(self, request: Request) -> None:
@@ -144,10 +154,15 @@ class PagedEngineCore:
 
     def describe(self) -> str:
         return (f"{self.runner.device}, {self.allocator.num_usable} KV blocks of {BLOCK_SIZE} "
-                f"tokens, prefix cache {'on' if self.config.enable_prefix_cache else 'off'}, "
+                f"tokens{self._describe_groups()}, prefix cache "
+                f"{'on' if self.config.enable_prefix_cache else 'off'}, "
                 f"{self.runner.attention_backend} attention, {self.runner.matmul_path} matmuls, "
                 f"{'decode layers in one C++ call, ' if self.runner.decode_stack else ''}"
                 f"up to {self.runner.threads.max_threads} threads (1 below "
                 f"{self.runner.threads.single_below} tokens a step)"
                 + (f", {describe_speculation(self.config.speculative)}"
                    if self.config.speculative else ""))
+
+    def _describe_groups(self) -> str:
+        groups = self.groups
+        return f" ({groups.describe()})" if groups.num_groups > 1 else ""

@@ -71,9 +71,11 @@ class ModelRunner:
         self.attention = create_backend(attention_backend, pool)
         self.attention_backend = self.attention.name
         # Decode steps' layers in one C++ call, where the model and kernels allow it
-        # (model/decode_stack.py); it needs the attention kernel that reads blocks in place.
+        # (model/decode_stack.py); it needs the attention kernel that reads blocks in place,
+        # and one block table for all layers.
         self.decode_stack = (DecodeStack.build(model, pool)
-                             if decode_stack and self.attention_backend == "cpu-kernel" else None)
+                             if decode_stack and self.attention_backend == "cpu-kernel"
+                             and pool.groups.num_groups == 1 else None)
         self.sampler = Sampler()
         self.matmul_path = ", ".join(sorted({m.matmul_path for m in model.modules()
                                              if hasattr(m, "matmul_path")}))
@@ -90,7 +92,7 @@ class ModelRunner:
             if entry.num_tokens > 0:
                 step_of[request_id] = len(steps)
                 steps.append(SequenceStep(entry.token_ids(), entry.request.num_computed_tokens,
-                                          entry.request.blocks.block_table, need_logits=False))
+                                          entry.request.blocks.tables, need_logits=False))
         rows = LogitsRows()
         sampling: list[tuple[ScheduledRequest, int]] = []  # (who samples, its logits row)
         verifying: list[tuple[ScheduledRequest, list[int]]] = []  # (who, its k + 1 rows)
@@ -175,18 +177,19 @@ class ModelRunner:
             positions.extend(range(s.start_pos, s.context_len))
         if self.threads is not None:
             self.threads.apply(len(input_ids))
-        self.attention.step = self.attention.build_metadata(
-            [(steps[i].block_table, steps[i].start_pos + j + 1) for i in single
+        # One step's metadata per KV cache group, each through that group's block tables.
+        self.attention.steps = [self.attention.build_metadata(
+            [(steps[i].block_tables[g], steps[i].start_pos + j + 1) for i in single
              for j in range(len(steps[i].token_ids))],
-            [(steps[i].block_table, steps[i].context_len, len(steps[i].token_ids))
-             for i in chunks])
+            [(steps[i].block_tables[g], steps[i].context_len, len(steps[i].token_ids))
+             for i in chunks]) for g in range(self.pool.groups.num_groups)]
         ids = torch.tensor(input_ids, device=self.device)
         where = torch.tensor(positions, device=self.device)
         logits_indices = torch.tensor([first_row[i] + k for i, k in rows], dtype=torch.long,
                                       device=self.device)
         try:
             if self.decode_stack is not None and not chunks:
-                return self.decode_stack(ids, where, self.attention.step, logits_indices)
+                return self.decode_stack(ids, where, self.attention.steps[0], logits_indices)
             return self.model(ids, where, self.attention, logits_indices=logits_indices)
         finally:
-            self.attention.step = None
+            self.attention.steps = []

@@ -15,7 +15,10 @@ cached, its seats kept for it; those behind it may go first.
 
 Blocks are taken as a sequence grows, not reserved up front. When a running sequence
 needs a block and none is free, a request is preempted: its blocks are released (full ones
-stay findable in the prefix cache), and it returns to the line to be recomputed later. Under
+stay findable in the prefix cache), and it returns to the line to be recomputed later. (With
+sliding-window layers, each KV cache group takes its own blocks, all from one pool, and a
+sliding group gives back the blocks its window has left behind after each step:
+kvcache/kv_cache_manager.py.) Under
 fcfs that is the most recently seated request, and it returns to the front of the line.
 Under priority it is the one the line would seat last (the lowest priority, aged as in
 waiting_queue.py, then the latest arrival; then the most recently seated), and it returns
@@ -42,7 +45,7 @@ from engine.request import FinishReason, Request, Status
 from engine.spec_decode import SpeculativeConfig, can_speculate, note_drafts, propose_ngram
 from engine.step_types import RequestUpdate, RunnerOutput, SchedulerOutput
 from engine.waiting_queue import PriorityQueue, make_waiting_queue
-from kvcache.kv_cache_manager import KVCacheManager, SequenceBlocks, blocks_for
+from kvcache.kv_cache_manager import KVCacheManager, SequenceBlocks
 from kvcache.pool import BLOCK_SIZE
 
 
@@ -162,10 +165,11 @@ class Scheduler:
         drafts = propose_ngram(request.token_ids, self.speculative, room)
         if not drafts:
             return False
-        # Leave a block per seated request (each may need one this step), so that drafts
-        # never make another request wait or be preempted.
-        needed = blocks_for(request.num_tokens + len(drafts)) - len(request.blocks.block_table)
-        if (self.kv.allocator.num_free - needed - 1 < len(self.running)
+        # Leave a block per seated request and KV cache group (each may need one this step),
+        # so that drafts never make another request wait or be preempted.
+        needed = self.kv.blocks_needed(request.blocks, request.num_tokens + len(drafts))
+        if (self.kv.allocator.num_free - needed - self.kv.num_groups
+                < self.kv.num_groups * len(self.running)
                 or not self.kv.allocate_slots(request.blocks, request.num_tokens + len(drafts),
                                               write_from=request.num_computed_tokens)):
             return False
@@ -251,8 +255,9 @@ class Scheduler:
                 min(request.num_computed_tokens, request.num_prompt_tokens) - computed, 0)
             # Only computed tokens are final; sampled ones have no K/V yet (and accepted
             # drafts are not in token_ids yet: their blocks are made findable next step).
-            self.kv.cache_full_blocks(request.blocks, request.token_ids,
-                                      min(request.num_computed_tokens, request.num_tokens))
+            final = min(request.num_computed_tokens, request.num_tokens)
+            self.kv.cache_full_blocks(request.blocks, request.token_ids, final)
+            self.kv.free_left_behind(request.blocks, final)
             prompt_logprobs = output.prompt_logprobs.get(request_id)
             if prompt_logprobs:
                 assert request.prompt_logprobs is not None

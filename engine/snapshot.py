@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from engine.request import Request
 from engine.scheduler import Scheduler
 from kvcache.block_allocator import BlockAllocator
-from kvcache.pool import BLOCK_SIZE
+from kvcache.pool import BLOCK_SIZE, DUMMY_BLOCK
 
 STEP_HISTORY = 120  # step records kept, for the page's step chart
 BLOCK_QUERY_TIMEOUT = 2.0  # seconds for the engine thread to read a block for the dashboard
@@ -54,9 +54,26 @@ class RequestView:
     num_output_tokens: int
     max_tokens: int
     num_preemptions: int
-    block_table: tuple[int, ...]
+    # One block table per KV cache group (one for a model without sliding windows); in a
+    # sliding group, block 0 (the dummy) where the window has given the block back.
+    block_tables: tuple[tuple[int, ...], ...]
     block_hashes: tuple[int, ...]  # for the leading full blocks that are findable
     token_ids: tuple[int, ...]  # prompt and output so far
+
+    @property
+    def block_table(self) -> tuple[int, ...]:
+        """The first group's table: the only one for a model without sliding windows."""
+        return self.block_tables[0] if self.block_tables else ()
+
+    def held(self) -> list[int]:
+        """Every block it holds, in all groups."""
+        return [b for table in self.block_tables for b in table if b != DUMMY_BLOCK]
+
+    @property
+    def num_left_behind(self) -> int:
+        """Blocks its sliding-window groups have given back (or never took, after a prefix
+        hit): what it would hold more if every layer kept every token."""
+        return sum(table.count(DUMMY_BLOCK) for table in self.block_tables)
 
 
 @dataclass(frozen=True)
@@ -69,6 +86,7 @@ class BlockView:
     ref_count: int
     owners: tuple[str, ...]  # request ids whose block tables hold it, in seating order
     position: int | None  # its index in the owners' block tables: tokens 16*i .. 16*i+15
+    group: int  # the KV cache group whose table holds it (0 for a model of one group)
     block_hash: int | None  # None: not full yet, or not findable
     parent_hash: int | None
 
@@ -86,6 +104,9 @@ class EngineSnapshot:
     cached_free: tuple[int, ...]  # oldest first: the next to be evicted comes first
     steps: tuple[StepRecord, ...]  # the most recent steps, oldest first
     counters: dict[str, float] = field(default_factory=dict)  # EngineMetrics.dashboard_totals
+    # Per KV cache group, its layers' window (None: full attention), and layers per group.
+    group_windows: tuple[int | None, ...] = (None,)
+    group_size: int = 0  # 0: not known
 
     def grid(self) -> tuple[list[int], list[int]]:
         """The whole pool in two lists indexed by block id, cheap enough for every frame:
@@ -95,7 +116,7 @@ class EngineSnapshot:
         for block_id in self.cached_free:
             refs[block_id] = -1
         for index, request in enumerate(self.requests):
-            for block_id in request.block_table:
+            for block_id in request.held():
                 if refs[block_id] <= 0:
                     refs[block_id], owner[block_id] = 1, index
                 else:
@@ -106,19 +127,22 @@ class EngineSnapshot:
         """One usable block: who holds it, where it sits in their sequences, its hashes."""
         if not 0 < block_id < self.num_blocks:
             raise IndexError(f"block {block_id} is not a usable block (1..{self.num_blocks - 1})")
-        owners, position, block_hash, parent = [], None, None, None
+        owners, position, block_hash, parent, group = [], None, None, None, 0
         for request in self.requests:
-            if block_id not in request.block_table:
+            where = next(((g, table.index(block_id))
+                          for g, table in enumerate(request.block_tables) if block_id in table),
+                         None)
+            if where is None:
                 continue
             owners.append(request.request_id)
-            i, hashes = request.block_table.index(block_id), request.block_hashes
+            (g, i), hashes = where, request.block_hashes
             if position is None or (block_hash is None and i < len(hashes)):
-                position = i
+                position, group = i, g
                 block_hash = hashes[i] if i < len(hashes) else None
                 parent = hashes[i - 1] if 0 < i <= len(hashes) else None
         state = "used" if owners else "cached" if block_id in self.cached_free else "free"
-        return BlockView(block_id, state, len(owners), tuple(owners), position, block_hash,
-                         parent)
+        return BlockView(block_id, state, len(owners), tuple(owners), position, group,
+                         block_hash, parent)
 
     def blocks(self) -> list[BlockView]:
         """Every usable block (1 .. num_blocks-1); for tests and tools, not every frame."""
@@ -132,19 +156,22 @@ def view_request(request: Request) -> RequestView:
     return RequestView(
         request.request_id, request.status.value, request.num_prompt_tokens,
         request.num_cached_tokens, request.num_computed_tokens, request.num_output_tokens,
-        request.params.max_tokens, request.num_preemptions, tuple(request.blocks.block_table),
-        tuple(request.blocks.hashes), tuple(request.token_ids))
+        request.params.max_tokens, request.num_preemptions,
+        tuple(tuple(table) for table in request.blocks.tables), tuple(request.blocks.hashes),
+        tuple(request.token_ids))
 
 
 def take_snapshot(scheduler: Scheduler, seq: int = 0, step: int = 0,
                   steps: tuple[StepRecord, ...] = (),
                   counters: dict[str, float] | None = None) -> EngineSnapshot:
     """Copy what the page needs out of the scheduler and its pool (engine thread only)."""
-    allocator = scheduler.kv.allocator
+    kv = scheduler.kv
+    allocator = kv.allocator
     requests = tuple(view_request(r) for r in [*scheduler.running, *scheduler.waiting])
     return EngineSnapshot(seq, time.monotonic(), step, allocator.num_blocks, BLOCK_SIZE,
                           scheduler.max_num_batched_tokens, scheduler.max_num_seqs, requests,
-                          allocator.cached_free_ids(), steps, counters or {})
+                          allocator.cached_free_ids(), steps, counters or {}, kv.windows,
+                          kv.group_size)
 
 
 @dataclass(frozen=True)
@@ -165,15 +192,17 @@ def read_cached_block(allocator: BlockAllocator, block_id: int) -> CachedBlock |
     if block.ref_count or block.block_hash is None:
         return None
     return CachedBlock(block.block_hash, block.parent_hash, tuple(block.token_ids),
-                       chain_depth(allocator, block.parent_hash, allocator.num_blocks))
+                       chain_depth(allocator, block.parent_hash, allocator.num_blocks,
+                                   block.group))
 
 
-def chain_depth(allocator: BlockAllocator, parent_hash: int | None, limit: int) -> int | None:
-    """How many findable blocks come before one whose parent is `parent_hash` (None if the
-    chain breaks: an ancestor was evicted)."""
+def chain_depth(allocator: BlockAllocator, parent_hash: int | None, limit: int,
+                group: int = 0) -> int | None:
+    """How many findable blocks of this group come before one whose parent is `parent_hash`
+    (None if the chain breaks: an ancestor was evicted)."""
     depth = 0
     while parent_hash is not None:
-        parent = allocator.block_for_hash(parent_hash)
+        parent = allocator.block_for_hash(parent_hash, group)
         if parent is None or depth >= limit:
             return None
         parent_hash, depth = allocator.blocks[parent].parent_hash, depth + 1

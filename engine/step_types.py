@@ -7,7 +7,7 @@ request's update. Everything about a request in a step is keyed by its request i
                                          ended, for the engine's output processing
 
 The runner turns each ScheduledRequest that computes tokens into a SequenceStep, the model's
-view of it (tokens, positions, block table), and runs them all in one batch.
+view of it (tokens, positions, block tables), and runs them all in one batch.
 """
 
 from __future__ import annotations
@@ -115,11 +115,12 @@ class RunnerOutput:
 @dataclass
 class SequenceStep:
     """One sequence's share of a model run: compute `token_ids`, which sit at positions
-    start_pos, start_pos + 1, ...; its block table already covers them."""
+    start_pos, start_pos + 1, ...; its block tables (one per KV cache group) already cover
+    them."""
 
     token_ids: list[int]
     start_pos: int
-    block_table: list[int]
+    block_tables: list[list[int]]
     need_logits: bool  # False for a chunk that stops short of the sequence's last token
 
     @property

@@ -8,6 +8,10 @@ other than the dummy is in exactly one of three states:
                  kept in least-recently-freed order, revived on a hit,
                  evicted (oldest first) only when a fresh block is needed
     free         ref_count == 0 and holds nothing worth finding
+
+With KV cache groups (groups.py), every group draws from this one pool; a cached block is
+findable by its hash within the group whose layers it holds (the same tokens sit in one
+block per group).
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ class Block:
     # What the hash stands for, kept to guard against hash collisions on lookup.
     parent_hash: int | None = None
     token_ids: tuple[int, ...] = ()
+    group: int = 0  # the KV cache group it was cached for
 
 
 class BlockAllocator:
@@ -52,7 +57,7 @@ class BlockAllocator:
         self.blocks = [Block(i) for i in range(num_blocks)]
         self._free: deque[int] = deque(i for i in range(num_blocks) if i != DUMMY_BLOCK)
         self._cached_free: OrderedDict[int, None] = OrderedDict()  # oldest first
-        self._by_hash: dict[int, int] = {}
+        self._by_hash: dict[tuple[int, int], int] = {}  # (group, hash) -> block
         self.num_used = 0
 
     @property
@@ -72,9 +77,9 @@ class BlockAllocator:
         """The cached-free blocks, the next to be evicted first."""
         return tuple(self._cached_free)
 
-    def block_for_hash(self, block_hash: int) -> int | None:
+    def block_for_hash(self, block_hash: int, group: int = 0) -> int | None:
         """The block findable by this hash, if any (for display: no token comparison)."""
-        return self._by_hash.get(block_hash)
+        return self._by_hash.get((group, block_hash))
 
     def allocate(self) -> int:
         """A block for fresh content, ref_count 1. Evicts the oldest cached-free block if no
@@ -114,9 +119,9 @@ class BlockAllocator:
                 self._free.append(block_id)
 
     def lookup(self, block_hash: int, parent_hash: int | None,
-               token_ids: Sequence[int]) -> int | None:
+               token_ids: Sequence[int], group: int = 0) -> int | None:
         """The block holding exactly these tokens after this parent, if one is cached."""
-        block_id = self._by_hash.get(block_hash)
+        block_id = self._by_hash.get((group, block_hash))
         if block_id is None:
             return None
         block = self.blocks[block_id]
@@ -125,18 +130,20 @@ class BlockAllocator:
         return block_id
 
     def cache(self, block_id: int, block_hash: int, parent_hash: int | None,
-              token_ids: Sequence[int]) -> None:
-        """Make a full, computed, in-use block findable by later sequences."""
-        if not self.enable_prefix_cache or block_hash in self._by_hash:
+              token_ids: Sequence[int], group: int = 0) -> None:
+        """Make a full, computed, in-use block of this group findable by later sequences."""
+        if not self.enable_prefix_cache or (group, block_hash) in self._by_hash:
             return  # off, or the same content already sits in another block
         block = self.blocks[block_id]
         assert block.ref_count > 0 and block.block_hash is None
         block.block_hash, block.parent_hash, block.token_ids = block_hash, parent_hash, tuple(
             token_ids)
-        self._by_hash[block_hash] = block_id
+        block.group = group
+        self._by_hash[(group, block_hash)] = block_id
 
     def _forget(self, block: Block) -> None:
-        del self._by_hash[block.block_hash]
+        assert block.block_hash is not None
+        del self._by_hash[(block.group, block.block_hash)]
         block.block_hash, block.parent_hash, block.token_ids = None, None, ()
 
     def check_invariants(self) -> None:

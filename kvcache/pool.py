@@ -1,10 +1,13 @@
-"""The KV cache tensors: per layer, one K and one V pool of fixed-size blocks."""
+"""The KV cache tensors: per layer, one K and one V pool of fixed-size blocks (with KV cache
+groups, groups.py: one K and one V per place in a group, shared by that place's layers)."""
 
 from __future__ import annotations
 
 import re
 
 import torch
+
+from kvcache.groups import KVCacheGroups
 
 BLOCK_SIZE = 16  # tokens per block
 DUMMY_BLOCK = 0  # never handed out; pads short block tables
@@ -25,27 +28,40 @@ class KVCachePool:
     """k[layer] and v[layer] are [num_blocks, BLOCK_SIZE, num_kv_heads, head_dim].
 
     Token n of a sequence lives in block `block_table[n // BLOCK_SIZE]`, slot
-    `n % BLOCK_SIZE`; written once when computed, never moved afterwards.
+    `n % BLOCK_SIZE` (the table of the layer's group); written once when computed, never
+    moved afterwards. With several groups, the layers at one place of their groups share
+    one tensor: k[layer] is the same object for each of them, and the block ids tell the
+    groups apart.
     """
 
     def __init__(self, num_layers: int, num_blocks: int, num_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> None:
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
+                 groups: KVCacheGroups | None = None) -> None:
         if num_blocks < 2:
             raise ValueError("the KV pool needs at least 2 blocks (block 0 is a reserved dummy)")
+        self.groups = groups or KVCacheGroups.single(num_layers)
+        if self.groups.num_layers != num_layers:
+            raise ValueError(f"KV cache groups for {self.groups.num_layers} layers, "
+                             f"not {num_layers}")
         self.num_blocks = num_blocks
+        self.layer_group = self.groups.layer_group()
         shape = (num_blocks, BLOCK_SIZE, num_kv_heads, head_dim)
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        size = self.groups.group_size
+        self._k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(size)]
+        self._v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(size)]
+        slot = self.groups.layer_slot()
+        self.k = [self._k[slot[layer]] for layer in range(num_layers)]
+        self.v = [self._v[slot[layer]] for layer in range(num_layers)]
 
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
-        """Copy whole blocks (K and V, every layer): (source, destination) pairs. All
-        sources are read before any destination is written."""
+        """Copy whole blocks (K and V, every layer of the block's group): (source,
+        destination) pairs. All sources are read before any destination is written."""
         if not copies:
             return
         device = self.k[0].device
         source = torch.tensor([s for s, _ in copies], device=device)
         destination = torch.tensor([d for _, d in copies], device=device)
-        for k, v in zip(self.k, self.v, strict=True):
+        for k, v in zip(self._k, self._v, strict=True):
             k[destination] = k[source]
             v[destination] = v[source]
 

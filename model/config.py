@@ -71,6 +71,10 @@ class ModelConfig:
             return self.sliding_window
         return None
 
+    def layer_windows(self) -> list[int | None]:
+        """layer_window of every layer, in order."""
+        return [self.layer_window(i) for i in range(self.num_layers)]
+
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> ModelConfig:
         return cls.from_dict(json.loads((Path(model_dir) / "config.json").read_text()))

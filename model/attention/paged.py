@@ -8,9 +8,10 @@ Per layer, the new K/V are written once into their slots; then
 - each multi-token chunk attends causally over its sequence's cached K/V plus its own.
 
 A sliding-window layer (a `window` from the model) masks every key older than its window,
-in both paths, and a chunk gathers only the blocks its window reaches; the whole context's
-K/V stay in the pool (they are the full-attention
-layers' too, and a block is freed for all layers at once).
+in both paths, and a chunk gathers only the blocks its window reaches. Each layer reads
+the step metadata of its KV cache group (kvcache/groups.py): in a sliding group, the
+blocks before the window may have been given back and be the dummy block in its tables,
+which the window's mask (or the kernels' first key) never reaches.
 
 Query heads are grouped onto their shared K/V head by SDPA's `enable_gqa`, so K/V are
 never repeated. `CpuKernelAttention` replaces the gather with compiled kernels that read
@@ -39,7 +40,17 @@ class TorchPagedAttention:
 
     def __init__(self, pool: KVCachePool) -> None:
         self.pool = pool
-        self.step: StepMetadata | None = None
+        self.layer_group = pool.layer_group
+        self.steps: list[StepMetadata] = []  # per KV cache group; set for each model run
+
+    @property
+    def step(self) -> StepMetadata | None:
+        """The first group's metadata: the only one for a pool of one group."""
+        return self.steps[0] if self.steps else None
+
+    @step.setter
+    def step(self, step: StepMetadata | None) -> None:
+        self.steps = [] if step is None else [step]
 
     def build_metadata(self, single: list[tuple[list[int], int]],
                        chunks: list[tuple[list[int], int, int]]) -> StepMetadata:
@@ -48,8 +59,8 @@ class TorchPagedAttention:
 
     def __call__(self, layer_idx: int, q: Tensor, k: Tensor, v: Tensor,
                  window: int | None = None) -> Tensor:
-        step = self.step
-        assert step is not None, "set .step before running the model"
+        assert self.steps, "set .steps (or .step) before running the model"
+        step = self.steps[self.layer_group[layer_idx]]
         k_cache, v_cache = self.pool.k[layer_idx], self.pool.v[layer_idx]
         self.write(k_cache, v_cache, k, v, step)
         outputs = []

@@ -7,6 +7,7 @@ from engine.request import FinishReason, Request, SamplingParams, Status
 from engine.scheduler import Scheduler
 from engine.step_types import RunnerOutput
 from kvcache.block_allocator import BlockAllocator
+from kvcache.groups import KVCacheGroups
 from kvcache.kv_cache_manager import KVCacheManager
 from kvcache.pool import BLOCK_SIZE
 
@@ -17,6 +18,14 @@ def make(num_blocks: int = 10, max_num_seqs: int = 4, budget: int = 64,
          prefix_cache: bool = True) -> Scheduler:
     return Scheduler(KVCacheManager(BlockAllocator(num_blocks, prefix_cache)), max_num_seqs, budget,
                      eos_token_ids=[EOS])
+
+
+def make_sliding(num_blocks: int = 40, window: int = 20, max_num_seqs: int = 4,
+                 budget: int = 64, prefix_cache: bool = True) -> Scheduler:
+    """A scheduler over three KV cache groups: one full-attention, two sliding-window."""
+    groups = KVCacheGroups.from_windows([None, window, window])
+    return Scheduler(KVCacheManager(BlockAllocator(num_blocks, prefix_cache), groups),
+                     max_num_seqs, budget, eos_token_ids=[EOS])
 
 
 def req(rid: str, n: int, start: int = 100, max_tokens: int = 16) -> Request:
@@ -303,3 +312,27 @@ def test_seats_are_kept_for_a_request_waiting_for_its_prefix():
     assert run_step(s) == [("a", 20)]  # the second seat is b's, not other's
     assert run_step(s) == [("a", 1), ("b", 4)]
     assert [r.request_id for r in s.waiting] == ["other"]
+
+
+def test_sliding_groups_preempt_whole_and_resume_from_what_the_cache_kept():
+    # 15 usable blocks for 3 groups: a (36 tokens) and b's first 28 take all of them; a
+    # gives 2 back, and b's next chunk needs 6: b, the newest, yields.
+    s = make_sliding(num_blocks=16, window=20, budget=64)
+    a, b = req("a", 36, max_tokens=30), req("b", 60, start=1000, max_tokens=20)
+    s.add(a)
+    s.add(b)
+    resumable = None
+    for _ in range(200):
+        if not s.has_work():
+            break
+        preemptions = b.num_preemptions
+        run_step(s)
+        held = [block for r in s.running for block in r.blocks.held()]
+        assert s.kv.allocator.num_used == len(set(held))  # nothing given back is counted
+        if b.num_preemptions > preemptions and resumable is None:
+            assert b.blocks.tables == [[], [], []] and b.blocks.left_behind == [0, 0, 0]
+            resumable = len(s.kv.find_cached_prefix(b.token_ids).hashes)
+    print(f"b preempted {b.num_preemptions} times; a hit of {resumable} blocks after the first")
+    assert b.num_preemptions > 0 and resumable
+    assert (a.num_output_tokens, b.num_output_tokens) == (30, 20)
+    assert s.kv.allocator.num_used == 0

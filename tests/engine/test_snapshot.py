@@ -119,3 +119,30 @@ def test_snapshots_are_taken_only_while_watched_and_at_most_every_interval():
     board.maybe_snapshot(s)  # past min_interval: taken
     assert board.latest.seq == 2 and board.latest.step == 2
     assert board.latest.request("a").num_output_tokens == 2
+
+
+def test_sliding_window_groups_show_every_group_and_what_a_window_gave_back():
+    from api.dashboard.feed import snapshot_frame
+    from tests.engine.test_scheduler import make_sliding
+
+    s = make_sliding(num_blocks=40, window=20, budget=32)
+    a = req("a", 70)
+    s.add(a)
+    for _ in range(3):  # the prompt in chunks of 32, 32 and 6
+        run_step(s)
+    snapshot = take_snapshot(s)
+    check_against_pool(snapshot, s.kv.allocator)
+    view = snapshot.request("a")
+    held = [b for table in a.blocks.tables for b in table if b != 0]
+    print("tables:", view.block_tables, "given back:", view.num_left_behind)
+    assert len(view.block_tables) == 3 and snapshot.group_windows == (None, 20, 20)
+    # 70 tokens computed: the next query, at 70, sees 51..70, so blocks 0-2 of each sliding
+    # group are given back; the full-attention group keeps its 5.
+    assert view.num_left_behind == 2 * 3 and sorted(view.held()) == sorted(held)
+    assert len(held) == 5 + 2 * 2
+    sliding_block = a.blocks.tables[2][3]
+    assert snapshot.block(sliding_block).group == 2
+    assert snapshot.block(sliding_block).position == 3
+    frame = snapshot_frame(snapshot)
+    [row] = frame["requests"]
+    assert row["blocks"] == 9 and row["left_behind"] == 6 and frame["group_size"] == 1

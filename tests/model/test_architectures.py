@@ -21,7 +21,7 @@ import torch
 
 from engine.step_types import SequenceStep
 from kvcache.kv_cache_manager import SequenceBlocks
-from kvcache.pool import BLOCK_SIZE
+from kvcache.pool import BLOCK_SIZE, DUMMY_BLOCK
 from model.config import Llama3RopeScaling, ModelConfig
 from model.layers import causal_attention, llama3_scaled
 from model.loader import load_model
@@ -156,20 +156,56 @@ def test_prefix_hit_and_chunks_match_hf_logits(ours, hf, tokenizer):
     pos = 0
     for size in (13, len(first) - 13):  # the first one prefilled in two chunks
         runner_out = runner.compute_logits(
-            [SequenceStep(first[pos:pos + size], pos, a.block_table, pos + size == len(first))])
+            [SequenceStep(first[pos:pos + size], pos, a.tables, pos + size == len(first))])
         pos += size
+        # As the scheduler does after a step: sliding groups give back what they left behind.
+        manager.cache_full_blocks(a, first, pos)
+        manager.free_left_behind(a, pos)
     diff = (runner_out[0] - hf_last_logits(hf, first)).abs().max().item()
     print(f"chunked prefill: |diff| vs HF = {diff:.2e}")
     assert diff < LOGITS_ATOL
-    manager.cache_full_blocks(a, first, len(first))
     b = manager.find_cached_prefix(second)
     cached = len(b.block_table) * BLOCK_SIZE
     assert cached == 2 * BLOCK_SIZE
     assert manager.allocate_slots(b, len(second), new_prefix_hit=True)
-    logits = runner.compute_logits([SequenceStep(second[cached:], cached, b.block_table, True)])
+    logits = runner.compute_logits([SequenceStep(second[cached:], cached, b.tables, True)])
     diff = (logits[0] - hf_last_logits(hf, second)).abs().max().item()
     print(f"prefix hit ({cached} tokens reused): |diff| vs HF = {diff:.2e}")
     assert diff < LOGITS_ATOL
+
+
+def test_hit_without_a_sliding_block_is_shorter_and_matches_hf_logits(ours, hf, tokenizer):
+    if not ours.cfg.sliding_window:
+        pytest.skip("every layer attends to the whole context: one KV cache group")
+    runner, manager = make_runner(ours)
+    allocator, sliding = manager.allocator, [g for g, _ in manager.sliding]
+    shared = prompt_ids(tokenizer, 3 * BLOCK_SIZE, seed=8)
+    first, second = [*shared, 11, 12], [*shared, 21, 22, 23]
+    a = SequenceBlocks()
+    assert manager.allocate_slots(a, len(first))
+    runner.compute_logits([SequenceStep(first, 0, a.tables, True)])
+    manager.cache_full_blocks(a, first, len(first))
+    manager.free_left_behind(a, len(first))
+    manager.release(a)  # all cached-free now
+    hit = manager.find_cached_prefix(second)
+    assert len(hit.hashes) == 3 and all(hit.tables[g][0] == DUMMY_BLOCK for g in sliding)
+    # Evict block 2 of one sliding group: a hit of 3 blocks needs it (the next query, at 48,
+    # sees 37..48); one of 2 blocks needs only block 1 (the query at 32 sees 21..32).
+    gone = hit.tables[sliding[-1]][2]
+    allocator.acquire(gone)
+    allocator._forget(allocator.blocks[gone])
+    allocator.free(gone)
+    b = manager.find_cached_prefix(second)
+    cached = len(b.hashes) * BLOCK_SIZE
+    print(f"hit without block 2 of group {sliding[-1]}: {cached} tokens, tables {b.tables}")
+    assert cached == 2 * BLOCK_SIZE
+    assert manager.allocate_slots(b, len(second), new_prefix_hit=True)
+    logits = runner.compute_logits([SequenceStep(second[cached:], cached, b.tables, True)])
+    diff = (logits[0] - hf_last_logits(hf, second)).abs().max().item()
+    print(f"shortened prefix hit: |diff| vs HF = {diff:.2e}")
+    assert diff < LOGITS_ATOL
+    manager.release(b)
+    allocator.check_invariants()
 
 
 # --- the engine: greedy answers against generate ---------------------------------------------
@@ -234,6 +270,54 @@ def test_engine_preemption_keeps_the_answers(ours, tokenizer, prompts, hf_answer
     check([t[:MAX_NEW] for t in tokens], hf_answers, "preempted vs hf")
     assert tiny_pool.core.allocator.num_used == 0
     tiny_pool.core.allocator.check_invariants()
+
+
+def count_left_behind(engine) -> list[int]:
+    """A list that gets, after each step, the blocks the seated requests' sliding groups
+    have given back; every step also checks that the pool's count of blocks in use is the
+    blocks the seated requests hold (what a window left behind is counted nowhere)."""
+    core, counts = engine.core, []
+    core_step = core.step
+
+    def step_and_count():
+        result = core_step()
+        running = core.scheduler.running
+        counts.append(sum(r.blocks.left_behind[g] for r in running
+                          for g in range(core.groups.num_groups)))
+        assert core.allocator.num_used == len({b for r in running for b in r.blocks.held()})
+        core.allocator.check_invariants()
+        return result
+
+    core.step = step_and_count
+    return counts
+
+
+def test_engine_gives_back_the_blocks_a_window_left_behind(ours, tokenizer, prompts,
+                                                            hf_answers):
+    if not ours.cfg.sliding_window:
+        pytest.skip("every layer attends to the whole context: one KV cache group")
+    engine = make_engine(ours, tokenizer, num_blocks=64)
+    left_behind = count_left_behind(engine)
+    tokens, _ = run(engine, prompts, [0, 0, 1, 3, 3, 5], max_tokens=MAX_NEW, ignore_eos=True)
+    check(tokens, hf_answers, "window given back")
+    print(f"{engine.core.describe()}\nblocks given back after each step: {left_behind}")
+    assert max(left_behind) > 0
+    assert engine.core.allocator.num_used == 0
+
+
+def test_engine_samples_share_and_give_back_the_window(ours, tokenizer, prompts, hf_answers):
+    from engine.request import Request, SamplingParams
+    from tests.engine.test_logprobs import drive
+
+    engine = make_engine(ours, tokenizer, num_blocks=64)
+    left_behind = count_left_behind(engine)
+    longest = max(range(len(prompts)), key=lambda i: len(prompts[i]))
+    params = SamplingParams(max_tokens=MAX_NEW, temperature=0, ignore_eos=True, n=3)
+    by_sample = drive(engine, [Request("n3", prompts[longest], params, print)])
+    answers = [[t for o in by_sample[i] for t in o.token_ids] for i in range(3)]
+    check(answers, [hf_answers[longest]] * 3, "samples")
+    assert max(left_behind) > 0 or not ours.cfg.sliding_window
+    assert engine.core.allocator.num_used == 0
 
 
 # --- what is refused, and the rope scaling itself --------------------------------------------

@@ -42,11 +42,11 @@ def runner_pair(model) -> tuple[ModelRunner, ModelRunner, KVCacheManager]:
 def test_stack_logits_equal_the_layer_by_layer_path(model, tokenizer):
     fast, slow, manager = runner_pair(model)
     # Contexts within one block, across two, across three.
-    seqs, tables = prefill_prompts(slow, manager, tokenizer, [5, 17, 40], first_seed=300)
+    seqs, held = prefill_prompts(slow, manager, tokenizer, [5, 17, 40], first_seed=300)
     for step in range(3):
         new = [2000 + 11 * step + i for i in range(len(seqs))]
-        batch = [SequenceStep([t], len(ids), table, True)
-                 for t, ids, table in zip(new, seqs, tables, strict=True)]
+        batch = [SequenceStep([t], len(ids), blocks.tables, True)
+                 for t, ids, blocks in zip(new, seqs, held, strict=True)]
         # Both write the same K/V into the same slots, so running the reference second over
         # the stack's writes checks the writes too.
         stacked = fast.compute_logits(batch)

@@ -8,6 +8,7 @@ import torch
 from engine.model_runner import ModelRunner
 from engine.step_types import SequenceStep
 from kvcache.block_allocator import BlockAllocator
+from kvcache.groups import KVCacheGroups
 from kvcache.kv_cache_manager import KVCacheManager, SequenceBlocks
 from kvcache.pool import BLOCK_SIZE, KVCachePool
 from model.attention import StepMetadata, TorchPagedAttention
@@ -23,12 +24,16 @@ BACKENDS = ["torch", "cpu-kernel"]
 
 def make_runner(model, num_blocks: int = 64,
                 backend: str = "torch") -> tuple[ModelRunner, KVCacheManager]:
+    """A runner and its manager over one pool, in the model's KV cache groups (one for a
+    model without sliding windows)."""
     cfg = model.cfg
-    pool = KVCachePool(cfg.num_layers, num_blocks, cfg.num_kv_heads, cfg.head_dim)
+    groups = KVCacheGroups.from_windows(cfg.layer_windows())
+    pool = KVCachePool(cfg.num_layers, num_blocks, cfg.num_kv_heads, cfg.head_dim,
+                       groups=groups)
     runner = ModelRunner(model, pool, backend)
     if runner.attention_backend != backend:
         pytest.skip(f"{backend} attention is not available here")
-    return runner, KVCacheManager(BlockAllocator(num_blocks))
+    return runner, KVCacheManager(BlockAllocator(num_blocks), groups)
 
 
 def hf_last_logits(hf_model, ids: list[int]) -> torch.Tensor:
@@ -65,7 +70,7 @@ def test_paged_prefill_matches_hf(model, hf_model, tokenizer, backend):
         ids = prompt_ids(tokenizer, n, seed=n)
         blocks = SequenceBlocks()
         assert manager.allocate_slots(blocks, n)
-        logits = runner.compute_logits([SequenceStep(ids, 0, blocks.block_table, True)])[0]
+        logits = runner.compute_logits([SequenceStep(ids, 0, blocks.tables, True)])[0]
         diff = (logits - hf_last_logits(hf_model, ids)).abs().max().item()
         print(f"paged prefill of {n} tokens: max |diff| vs HF = {diff:.2e}")
         assert diff < LOGITS_ATOL
@@ -74,32 +79,36 @@ def test_paged_prefill_matches_hf(model, hf_model, tokenizer, backend):
 
 def prefill_prompts(runner: ModelRunner, manager: KVCacheManager, tokenizer,
                     lengths: list[int], first_seed: int, room: int = 3,
-                    ) -> tuple[list[list[int]], list[list[int]]]:
+                    ) -> tuple[list[list[int]], list[SequenceBlocks]]:
     """Prefill real-text prompts of these lengths one by one, each with blocks for `room`
-    more tokens; their token ids and block tables."""
-    seqs, tables = [], []
+    more tokens; their token ids and blocks (sliding-window groups already without the
+    blocks their window has left behind)."""
+    seqs, held = [], []
     for i, n in enumerate(lengths):
         ids = prompt_ids(tokenizer, n, seed=first_seed + i)
         blocks = SequenceBlocks()
         assert manager.allocate_slots(blocks, n + room)
-        runner.compute_logits([SequenceStep(ids, 0, blocks.block_table, True)])
+        runner.compute_logits([SequenceStep(ids, 0, blocks.tables, True)])
+        manager.cache_full_blocks(blocks, ids, n)
+        manager.free_left_behind(blocks, n)
         seqs.append(ids)
-        tables.append(blocks.block_table)
-    return seqs, tables
+        held.append(blocks)
+    return seqs, held
 
 
 def check_paged_decode(runner: ModelRunner, manager: KVCacheManager, hf, tokenizer,
                        lengths: list[int], label: str, first_seed: int = 100) -> None:
     """Prefill prompts of these lengths one by one, then decode them as one batch for 3
     steps; every step's logits must equal Hugging Face's on the same tokens."""
-    seqs, tables = prefill_prompts(runner, manager, tokenizer, lengths, first_seed)
+    seqs, held = prefill_prompts(runner, manager, tokenizer, lengths, first_seed)
     for step in range(3):
         new_tokens = [1000 + 7 * step + i for i in range(len(seqs))]
-        batch = [SequenceStep([tok], len(ids), table, True)
-                 for tok, ids, table in zip(new_tokens, seqs, tables)]
+        batch = [SequenceStep([tok], len(ids), blocks.tables, True)
+                 for tok, ids, blocks in zip(new_tokens, seqs, held)]
         logits = runner.compute_logits(batch)
         for i, tok in enumerate(new_tokens):
             seqs[i] = [*seqs[i], tok]
+            manager.free_left_behind(held[i], len(seqs[i]))
             diff = (logits[i] - hf_last_logits(hf, seqs[i])).abs().max().item()
             print(f"{label} decode step {step}, {len(seqs[i])} tokens: max |diff| = {diff:.2e}")
             assert diff < LOGITS_ATOL
@@ -120,14 +129,14 @@ def test_prefix_hit_computes_only_the_rest_and_matches_hf(model, hf_model, token
 
     a = SequenceBlocks()
     assert manager.allocate_slots(a, len(first))
-    runner.compute_logits([SequenceStep(first, 0, a.block_table, True)])
+    runner.compute_logits([SequenceStep(first, 0, a.tables, True)])
     manager.cache_full_blocks(a, first, len(first))
 
     b = manager.find_cached_prefix(second)
     cached = len(b.block_table) * BLOCK_SIZE
     assert cached == 3 * BLOCK_SIZE
     assert manager.allocate_slots(b, len(second), new_prefix_hit=True)
-    logits = runner.compute_logits([SequenceStep(second[cached:], cached, b.block_table, True)])[0]
+    logits = runner.compute_logits([SequenceStep(second[cached:], cached, b.tables, True)])[0]
     diff = (logits - hf_last_logits(hf_model, second)).abs().max().item()
     print(f"prefix hit: {cached} cached tokens reused, {len(second) - cached} computed; "
           f"max |diff| vs HF = {diff:.2e}")
@@ -143,7 +152,7 @@ def test_chunked_prefill_matches_hf(model, hf_model, tokenizer, backend):
     pos = 0
     for size in (13, 20, 12):  # chunk edges fall inside blocks on purpose
         last = pos + size == len(ids)
-        chunk = SequenceStep(ids[pos:pos + size], pos, blocks.block_table, last)
+        chunk = SequenceStep(ids[pos:pos + size], pos, blocks.tables, last)
         out = runner.compute_logits([chunk])
         pos += size
     diff = (out[0] - hf_last_logits(hf_model, ids)).abs().max().item()
@@ -168,10 +177,10 @@ def test_garbage_in_unused_slots_is_masked_out(model, tokenizer, backend):
     assert manager.allocate_slots(b, 8)
     results = []
     for runner in (clean, dirty):
-        runner.compute_logits([SequenceStep(ids_a, 0, a.block_table, True),
-                    SequenceStep(ids_b, 0, b.block_table, True)])
-        results.append(runner.compute_logits([SequenceStep([42], 20, a.block_table, True),
-                                   SequenceStep([43], 7, b.block_table, True)]))
+        runner.compute_logits([SequenceStep(ids_a, 0, a.tables, True),
+                    SequenceStep(ids_b, 0, b.tables, True)])
+        results.append(runner.compute_logits([SequenceStep([42], 20, a.tables, True),
+                                   SequenceStep([43], 7, b.tables, True)]))
     diff = (results[0] - results[1]).abs().max().item()
     print(f"{backend}: clean pool vs pool full of +-1e30 garbage: max |diff| = {diff:.2e}")
     assert torch.isfinite(results[1]).all()

@@ -10,6 +10,7 @@ const HISTORY = 120;  // chart points kept (one a frame, at most ~10 a second)
 let cells = [];
 let lastFrame = null;
 let samples = [];  // {time, counters}, for rates over a sliding window
+let groupWindows = [null];  // per KV cache group: its window, null for full attention
 const series = {throughput: [], ttft: [], itl: [], hits: [], preemptions: []};
 
 const colours = new Map();  // request id -> its colour, in order of first appearance
@@ -51,8 +52,11 @@ function drawPool(frame) {
     cell.dataset.ref = ref;
   }
   const free = frame.num_blocks - 1 - used - cached;
+  groupWindows = frame.group_windows || [null];
+  const groups = groupWindows.length > 1
+    ? ` (${groupWindows.length} KV cache groups of ${frame.group_size} layers)` : "";
   document.getElementById("pool-counts").textContent =
-    `${frame.num_blocks - 1} blocks of ${frame.block_size} tokens: ${used} in use ` +
+    `${frame.num_blocks - 1} blocks of ${frame.block_size} tokens${groups}: ${used} in use ` +
     `(${shared} shared), ${cached} cached-free, ${free} free`;
 }
 
@@ -88,7 +92,9 @@ function drawRequests(frame) {
       `<td class="swatch-cell"><i style="background:${colour(r.id)}"></i></td>`,
       `<td title="${r.id}">${shortId(r.id)}</td>`, `<td>${r.status}</td>`,
       `<td><div class="cellbar prompt"></div></td>`, `<td><div class="cellbar output"></div></td>`,
-      `<td class="blocks">${r.blocks} (<span class="shared-count">${r.shared_blocks}</span>)</td>`,
+      `<td class="blocks">${r.blocks} (<span class="shared-count">${r.shared_blocks}</span>)` +
+        (r.left_behind ? `, <span class="left-behind">${r.left_behind} given back</span>` : "") +
+        `</td>`,
       `<td class="preemptions">${r.preemptions}</td>`];
     row.innerHTML = cellsHtml.join("");
     const p = row.querySelector(".prompt"), o = row.querySelector(".output");
@@ -232,6 +238,10 @@ pool.addEventListener("mouseover", async event => {
   if (b.error) { tooltip.textContent = b.error.message; return; }
   const lines = [`block ${b.block_id}: ${b.state}, ref count ${b.ref_count}`];
   if (b.owners.length) lines.push(`held by ${b.owners.join(", ")}`);
+  if (b.state === "used" && groupWindows.length > 1) {
+    const w = groupWindows[b.group];
+    lines.push(`KV cache group ${b.group}: ${w === null ? "full attention" : `window of ${w}`}`);
+  }
   if (b.position !== null) {
     lines.push(`hash chain: block #${b.position} of its sequence` +
                (b.token_range ? `, tokens ${b.token_range[0]}–${b.token_range[1]}` : ""));
