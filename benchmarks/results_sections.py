@@ -94,19 +94,24 @@ def new_sections(folder: Path) -> list[Section]:
             "Gemma 3 270M against llama.cpp on the same GGUF",
             "`server.py --model gemma-3-270m` (the Q4_K_M GGUF, dequantized to fp32 at load), "
             "the same with `--lm-head q8_0` (the tied embedding's own Q8_0 codes as the LM "
-            "head, exact up to summation order), and llama.cpp's server on the same file (its "
-            "own Q4_K_M kernels), one after the other in one run, 100 tokens per user.",
+            "head, exact up to summation order), the same with `--weights q4_1` (every matrix "
+            "on the file's own codes: Q5_0, Q8_0, Q4_K, Q6_K and the Q8_0 head, exact up to "
+            "summation order), and llama.cpp's server on the same file (its own Q4_K_M "
+            "kernels), one after the other in one run, 100 tokens per user.",
             ['python3 benchmarks/side_by_side.py results/gemma "nano-vllm-gemma=server.py '
              '--model gemma-3-270m" "nano-vllm-gemma-q8head=server.py --model gemma-3-270m '
-             '--lm-head q8_0" -- --users 1 30 --max-tokens 100 --rounds 2',
+             '--lm-head q8_0" "nano-vllm-gemma-codes=server.py --model gemma-3-270m --weights '
+             'q4_1" -- --users 1 30 --max-tokens 100 --rounds 2',
              'KINDS=gemma-3-270m USERS="1 30" ROUNDS=2 bash benchmarks/llama_cpp.sh bench '
              "results/gemma"],
             ["gemma/nano-vllm-gemma.json", "gemma/nano-vllm-gemma-q8head.json",
-             "gemma/llama-cpp-gemma-3-270m.json"],
+             "gemma/nano-vllm-gemma-codes.json", "gemma/llama-cpp-gemma-3-270m.json"],
             pairs(("Gemma 3 270M, fp32 LM head", "gemma/nano-vllm-gemma",
                    "gemma/llama-cpp-gemma-3-270m"),
                   ("Gemma 3 270M, `--lm-head q8_0`", "gemma/nano-vllm-gemma-q8head",
-                   "gemma/llama-cpp-gemma-3-270m"))),
+                   "gemma/llama-cpp-gemma-3-270m"),
+                  ("Gemma 3 270M, `--weights q4_1` (the file's own codes)",
+                   "gemma/nano-vllm-gemma-codes", "gemma/llama-cpp-gemma-3-270m"))),
     ]
 
 
