@@ -48,6 +48,15 @@ inline __m512 load_halves(const uint8_t* p) {  // 16 fp16 -> 16 fp32, exact
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 
+// Code byte j of each of the group's 16 rows (16 bytes, row fastest) as fp32: its low nibble
+// (weight j) and its high one (weight j + 16), for the 4-bit formats.
+inline void nibbles(const uint8_t* codes, int j, __m512& lo, __m512& hi) {
+  const __m512i b = _mm512_cvtepu8_epi32(
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + kLanes * j)));
+  lo = _mm512_cvtepi32_ps(_mm512_and_si512(b, _mm512_set1_epi32(0x0F)));
+  hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(b, 4));
+}
+
 struct Q4_1 {
   static constexpr int64_t kBytes = 320;
   __m512 d, m;
@@ -56,11 +65,9 @@ struct Q4_1 {
   explicit Q4_1(const uint8_t* p) : d(load_halves(p)), m(load_halves(p + 32)), codes(p + 64) {}
   // The weights k = j and k = j + 16 of the group's 16 rows.
   inline void pair(int j, __m512& lo, __m512& hi) const {
-    const __m512i b = _mm512_cvtepu8_epi32(
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + kLanes * j)));
-    const __m512i low = _mm512_and_si512(b, _mm512_set1_epi32(0x0F));
-    lo = _mm512_fmadd_ps(_mm512_cvtepi32_ps(low), d, m);
-    hi = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(b, 4)), d, m);
+    nibbles(codes, j, lo, hi);
+    lo = _mm512_fmadd_ps(lo, d, m);
+    hi = _mm512_fmadd_ps(hi, d, m);
   }
 };
 
@@ -121,11 +128,9 @@ struct Q4_K {
   explicit Q4_K(const uint8_t* p)
       : s(_mm512_loadu_ps(p)), m(_mm512_loadu_ps(p + 64)), codes(p + 128) {}
   inline void pair(int j, __m512& lo, __m512& hi) const {
-    const __m512i b = _mm512_cvtepu8_epi32(
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + kLanes * j)));
-    const __m512i low = _mm512_and_si512(b, _mm512_set1_epi32(0x0F));
-    lo = _mm512_fmadd_ps(_mm512_cvtepi32_ps(low), s, m);
-    hi = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(b, 4)), s, m);
+    nibbles(codes, j, lo, hi);
+    lo = _mm512_fmadd_ps(lo, s, m);
+    hi = _mm512_fmadd_ps(hi, s, m);
   }
 };
 
