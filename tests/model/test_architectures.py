@@ -167,10 +167,18 @@ def test_prefix_hit_and_chunks_match_hf_logits(ours, hf, tokenizer):
     b = manager.find_cached_prefix(second)
     cached = len(b.block_table) * BLOCK_SIZE
     assert cached == 2 * BLOCK_SIZE
-    assert manager.allocate_slots(b, len(second), new_prefix_hit=True)
-    logits = runner.compute_logits([SequenceStep(second[cached:], cached, b.tables, True)])
-    diff = (logits[0] - hf_last_logits(hf, second)).abs().max().item()
-    print(f"prefix hit ({cached} tokens reused): |diff| vs HF = {diff:.2e}")
+    check_hit_against_hf(runner, manager, hf, b, second, f"prefix hit ({cached} tokens reused)")
+
+
+def check_hit_against_hf(runner, manager, hf, hit: SequenceBlocks, ids: list[int],
+                         label: str) -> None:
+    """Take the prefix hit `hit` for `ids`, compute the rest, and compare the last logits
+    with Hugging Face's."""
+    cached = len(hit.hashes) * BLOCK_SIZE
+    assert manager.allocate_slots(hit, len(ids), new_prefix_hit=True)
+    logits = runner.compute_logits([SequenceStep(ids[cached:], cached, hit.tables, True)])
+    diff = (logits[0] - hf_last_logits(hf, ids)).abs().max().item()
+    print(f"{label}: |diff| vs HF = {diff:.2e}")
     assert diff < LOGITS_ATOL
 
 
@@ -199,11 +207,7 @@ def test_hit_without_a_sliding_block_is_shorter_and_matches_hf_logits(ours, hf, 
     cached = len(b.hashes) * BLOCK_SIZE
     print(f"hit without block 2 of group {sliding[-1]}: {cached} tokens, tables {b.tables}")
     assert cached == 2 * BLOCK_SIZE
-    assert manager.allocate_slots(b, len(second), new_prefix_hit=True)
-    logits = runner.compute_logits([SequenceStep(second[cached:], cached, b.tables, True)])
-    diff = (logits[0] - hf_last_logits(hf, second)).abs().max().item()
-    print(f"shortened prefix hit: |diff| vs HF = {diff:.2e}")
-    assert diff < LOGITS_ATOL
+    check_hit_against_hf(runner, manager, hf, b, second, "shortened prefix hit")
     manager.release(b)
     allocator.check_invariants()
 
