@@ -7,12 +7,10 @@ with the engine in engine/core_process.py. This process loads only the tokenizer
 - Admission happens here, synchronously, with the check BatchEngine itself runs
   (engine/admission.py's check_line) over the core's counts after its last step plus the
   requests sent since that the core had not yet taken in; the core queues what it is sent.
-- Outputs come back in one Report per step, as token ids; a receiver thread makes each
-  sample's text and finds its stop strings (engine/detokenizer.py's SampleText, as the
-  engine thread does in-process), calls each request's `on_output` and mirrors the core's
-  counts. A sample a stop string ends is finished here for its client, and the core is told
-  to end it too (EndSample), which frees its blocks; what the core still sends for it is
-  dropped.
+- Outputs come back in one Report per step, as token ids; a receiver thread hands them to
+  engine/core_outputs.py's CoreOutputs, which makes each sample's text, finds its stop
+  strings (telling the core to end a sample one ended: EndSample) and calls each request's
+  `on_output`; and it mirrors the core's counts.
 - /metrics asks the core for its Prometheus text (the core's counters, exactly as they
   stand once the outputs received so far were sent), and adds the finished requests by
   reason, counted here.
@@ -35,7 +33,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import msgspec
@@ -64,10 +62,10 @@ from engine.core_messages import (
     encode_config,
     open_socket,
 )
+from engine.core_outputs import CoreOutputs
 from engine.core_process import PAGED_CORE
-from engine.detokenizer import SampleText
 from engine.metrics import FinishMetrics
-from engine.request import ENGINE_FAILED, FinishReason, Request, RequestOutput
+from engine.request import Request
 from engine.snapshot import BLOCK_QUERY_TIMEOUT, CachedBlock
 
 log = logging.getLogger("nano_vllm.engine")
@@ -84,22 +82,16 @@ class EngineStartError(RuntimeError):
     """The engine core process did not come up."""
 
 
-@dataclass
-class _InFlight:
-    request: Request
-    texts: dict[int, SampleText]  # each sample still to end, by its index
-
-
 class RemoteMetrics:
     """/metrics' text: the core process's, then the finished requests by reason, counted
     here where each request's last output is made (engine/metrics.py)."""
 
-    def __init__(self, client: EngineProcessClient) -> None:
-        self._client = client
-        self.finishes = FinishMetrics()
+    def __init__(self, render_core: Callable[[], bytes], finishes: FinishMetrics) -> None:
+        self._render_core = render_core
+        self.finishes = finishes
 
     def render(self) -> bytes:
-        return self._client.render_metrics() + self.finishes.render()
+        return self._render_core() + self.finishes.render()
 
     def dashboard_totals(self) -> dict[str, float]:
         """The dashboard's counters that are counted here."""
@@ -118,9 +110,9 @@ class EngineProcessClient:
         self.config = config
         model_dir = resolve_model_dir(config.model)  # prepared here once, found by the core
         self.tokenizer = load_tokenizer(model_dir)
-        self.metrics = RemoteMetrics(self)
+        self.in_flight = CoreOutputs(self.tokenizer, self._end_sample)
+        self.metrics = RemoteMetrics(self.render_metrics, self.in_flight.finishes)
         self._lock = threading.Lock()  # guards the fields below and the requests socket
-        self._in_flight: dict[str, _InFlight] = {}
         self._unacked: deque[tuple[int, int]] = deque()  # (seq, prompt tokens) not taken in
         self._seq = 0
         self._unavailable: str | None = None
@@ -221,8 +213,7 @@ class EngineProcessClient:
     @property
     def num_in_flight(self) -> int:
         """Requests (samples counted apiece) accepted and not yet finished."""
-        with self._lock:
-            return sum(len(f.texts) for f in self._in_flight.values())
+        return self.in_flight.num_samples
 
     def describe(self) -> str:
         return f"{self._description}; engine core in process {self.core_pid}"
@@ -266,9 +257,7 @@ class EngineProcessClient:
                                   time.monotonic() - request.arrival_time, request.priority,
                                   request.timeout))
             self._unacked.append((self._seq, request.num_prompt_tokens))
-            self._in_flight[request.request_id] = _InFlight(request, {
-                index: SampleText(self.tokenizer, request.prompt_token_ids, params.stop,
-                                  params.min_tokens) for index in range(params.n)})
+            self.in_flight.add(request)
 
     def _retry_after(self, excess_requests: int = 0, excess_tokens: int = 0) -> int:
         rates = self._state.rates
@@ -277,7 +266,7 @@ class EngineProcessClient:
 
     def abort(self, request_id: str) -> None:
         with self._lock:
-            if request_id in self._in_flight and self._failure is None:
+            if request_id in self.in_flight and self._failure is None:
                 self._send(Abort(request_id))
 
     def abort_all(self, error: str) -> None:
@@ -299,6 +288,10 @@ class EngineProcessClient:
         with self._lock:
             if self._failure is None:
                 self._send(message)
+
+    def _end_sample(self, sample_id: str) -> None:
+        """A stop string ended this sample here: the core ends it too, freeing its blocks."""
+        self._send_now(EndSample(sample_id))
 
     def _send(self, message: ToCore) -> None:  # with _lock held
         if not self._requests.closed:  # (after shutdown, an abort has nothing left to end)
@@ -353,7 +346,8 @@ class EngineProcessClient:
             if self._outputs.poll(POLL_MS):
                 message = self._decoder.decode(self._outputs.recv())
                 if isinstance(message, Report):
-                    self._deliver(message)
+                    self.in_flight.deliver(message.outputs)
+                    self._mirror(message.state)
                 elif isinstance(message, Snapshot) and self.snapshots is not None:
                     self.snapshots.received(message)
                 elif isinstance(message, BlockAnswer) and self.snapshots is not None:
@@ -368,22 +362,6 @@ class EngineProcessClient:
             elif self._proc.poll() is not None:
                 self._core_gone(self._proc.returncode)
                 return
-
-    def _deliver(self, report: Report) -> None:
-        for request_id, output in report.outputs:
-            entry = self._in_flight.get(request_id)
-            if entry is None or (text := entry.texts.get(output.sample_index)) is None:
-                continue  # ended here already (by a stop string), or failed
-            if text.apply(output):  # a stop string: the core is told first, to free sooner
-                self._send_now(EndSample(output.request_id))  # the sample's own id
-            entry.request.on_output(output)
-            if output.finished:
-                self.metrics.finishes.on_finish(output.finish_reason)
-                with self._lock:
-                    del entry.texts[output.sample_index]
-                    if not entry.texts:
-                        del self._in_flight[request_id]
-        self._mirror(report.state)
 
     def _mirror(self, state: CoreState) -> None:
         with self._lock:
@@ -402,15 +380,8 @@ class EngineProcessClient:
         with self._lock:
             self._failure = error
             self._unavailable = error
-            in_flight, self._in_flight = self._in_flight, {}
             self._unacked.clear()
-        for entry in in_flight.values():
-            for index in sorted(entry.texts):
-                request_id = entry.request.request_id + (f"#{index}" if index else "")
-                entry.request.on_output(RequestOutput(
-                    request_id, "", [], finished=True, finish_reason=FinishReason.ERROR,
-                    error=error, error_code=ENGINE_FAILED, sample_index=index))
-                self.metrics.finishes.on_finish(FinishReason.ERROR)
+        self.in_flight.fail_all(error)
         if not self._closing:
             for callback in self._failure_callbacks:
                 callback()
