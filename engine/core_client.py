@@ -252,12 +252,13 @@ class EngineProcessClient:
                        state.stats["waiting"], [tokens for _, tokens in self._unacked],
                        state.line_tokens, self._retry_after)
             self._seq += 1
-            self._send(AddRequest(self._seq, request.request_id, request.prompt_token_ids,
-                                  replace(params, grammar=None), grammar,
-                                  time.monotonic() - request.arrival_time, request.priority,
-                                  request.timeout))
+            message = self._encoder.encode(AddRequest(
+                self._seq, request.request_id, request.prompt_token_ids,
+                replace(params, grammar=None), grammar, time.monotonic() - request.arrival_time,
+                request.priority, request.timeout))
+            self.in_flight.add(request)  # first: the core's first Report may be back at once
+            self._send_encoded(message)
             self._unacked.append((self._seq, request.num_prompt_tokens))
-            self.in_flight.add(request)
 
     def _retry_after(self, excess_requests: int = 0, excess_tokens: int = 0) -> int:
         rates = self._state.rates
@@ -294,8 +295,11 @@ class EngineProcessClient:
         self._send_now(EndSample(sample_id))
 
     def _send(self, message: ToCore) -> None:  # with _lock held
+        self._send_encoded(self._encoder.encode(message))
+
+    def _send_encoded(self, message: bytes) -> None:  # with _lock held
         if not self._requests.closed:  # (after shutdown, an abort has nothing left to end)
-            self._requests.send(self._encoder.encode(message))
+            self._requests.send(message)
 
     def render_metrics(self) -> bytes:
         """The core's Prometheus text; if it does not answer within METRICS_TIMEOUT (it is

@@ -45,7 +45,8 @@ class CoreOutputs:
         self._requests: dict[str, _InFlight] = {}
 
     def add(self, request: Request) -> None:
-        """Track a request, each of its samples with a text of its own."""
+        """Track a request, each of its samples with a text of its own; before it is sent,
+        since the core's first outputs for it may come back at once."""
         params = request.params
         texts = {index: SampleText(self.tokenizer, request.prompt_token_ids, params.stop,
                                    params.min_tokens) for index in range(params.n)}
