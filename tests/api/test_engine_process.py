@@ -259,6 +259,45 @@ def test_a_stop_string_across_tokens_ends_the_text_as_in_process(split, server: 
             if e["choices"][0]["finish_reason"]] == ["stop"]
 
 
+@pytest.mark.parametrize("past", [0, 1])
+def test_a_stop_string_on_the_last_token_allowed_ends_the_text_once_as_stop(
+        split, server: RunningServer, past: int):
+    """max_tokens is the token that completes the stop string (past=0: the core ends the
+    sample by length in the very step in which the API process finds the stop string), or
+    one more (past=1: the core, stepping on, mostly ends it by length before it reads the
+    EndSample). Either way "stop" with the text before the stop string, as in-process; one
+    last output, counted once; and the core frees the blocks."""
+    body = {"prompt": "Once upon a time", "max_tokens": 24, "ignore_eos": True,
+            "temperature": 0, "logprobs": 0}
+    tokens = post(server.url, COMPLETIONS, body)["choices"][0]["logprobs"]["tokens"]
+    stop, kept = straddling_stop(tokens)
+    joined = "".join(tokens)
+    expected = joined[:joined.find(stop)]
+    body = {**body, "max_tokens": kept + past, "stop": [stop]}
+    print(f"stop {stop!r} completes at token {kept}; max_tokens {kept + past}")
+    wait_for(lambda: metric(split.url, "kv_blocks_used") == 0)
+    reasons = finished_by_reason(split.url)
+    generated = metric(split.url, "generation_tokens_total")
+    theirs, ours = post(server.url, COMPLETIONS, body), post(split.url, COMPLETIONS, body)
+    events = stream(split, COMPLETIONS, body)
+    for answer in (theirs, ours):
+        choice = answer["choices"][0]
+        assert choice["text"] == expected and choice["finish_reason"] == "stop"
+        assert answer["usage"]["completion_tokens"] == kept
+    assert "".join(e["choices"][0]["text"] for e in events) == expected
+    assert [e["choices"][0]["finish_reason"] for e in events
+            if e["choices"][0]["finish_reason"]] == ["stop"]
+    wait_for(lambda: metric(split.url, "kv_blocks_used") == 0
+             and metric(split.url, "num_requests_running") == 0, timeout=15)
+    after = finished_by_reason(split.url)
+    beyond = metric(split.url, "generation_tokens_total") - generated - 2 * kept
+    print(f"finished {reasons} -> {after}; the core generated {beyond:g} tokens past the "
+          f"stop string in the two requests (each one: it ended the sample by length)")
+    assert after.get("stop", 0) == reasons.get("stop", 0) + 2
+    assert 0 <= beyond <= 2 * past
+    assert sum(after.values()) == sum(reasons.values()) + 2
+
+
 def test_samples_with_a_stop_string_match_the_in_process_engine(split, server: RunningServer):
     """n=3 seeded samples, each ended by its own stop string (or by length) in the API
     process: the same texts, tokens and logprobs as in-process."""
