@@ -136,6 +136,8 @@ class EngineProcessClient:
         ready = self._wait_ready(start_timeout)
         self.core_pid = ready.pid
         self._max_tokens = ready.max_tokens_per_request
+        self._model_type = ready.model_type
+        self._max_position_embeddings = ready.max_position_embeddings
         self._description = ready.description
         self._state = ready.state
         # The dashboard's view; None for a core with no pool to show (the baseline's).
@@ -193,6 +195,14 @@ class EngineProcessClient:
     @property
     def max_tokens_per_request(self) -> int:
         return self._max_tokens
+
+    @property
+    def model_type(self) -> str:
+        return self._model_type
+
+    @property
+    def max_position_embeddings(self) -> int:
+        return self._max_position_embeddings
 
     @property
     def max_num_seqs(self) -> int:

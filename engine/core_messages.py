@@ -105,8 +105,13 @@ class CoreState(msgspec.Struct):
 
 
 class Ready(msgspec.Struct, tag=True):
+    """Once the model is loaded: what the API reports of the engine (/v1/models, the startup
+    line) and its counts before any request."""
+
     pid: int
     max_tokens_per_request: int
+    model_type: str  # the model's config.json's
+    max_position_embeddings: int  # the same config's
     description: str
     state: CoreState
     dashboard: bool  # the core has a pool to show (not the baseline's)

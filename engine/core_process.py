@@ -114,9 +114,10 @@ class CoreProcess:
     def run(self) -> int:
         """The busy loop; the process's exit status."""
         threading.Thread(target=self._answer_metrics, name="metrics", daemon=True).start()
-        self.send(Ready(os.getpid(), self.engine.max_tokens_per_request, self.engine.describe(),
-                        self.state(), self.engine.snapshots is not None))
         engine = self.engine
+        self.send(Ready(os.getpid(), engine.max_tokens_per_request, engine.model_type,
+                        engine.max_position_embeddings, engine.describe(), self.state(),
+                        engine.snapshots is not None))
         try:
             while not self._stopping:
                 if os.getppid() != self.parent:

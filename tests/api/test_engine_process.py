@@ -1,14 +1,14 @@
 """server.py's default: the engine core in a process of its own, behind the same API.
 
 Real server processes (tests/api/test_lifecycle.py's helpers), started with no flag for
-it: the answers match the in-process engine's token for token; samples, logprobs,
-structured outputs, /metrics and the dashboard's snapshots and block details cross; stop
-strings, found in the API process, end the text as in-process and the core frees their
-blocks; a client that leaves frees its blocks; SIGTERM drains and both processes exit 0; a killed
-core fails its streams, the server answers 503 and exits for its supervisor, and no
-process is left behind, also when the API process is killed; the baseline's core runs in
-such a process too. One server serves the first tests, the last of them stopping it; the
-others start their own.
+it: the answers match the in-process engine's token for token, and /v1/models says what it
+says; samples, logprobs, structured outputs, /metrics and the dashboard's snapshots and
+block details cross; stop strings, found in the API process, end the text as in-process and
+the core frees their blocks; a client that leaves frees its blocks; SIGTERM drains and both
+processes exit 0; a killed core fails its streams, the server answers 503 and exits for its
+supervisor, and no process is left behind, also when the API process is killed; the
+baseline's core runs in such a process too. One server serves the first tests, the last of
+them stopping it; the others start their own.
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ import pytest
 
 from api.lifecycle import ENGINE_FAILURE_EXIT_CODE
 from benchmarks.live_server import LiveServer
+from engine.batch_engine import BatchEngine
+from engine.config import EngineConfig
 from tests.api.conftest import RunningServer
 from tests.api.dashboard_load import PREFIX, QUESTIONS, shared_prefix_streams
 from tests.api.test_dashboard import frames, shared_by_all
@@ -172,6 +174,25 @@ def test_the_default_is_two_processes(split):
         parent = int(f.read().rsplit(")", 1)[1].split()[1])
     print(f"server {split.proc.pid}, core {core} (parent {parent})")
     assert core != split.proc.pid and parent == split.proc.pid
+
+
+def test_models_says_what_the_in_process_engine_says(split, server: RunningServer, model,
+                                                    tokenizer):
+    """/v1/models: the architecture and context length that the core read from the model's
+    config, as the in-process engine reports them, and the longest request the core's own
+    pool holds (--num-blocks 64), as an in-process engine with that pool says."""
+    r = httpx.get(split.url + "/v1/models", timeout=10)
+    assert r.status_code == 200, r.text
+    card = r.json()["data"][0]
+    theirs = httpx.get(server.url + "/v1/models", timeout=10).json()["data"][0]
+    pool = BatchEngine(EngineConfig(num_blocks=64, max_num_seqs=4), model, tokenizer)
+    print(card)
+    assert card["model_type"] == server.engine.model_type == theirs["model_type"]
+    assert card["max_position_embeddings"] == server.engine.max_position_embeddings
+    assert card["max_position_embeddings"] == theirs["max_position_embeddings"]
+    assert card["max_model_len"] == pool.max_tokens_per_request
+    assert card["max_model_len"] < card["max_position_embeddings"]  # the pool's, not the model's
+    assert card["id"] == theirs["id"] and card["object"] == "model"
 
 
 def test_dashboard_snapshots_and_block_details_cross(split, tokenizer):
@@ -413,9 +434,9 @@ def test_the_core_exits_when_the_server_is_killed(tmp_path):
     wait_for(lambda: gone(core), timeout=5)
 
 
-def test_the_baseline_core_runs_in_a_core_process(tmp_path):
+def test_the_baseline_core_runs_in_a_core_process(tmp_path, server: RunningServer):
     """baseline_server.py behind the same front end: its core in a process of its own, an
-    answer, and no pool for the dashboard to show."""
+    answer, /v1/models as the in-process engine says, and no pool for the dashboard."""
     log = tmp_path / "baseline.log"
     argv = [sys.executable, "baseline_server.py", "--port", "{port}", "--max-num-seqs", "2"]
     with LiveServer(argv, log, cwd=ROOT, start_timeout=START_TIMEOUT) as live:
@@ -423,8 +444,15 @@ def test_the_baseline_core_runs_in_a_core_process(tmp_path):
         answer = post(live.url, COMPLETIONS, {"prompt": "Hi", "max_tokens": 3,
                                               "ignore_eos": True})
         dashboard = httpx.get(live.url + "/dashboard/events", timeout=10)
+        models = httpx.get(live.url + "/v1/models", timeout=10)
     print(log.read_text()[-1500:])
-    print(answer["usage"], dashboard.status_code, dashboard.text)
+    print(answer["usage"], dashboard.status_code, dashboard.text, models.text)
     assert core != live.proc.pid and answer["usage"]["completion_tokens"] == 3
+    assert models.status_code == 200, models.text
+    card = models.json()["data"][0]
+    assert card["model_type"] == server.engine.model_type
+    # No pool: the baseline holds a request as long as the model's context.
+    assert card["max_position_embeddings"] == card["max_model_len"] == (
+        server.engine.max_position_embeddings)
     assert check_error(dashboard, 404, "not_found_error")
     wait_for(lambda: gone(core), timeout=5)
