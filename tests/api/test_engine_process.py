@@ -227,9 +227,14 @@ def test_dashboard_snapshots_and_block_details_cross(split, tokenizer):
 
 
 def test_metrics_show_the_cores_counters(split):
+    """One more finished request: one more success, its tokens in the core's counter. (A
+    first request, so that request_success_total has a line to read: it has none until a
+    request finished.)"""
+    body = {"prompt": "Hi", "max_tokens": 5, "ignore_eos": True}
+    post(split.url, COMPLETIONS, body)
     finished = metric(split.url, "request_success_total")
     generated = metric(split.url, "generation_tokens_total")
-    post(split.url, COMPLETIONS, {"prompt": "Hi", "max_tokens": 5, "ignore_eos": True})
+    post(split.url, COMPLETIONS, body)
     assert metric(split.url, "request_success_total") == finished + 1
     assert metric(split.url, "generation_tokens_total") == generated + 5
     assert metric(split.url, "kv_blocks_total") > 0
