@@ -22,11 +22,11 @@ from typing import ClassVar, Generic, TypeVar
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
-from sse_starlette.sse import EventSourceResponse
 from starlette.concurrency import run_in_threadpool
 
 from api.engine_client import EngineClient
 from api.errors import APIError
+from api.event_stream import DONE, EventStream, sse
 from api.job import Job, Prompt, SampleResult
 from api.limits import PromptBound
 from api.logprobs import LogprobFormatter
@@ -43,16 +43,6 @@ SSE_PING_SECONDS = 15
 REQUEST_ID_HEADER = "X-Request-Id"
 
 Body = TypeVar("Body", bound=SamplingFields)
-
-
-def sse(message: BaseModel) -> dict[str, str]:
-    return {"data": message.model_dump_json()}
-
-
-def named_sse(message: BaseModel) -> dict[str, str]:
-    """One SSE event named by the message's `type`, as the Responses and Messages APIs send
-    them (`event: TYPE` before its data)."""
-    return {"event": message.type, "data": message.model_dump_json()}  # type: ignore[attr-defined]
 
 
 def failure(output: RequestOutput) -> APIError:
@@ -105,8 +95,8 @@ class OpenAIServing(ABC, Generic[Body]):
         self.submit(job, params, body.request_timeout, body.priority)
         headers = {REQUEST_ID_HEADER: client_id}
         if body.stream:
-            return EventSourceResponse(self.events(job, body, http_request),
-                                       ping=SSE_PING_SECONDS, headers=headers)
+            return EventStream(self.events(job, body, http_request), ping=SSE_PING_SECONDS,
+                               headers=headers)
         return await self.collect(job, body, http_request, headers)
 
     async def compile_grammar(self, spec: GrammarSpec) -> CompiledGrammar:
@@ -198,7 +188,7 @@ class OpenAIServing(ABC, Generic[Body]):
         return JSONResponse(response.model_dump(), headers=headers)
 
     async def events(self, job: Job, body: Body,
-                     http_request: Request) -> AsyncIterator[dict[str, str]]:
+                     http_request: Request) -> AsyncIterator[bytes]:
         """One SSE event per output (so per token and choice), usage if asked, then
         [DONE]."""
         for chunk in self.opening_chunks(job):
@@ -215,7 +205,7 @@ class OpenAIServing(ABC, Generic[Body]):
                 yield sse(chunk)
         if job.done and body.include_usage:
             yield sse(self.usage_chunk(job))
-        yield {"data": "[DONE]"}
+        yield DONE
 
     # --- what each endpoint fills in ---------------------------------------------------------
 
