@@ -11,13 +11,12 @@ and a stream chunk look like.
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import replace
-from typing import ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
@@ -56,6 +55,13 @@ def failure(output: RequestOutput) -> APIError:
         return APIError(output.error or "", status=503, code=output.error_code,
                         err_type="server_error")
     return APIError(output.error or "internal error", status=500, err_type="server_error")
+
+
+async def remind(queue: asyncio.Queue[Any], seconds: float) -> None:
+    """Put None in `queue` every `seconds`, until cancelled."""
+    while True:
+        await asyncio.sleep(seconds)
+        queue.put_nowait(None)
 
 
 class OpenAIServing(ABC, Generic[Body]):
@@ -150,24 +156,23 @@ class OpenAIServing(ABC, Generic[Body]):
         """(prompt index, output) until every sample has finished or one failed; aborts
         every request if the client leaves (or the caller stops early).
 
-        The client is checked at least every DISCONNECT_CHECK_SECONDS, also while outputs
-        keep coming (a non-streaming handler would otherwise notice only at the end)."""
+        The client is checked every DISCONNECT_CHECK_SECONDS, also while outputs keep coming
+        (a non-streaming handler would otherwise notice only at the end): a reminder task
+        puts None in the queue that often, which costs nothing per output (a timeout on
+        each wait for the queue would cost a timer, or a task, per token)."""
         remaining = len(job.prompts) * job.num_samples
-        checked = time.monotonic()
+        reminder = asyncio.create_task(remind(job.queue, DISCONNECT_CHECK_SECONDS))
         try:
             while remaining:
-                try:
-                    item = await asyncio.wait_for(job.queue.get(), DISCONNECT_CHECK_SECONDS)
-                except TimeoutError:
-                    item = None
-                if item is None or time.monotonic() - checked >= DISCONNECT_CHECK_SECONDS:
-                    checked = time.monotonic()
+                item = await job.queue.get()
+                if item is None:
                     if await http_request.is_disconnected():
                         return
-                if item is not None:
+                else:
                     remaining -= item[1].finished
                     yield item
         finally:
+            reminder.cancel()
             if remaining:
                 for request_id in job.request_ids:
                     self.engine.abort(request_id)
