@@ -54,7 +54,9 @@ class Job:
     prompts: list[Prompt]
     n: int  # choices per prompt
     num_samples: int  # samples run per prompt (best_of, else n)
-    queue: asyncio.Queue[tuple[int, RequestOutput]] = field(default_factory=asyncio.Queue)
+    # (prompt index, output) from the engine; None: time to check the client is still there
+    queue: asyncio.Queue[tuple[int, RequestOutput] | None] = field(
+        default_factory=asyncio.Queue)
     request_ids: list[str] = field(default_factory=list)  # the engine's, one per prompt
     created: int = field(default_factory=lambda: int(time.time()))
     samples: dict[tuple[int, int], SampleResult] = field(default_factory=dict)

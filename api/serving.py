@@ -11,22 +11,21 @@ and a stream chunk look like.
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import replace
-from typing import ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
-from sse_starlette.sse import EventSourceResponse
 from starlette.concurrency import run_in_threadpool
 
 from api.engine_client import EngineClient
 from api.errors import APIError
+from api.event_stream import DONE, EventStream, sse
 from api.job import Job, Prompt, SampleResult
 from api.limits import PromptBound
 from api.logprobs import LogprobFormatter
@@ -45,16 +44,6 @@ REQUEST_ID_HEADER = "X-Request-Id"
 Body = TypeVar("Body", bound=SamplingFields)
 
 
-def sse(message: BaseModel) -> dict[str, str]:
-    return {"data": message.model_dump_json()}
-
-
-def named_sse(message: BaseModel) -> dict[str, str]:
-    """One SSE event named by the message's `type`, as the Responses and Messages APIs send
-    them (`event: TYPE` before its data)."""
-    return {"event": message.type, "data": message.model_dump_json()}  # type: ignore[attr-defined]
-
-
 def failure(output: RequestOutput) -> APIError:
     """The error a failed output ends its request with: 504 if its deadline passed (before
     any token was sent, as a non-streamed answer has sent none), 503 when the server could
@@ -66,6 +55,13 @@ def failure(output: RequestOutput) -> APIError:
         return APIError(output.error or "", status=503, code=output.error_code,
                         err_type="server_error")
     return APIError(output.error or "internal error", status=500, err_type="server_error")
+
+
+async def remind(queue: asyncio.Queue[Any], seconds: float) -> None:
+    """Put None in `queue` every `seconds`, until cancelled."""
+    while True:
+        await asyncio.sleep(seconds)
+        queue.put_nowait(None)
 
 
 class OpenAIServing(ABC, Generic[Body]):
@@ -105,8 +101,8 @@ class OpenAIServing(ABC, Generic[Body]):
         self.submit(job, params, body.request_timeout, body.priority)
         headers = {REQUEST_ID_HEADER: client_id}
         if body.stream:
-            return EventSourceResponse(self.events(job, body, http_request),
-                                       ping=SSE_PING_SECONDS, headers=headers)
+            return EventStream(self.events(job, body, http_request), ping=SSE_PING_SECONDS,
+                               headers=headers)
         return await self.collect(job, body, http_request, headers)
 
     async def compile_grammar(self, spec: GrammarSpec) -> CompiledGrammar:
@@ -160,24 +156,23 @@ class OpenAIServing(ABC, Generic[Body]):
         """(prompt index, output) until every sample has finished or one failed; aborts
         every request if the client leaves (or the caller stops early).
 
-        The client is checked at least every DISCONNECT_CHECK_SECONDS, also while outputs
-        keep coming (a non-streaming handler would otherwise notice only at the end)."""
+        The client is checked every DISCONNECT_CHECK_SECONDS, also while outputs keep coming
+        (a non-streaming handler would otherwise notice only at the end): a reminder task
+        puts None in the queue that often, which costs nothing per output (a timeout on
+        each wait for the queue would cost a timer, or a task, per token)."""
         remaining = len(job.prompts) * job.num_samples
-        checked = time.monotonic()
+        reminder = asyncio.create_task(remind(job.queue, DISCONNECT_CHECK_SECONDS))
         try:
             while remaining:
-                try:
-                    item = await asyncio.wait_for(job.queue.get(), DISCONNECT_CHECK_SECONDS)
-                except TimeoutError:
-                    item = None
-                if item is None or time.monotonic() - checked >= DISCONNECT_CHECK_SECONDS:
-                    checked = time.monotonic()
+                item = await job.queue.get()
+                if item is None:
                     if await http_request.is_disconnected():
                         return
-                if item is not None:
+                else:
                     remaining -= item[1].finished
                     yield item
         finally:
+            reminder.cancel()
             if remaining:
                 for request_id in job.request_ids:
                     self.engine.abort(request_id)
@@ -198,7 +193,7 @@ class OpenAIServing(ABC, Generic[Body]):
         return JSONResponse(response.model_dump(), headers=headers)
 
     async def events(self, job: Job, body: Body,
-                     http_request: Request) -> AsyncIterator[dict[str, str]]:
+                     http_request: Request) -> AsyncIterator[bytes]:
         """One SSE event per output (so per token and choice), usage if asked, then
         [DONE]."""
         for chunk in self.opening_chunks(job):
@@ -215,7 +210,7 @@ class OpenAIServing(ABC, Generic[Body]):
                 yield sse(chunk)
         if job.done and body.include_usage:
             yield sse(self.usage_chunk(job))
-        yield {"data": "[DONE]"}
+        yield DONE
 
     # --- what each endpoint fills in ---------------------------------------------------------
 

@@ -16,6 +16,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
+from api.event_stream import named_sse
 from api.job import Job
 from api.messages_to_chat import to_chat
 from api.protocol import ChatCompletionRequest
@@ -39,7 +40,7 @@ from api.responses_messages import (
     ToolUseContent,
     anthropic_error_body,
 )
-from api.serving import failure, named_sse
+from api.serving import failure
 from api.serving_chat import ChatServing
 from api.tool_calls import CallStream, is_call_text, scan
 from engine.request import FinishReason, RequestOutput
@@ -98,7 +99,7 @@ class MessagesServing(ChatServing):
                                                   output_tokens=output_tokens))
 
     async def events(self, job: Job, body: ChatCompletionRequest,
-                     http_request: Request) -> AsyncIterator[dict[str, str]]:
+                     http_request: Request) -> AsyncIterator[bytes]:
         """message_start, each block's start, deltas and stop, message_delta, message_stop;
         an `error` event (Anthropic's shape) if the request fails on the way."""
         yield named_sse(MessageStartEvent(message=self.message(job, [], None, None, 0)))
@@ -108,7 +109,7 @@ class MessagesServing(ChatServing):
                 if output.error:
                     error = failure(output)
                     body_json = anthropic_error_body(error.status, error.message, error.param)
-                    yield {"event": "error", "data": body_json.model_dump_json()}
+                    yield named_sse(body_json, "error")
                     return
                 sample = job.record(prompt_index, output)
                 for block_event in blocks.advance(sample.text, output.text):

@@ -19,6 +19,7 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from api.errors import APIError
+from api.event_stream import named_sse
 from api.job import Job
 from api.protocol import ChatCompletionRequest
 from api.protocol_responses import ResponsesChat, ResponsesRequest
@@ -32,7 +33,7 @@ from api.response_objects import (
     ResponseUsage,
 )
 from api.response_output import ResponseOutput
-from api.serving import failure, named_sse
+from api.serving import failure
 from api.serving_chat import ChatServing
 from engine.request import FinishReason
 
@@ -107,7 +108,7 @@ class ResponsesServing(ChatServing):
             usage=ResponseUsage.of(job.usage()) if status != "in_progress" else None)
 
     async def events(self, job: Job, body: ChatCompletionRequest,
-                     http_request: Request) -> AsyncIterator[dict[str, str]]:
+                     http_request: Request) -> AsyncIterator[bytes]:
         """response.created and .in_progress, each item's events as the answer grows, then
         response.completed or .incomplete; an error event if the request fails."""
         output = ResponseOutput(self.may_call(body))
