@@ -254,6 +254,17 @@ def straddling_stop(tokens: list[str]) -> tuple[str, int]:
     raise AssertionError(f"no two tokens to stop across in {tokens}")
 
 
+def stop_across_tokens(url: str) -> tuple[dict, list[str], str, int, str]:
+    """A greedy 24-token request to the server at `url`: its body, its tokens, a stop string
+    across two of them (straddling_stop), how many tokens the text keeps, and that text."""
+    body = {"prompt": "Once upon a time", "max_tokens": 24, "ignore_eos": True,
+            "temperature": 0, "logprobs": 0}
+    tokens = post(url, COMPLETIONS, body)["choices"][0]["logprobs"]["tokens"]
+    stop, kept = straddling_stop(tokens)
+    joined = "".join(tokens)
+    return body, tokens, stop, kept, joined[:joined.find(stop)]
+
+
 def finished_by_reason(url: str) -> dict[str, float]:
     text = httpx.get(url + "/metrics", timeout=10).text
     return {reason: float(value) for reason, value in re.findall(
@@ -263,12 +274,7 @@ def finished_by_reason(url: str) -> dict[str, float]:
 def test_a_stop_string_across_tokens_ends_the_text_as_in_process(split, server: RunningServer):
     """Found in the API process, the stop string cuts the text, the tokens and their
     logprobs where the in-process engine does; a stream ends once, with "stop"."""
-    body = {"prompt": "Once upon a time", "max_tokens": 24, "ignore_eos": True,
-            "temperature": 0, "logprobs": 0}
-    tokens = post(server.url, COMPLETIONS, body)["choices"][0]["logprobs"]["tokens"]
-    stop, kept = straddling_stop(tokens)
-    joined = "".join(tokens)
-    expected = joined[:joined.find(stop)]
+    body, tokens, stop, kept, expected = stop_across_tokens(server.url)
     print(f"tokens {tokens}\nstop {stop!r}: expect {expected!r} in {kept} tokens")
     body["stop"] = [stop]
     theirs, ours = post(server.url, COMPLETIONS, body), post(split.url, COMPLETIONS, body)
@@ -293,12 +299,7 @@ def test_a_stop_string_on_the_last_token_allowed_ends_the_text_once_as_stop(
     one more (past=1: the core, stepping on, mostly ends it by length before it reads the
     EndSample). Either way "stop" with the text before the stop string, as in-process; one
     last output, counted once; and the core frees the blocks."""
-    body = {"prompt": "Once upon a time", "max_tokens": 24, "ignore_eos": True,
-            "temperature": 0, "logprobs": 0}
-    tokens = post(server.url, COMPLETIONS, body)["choices"][0]["logprobs"]["tokens"]
-    stop, kept = straddling_stop(tokens)
-    joined = "".join(tokens)
-    expected = joined[:joined.find(stop)]
+    body, _, stop, kept, expected = stop_across_tokens(server.url)
     body = {**body, "max_tokens": kept + past, "stop": [stop]}
     print(f"stop {stop!r} completes at token {kept}; max_tokens {kept + past}")
     wait_for(lambda: metric(split.url, "kv_blocks_used") == 0)
