@@ -76,9 +76,8 @@ def build_cpu_kernels() -> tuple[ModuleType | None, str | None]:
         from torch.utils.cpp_extension import load
 
         sources = sorted(CSRC.glob("*.cpp"))
-        headers = sorted(CSRC.glob("*.h"))
         digest = hashlib.sha256()
-        for part in [*(f.read_bytes() for f in [*sources, *headers]), cpu_identity().encode(),
+        for part in [*(f.read_bytes() for f in sources), cpu_identity().encode(),
                      *(flag.encode() for flag in CFLAGS)]:
             digest.update(part + b"\0")
         log.info("loading the CPU kernels (compiled on first use, about a minute) ...")

@@ -23,8 +23,6 @@ torch::Tensor q4_1_int8act_linear(torch::Tensor x, torch::Tensor packed, int64_t
 torch::Tensor q8_0_int8act_linear(torch::Tensor x, torch::Tensor packed, int64_t out_features);
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> quantize_rows_int8(torch::Tensor x);
 void bind_decode_stack(pybind11::module_& m);
-torch::Tensor stealing_split_owners(int64_t items, int64_t threads, int64_t late,
-                                    int64_t late_us, int64_t item_us);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode_attention", &paged_decode_attention,
@@ -58,7 +56,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "x @ W^T from Q8_0 codes, x rounded to int8 per block (q4_1_int8act_cpu.cpp)");
   m.def("quantize_rows_int8", &quantize_rows_int8,
         "x's int8 codes, scales and scaled sums as q4_1_int8act_linear makes them");
-  m.def("stealing_split_owners", &stealing_split_owners,
-        "which thread ran each item of a split with one thread late (stealing_split.cpp; tests)");
   bind_decode_stack(m);  // the DecodeStack class (decode_stack_cpu.cpp)
 }

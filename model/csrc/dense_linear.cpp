@@ -9,8 +9,7 @@
 //                                  vdpbf16ps (one 512-bit load = 16 columns x 2 k)
 //
 // Work split. The panels are cut into one contiguous range per thread, so each core
-// streams its own part of W from memory (one row is memory-bound); a thread done with its
-// range takes panels left in the others' (stealing_split.h). Within a panel the M
+// streams its own part of W from memory (one row is memory-bound). Within a panel the M
 // rows are cut into row blocks of at most MR rows (6-12, by panel width); a micro-kernel
 // keeps an MR x NR block of 16-float accumulators in registers, so each weight vector
 // loaded serves every row of the block. With one block (M <= MR) it runs the whole K in
@@ -43,8 +42,6 @@
 #include <type_traits>
 #include <utility>
 #include <vector>
-
-#include "stealing_split.h"
 
 namespace {
 
@@ -199,13 +196,12 @@ void run(const T* x, int64_t M, int64_t ldx, int64_t steps, const T* packed, int
   const char* bytes = reinterpret_cast<const char*>(packed);
   const int64_t total_bytes = panels * steps * kStep * static_cast<int64_t>(sizeof(T));
 
-  StealingSplit split(panels, nthreads);
-
 #pragma omp parallel num_threads(nthreads)
   {
-    const int t = omp_get_thread_num();
+    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+    const int64_t p0 = panels * t / nt, p1 = panels * (t + 1) / nt;
     float* mine = partial.data() + t * M * NB;
-    split.run(t, [&](int64_t p) {
+    for (int64_t p = p0; p < p1; ++p) {
       const T* panel = packed + p * steps * kStep;
       const int64_t valid = std::min<int64_t>(NB, N - p * NB);
       for (int64_t s0 = 0; s0 < steps; s0 += chunk) {
@@ -229,7 +225,7 @@ void run(const T* x, int64_t M, int64_t ldx, int64_t steps, const T* packed, int
           row += rows;
         }
       }
-    });
+    }
   }
 }
 

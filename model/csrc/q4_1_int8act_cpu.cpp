@@ -41,8 +41,6 @@
 #include <tuple>
 #include <vector>
 
-#include "stealing_split.h"
-
 namespace {
 constexpr int64_t kLanes = 16;   // output rows per group
 constexpr int64_t kBlock = 32;   // inputs per block
@@ -229,17 +227,15 @@ torch::Tensor int8act_linear(const torch::Tensor& x, const torch::Tensor& packed
   const uint8_t* wp = packed.data_ptr<uint8_t>();
   float* yp = y.data_ptr<float>();
   const int64_t group_bytes = blocks * F::kBytes;
-  // The groups are split between the threads, a thread done early taking groups left in the
-  // others' ranges (stealing_split.h).
-  StealingSplit split(groups, omp_get_max_threads());
 #pragma omp parallel
   {
     const int64_t threads = omp_get_num_threads(), me = omp_get_thread_num();
     const int64_t all = M * blocks;
     quantize_blocks(xp, all * me / threads, all * (me + 1) / threads, xq);
 #pragma omp barrier
-    split.run(static_cast<int>(me),
-              [&](int64_t g) { group<F>(M, xq, blocks, wp + g * group_bytes, yp, N, g); });
+#pragma omp for schedule(static)
+    for (int64_t g = 0; g < groups; ++g)
+      group<F>(M, xq, blocks, wp + g * group_bytes, yp, N, g);
   }
   return y;
 }

@@ -32,8 +32,6 @@
 #include <algorithm>
 #include <vector>
 
-#include "stealing_split.h"
-
 #if !defined(__AVX512F__)
 #error "quantized_linear_cpu needs AVX-512F: build with -march=native on a CPU that has it"
 #endif
@@ -322,19 +320,17 @@ torch::Tensor quantized_linear(const torch::Tensor& x, const torch::Tensor& pack
   float* yp = y.data_ptr<float>();
   const int64_t group_bytes = packed.size(1) * Format::kBytes;
   const int64_t tiles = (groups + kGroups - 1) / kGroups;
-  // Output groups are split between the threads (a thread done early takes tiles left in
-  // the others' ranges: stealing_split.h); each thread runs all rows of x over its groups,
-  // so its codes are read from memory once.
+  // Output groups are split between the threads; each thread runs all rows of x over its
+  // groups, so its codes are read from memory once.
   // Each thread's running totals for the many-rows path, allocated here: nothing may throw
   // inside the OpenMP region.
   const int64_t scratch_size = M > kMaxRows ? M * kGroups * kLanes : 0;
   std::vector<float> scratch(omp_get_max_threads() * scratch_size);
-  StealingSplit split(tiles, omp_get_max_threads());
 #pragma omp parallel
   {
-    const int me = omp_get_thread_num();
-    float* total = scratch.data() + me * scratch_size;
-    split.run(me, [&](int64_t t) {
+    float* total = scratch.data() + omp_get_thread_num() * scratch_size;
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < tiles; ++t) {
       const int64_t g0 = t * kGroups;
       const int64_t n0 = g0 * kLanes;
       const uint8_t* w = wp + g0 * group_bytes;
@@ -352,7 +348,7 @@ torch::Tensor quantized_linear(const torch::Tensor& x, const torch::Tensor& pack
           rows_tile<Format, 1>(static_cast<int>(M), xp, K, wp + g * group_bytes, group_bytes,
                                yp, N, g * kLanes);
       }
-    });
+    }
   }
   return y;
 }
