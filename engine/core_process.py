@@ -38,7 +38,7 @@ from concurrent.futures import Future
 import msgspec
 import zmq
 
-from engine.batch_engine import BatchEngine, load_engine
+from engine.batch_engine import BatchEngine
 from engine.core import EngineCore
 from engine.core_messages import (
     Abort,
@@ -60,6 +60,7 @@ from engine.core_messages import (
     decode_config,
     open_socket,
 )
+from engine.load import load_engine
 from engine.request import Request, RequestOutput
 from engine.snapshot import EngineSnapshot
 from engine.structured.compiler import GrammarCompiler
