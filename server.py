@@ -15,10 +15,10 @@ from api import lifecycle, limits
 from api.app import create_app
 from api.engine_client import ServedEngine
 from api.security import AccessConfig
-from engine.batch_engine import load_engine
 from engine.config import EngineConfig
 from engine.core_client import EngineProcessClient, EngineStartError
 from engine.core_process import PAGED_CORE, core_class_at
+from engine.load import load_engine
 from model.prepare import MODEL_NAME, ModelPreparationError
 from model.quantized import QuantizedKernelUnavailable
 

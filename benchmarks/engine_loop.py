@@ -19,8 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.batch_engine import load_engine
 from engine.config import EngineConfig
+from engine.load import load_engine
 from engine.request import Request, SamplingParams
 
 

@@ -23,8 +23,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.gemma3_gguf_check import long_prompt
-from engine.batch_engine import load_engine
 from engine.config import EngineConfig
+from engine.load import load_engine
 from engine.request import Request, SamplingParams
 from kvcache.pool import BLOCK_SIZE, KVCachePool
 

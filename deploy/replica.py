@@ -26,8 +26,8 @@ from ray import serve
 
 from api.app import create_app
 from deploy.asgi_call import ForwardedRequest, call_asgi
-from engine.batch_engine import load_engine
 from engine.config import EngineConfig
+from engine.load import load_engine
 
 REPLICA_HEADER = "x-nano-vllm-replica"
 REPLICA_PID_HEADER = "x-nano-vllm-replica-pid"

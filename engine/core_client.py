@@ -2,7 +2,9 @@
 
 `EngineProcessClient` is what the API and the server's lifecycle use of a BatchEngine
 (api/engine_client.py's EngineClient, and the drain and failure hooks of api/lifecycle.py),
-with the engine in engine/core_process.py. This process loads only the tokenizer.
+with the engine in engine/core_process.py. This process loads only the tokenizer; the core's
+OS process (started, its stderr relayed, waited for until Ready, stopped or killed) is
+engine/core_launch.py's SpawnedCore, and this module speaks the protocol over its sockets.
 
 - Admission happens here, synchronously, with the check BatchEngine itself runs
   (engine/admission.py's check_line) over the core's counts after its last step plus the
@@ -23,18 +25,14 @@ with the engine in engine/core_process.py. This process loads only the tokenizer
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import signal
-import subprocess
-import sys
 import tempfile
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
-from pathlib import Path
 
 import msgspec
 import zmq
@@ -43,6 +41,7 @@ from engine.admission import EngineUnavailableError, check_line, check_samples, 
 from engine.config import EngineConfig
 from engine.core import EngineStats
 from engine.core_dashboard import ReceivedSnapshots
+from engine.core_launch import POLL_MS, ROOT, STDERR_LINES, EngineStartError, SpawnedCore
 from engine.core_messages import (
     Abort,
     AbortAll,
@@ -53,13 +52,11 @@ from engine.core_messages import (
     Failed,
     FromCore,
     GrammarMsg,
-    Ready,
     Report,
     Shutdown,
     Snapshot,
     Stopped,
     ToCore,
-    encode_config,
     open_socket,
 )
 from engine.core_outputs import CoreOutputs
@@ -68,18 +65,15 @@ from engine.metrics import FinishMetrics
 from engine.request import Request
 from engine.snapshot import BLOCK_QUERY_TIMEOUT, CachedBlock
 
+# Imported from here, some of them engine/core_launch.py's.
+__all__ = ["METRICS_TIMEOUT", "POLL_MS", "ROOT", "START_TIMEOUT", "STDERR_LINES", "STOP_TIMEOUT",
+           "EngineProcessClient", "EngineStartError", "RemoteMetrics"]
+
 log = logging.getLogger("nano_vllm.engine")
 
-ROOT = Path(__file__).resolve().parents[1]
 START_TIMEOUT = 600.0  # seconds for the core to load the model (a first start compiles kernels)
 STOP_TIMEOUT = 10.0  # seconds for the core to stop when told, before it is killed
 METRICS_TIMEOUT = 2.0  # seconds for the core to answer a metrics query
-POLL_MS = 100  # the receiver notices a dead core within about this long
-STDERR_LINES = 40  # of the core's stderr, kept for an error at start-up
-
-
-class EngineStartError(RuntimeError):
-    """The engine core process did not come up."""
 
 
 class RemoteMetrics:
@@ -122,7 +116,6 @@ class EngineProcessClient:
         self._metrics_lock = threading.Lock()
         self._metrics_query = 0
         self._last_metrics = b""
-        self._stderr_tail: deque[str] = deque(maxlen=STDERR_LINES)
         self._encoder = msgspec.msgpack.Encoder()
         self._decoder = msgspec.msgpack.Decoder(FromCore)
         self._dir = tempfile.mkdtemp(prefix="nano-vllm-core-")
@@ -132,8 +125,12 @@ class EngineProcessClient:
         self._requests = self._bind(zmq.PUSH, addresses["requests"])
         self._outputs = self._bind(zmq.PULL, addresses["outputs"])
         self._metrics = self._bind(zmq.DEALER, addresses["metrics"])
-        self._proc = self._spawn(addresses, cpus, core)
-        ready = self._wait_ready(start_timeout)
+        self._process = SpawnedCore(config, addresses, cpus, core)
+        try:
+            ready = self._process.wait_ready(self._receive_one, start_timeout)
+        except EngineStartError:
+            self._close_sockets()
+            raise
         self.core_pid = ready.pid
         self._max_tokens = ready.max_tokens_per_request
         self._model_type = ready.model_type
@@ -149,46 +146,11 @@ class EngineProcessClient:
     def _bind(self, kind: int, address: str) -> zmq.Socket:
         return open_socket(self._context, kind, address, bind=True, linger_ms=0)
 
-    def _spawn(self, addresses: dict[str, str], cpus: str | None,
-               core: str) -> subprocess.Popen:
-        argv = [sys.executable, "-m", "engine.core_process", "--config",
-                encode_config(self.config), "--core", core, *(["--cpus", cpus] if cpus else [])]
-        for name, address in addresses.items():
-            argv += [f"--{name}", address]
-        path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
-        proc = subprocess.Popen(argv, env={**os.environ, "PYTHONPATH": path},
-                                stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        threading.Thread(target=self._relay_stderr, args=(proc,), name="core-stderr",
-                         daemon=True).start()
-        return proc
-
-    def _relay_stderr(self, proc: subprocess.Popen) -> None:
-        """The core's log lines go on to this process's stderr; the last few are kept."""
-        assert proc.stderr is not None
-        for raw in proc.stderr:
-            line = raw.decode(errors="replace")
-            self._stderr_tail.append(line)
-            sys.stderr.write(line)
-            sys.stderr.flush()
-
-    def _wait_ready(self, timeout: float) -> Ready:
-        deadline = time.monotonic() + timeout
-        while True:
-            if self._outputs.poll(POLL_MS):
-                message = self._decoder.decode(self._outputs.recv())
-                if isinstance(message, Ready):
-                    return message
-            code = self._proc.poll()
-            if code is not None or time.monotonic() > deadline:
-                if code is None:
-                    self._proc.kill()
-                    self._proc.wait()
-                time.sleep(0.2)  # the last of its stderr
-                self._close_sockets()
-                why = (f"exited with status {code}" if code is not None
-                       else f"did not load the model within {timeout:g} s")
-                raise EngineStartError(f"the engine core process {why}; its last output:\n"
-                                       + "".join(self._stderr_tail))
+    def _receive_one(self, timeout_ms: int) -> FromCore | None:
+        """The core's next message, if one comes within `timeout_ms`."""
+        if self._outputs.poll(timeout_ms):
+            return self._decoder.decode(self._outputs.recv())
+        return None
 
     # --- what the API and the lifecycle use ------------------------------------------------
 
@@ -214,7 +176,7 @@ class EngineProcessClient:
 
     @property
     def is_alive(self) -> bool:
-        return self._proc.poll() is None and self._failure is None
+        return self._process.poll() is None and self._failure is None
 
     @property
     def unavailable_reason(self) -> str | None:
@@ -334,14 +296,9 @@ class EngineProcessClient:
         """Tell the core to stop, wait for it (killing it after STOP_TIMEOUT), clean up."""
         with self._lock:
             self._closing = True
-            if self._proc.poll() is None:
+            if self._process.poll() is None:
                 self._send(Shutdown())
-        try:
-            code = self._proc.wait(timeout=STOP_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            log.warning("the engine core process did not stop: killing it")
-            self._proc.kill()
-            code = self._proc.wait()
+        code = self._process.stop(STOP_TIMEOUT)
         log.info("the engine core process exited with status %d", code)
         if self._receiver.is_alive():
             self._receiver.join(timeout=5)
@@ -357,24 +314,23 @@ class EngineProcessClient:
 
     def _receive(self) -> None:
         while True:
-            if self._outputs.poll(POLL_MS):
-                message = self._decoder.decode(self._outputs.recv())
-                if isinstance(message, Report):
-                    self.in_flight.deliver(message.outputs)
-                    self._mirror(message.state)
-                elif isinstance(message, Snapshot) and self.snapshots is not None:
-                    self.snapshots.received(message)
-                elif isinstance(message, BlockAnswer) and self.snapshots is not None:
-                    self.snapshots.answered(message)
-                elif isinstance(message, Failed):
-                    self._failure = message.error
-                elif isinstance(message, Stopped):
-                    with self._lock:
-                        self._state = message.state
-                        self._unacked.clear()
-                    return
-            elif self._proc.poll() is not None:
-                self._core_gone(self._proc.returncode)
+            message = self._receive_one(POLL_MS)
+            if isinstance(message, Report):
+                self.in_flight.deliver(message.outputs)
+                self._mirror(message.state)
+            elif isinstance(message, Snapshot) and self.snapshots is not None:
+                self.snapshots.received(message)
+            elif isinstance(message, BlockAnswer) and self.snapshots is not None:
+                self.snapshots.answered(message)
+            elif isinstance(message, Failed):
+                self._failure = message.error
+            elif isinstance(message, Stopped):
+                with self._lock:
+                    self._state = message.state
+                    self._unacked.clear()
+                return
+            elif message is None and (code := self._process.poll()) is not None:
+                self._core_gone(code)
                 return
 
     def _mirror(self, state: CoreState) -> None:

@@ -1,6 +1,6 @@
 """The engine core in a process of its own (`server.py --engine-process`).
 
-`python3 -m engine.core_process ADDRESSES CONFIG` is started by engine/core_client.py. It
+`python3 -m engine.core_process ADDRESSES CONFIG` is started by engine/core_launch.py. It
 pins itself to its CPUs, loads the model into a BatchEngine (engine/batch_engine.py), picks
 how many tokens a step needs to use every thread (engine/thread_choice.py: measured once per
 machine, then cached) and runs it on its main thread in a busy loop, with no HTTP server
@@ -38,7 +38,7 @@ from concurrent.futures import Future
 import msgspec
 import zmq
 
-from engine.batch_engine import BatchEngine, load_engine
+from engine.batch_engine import BatchEngine
 from engine.core import EngineCore
 from engine.core_messages import (
     Abort,
@@ -60,6 +60,7 @@ from engine.core_messages import (
     decode_config,
     open_socket,
 )
+from engine.load import load_engine
 from engine.request import Request, RequestOutput
 from engine.snapshot import EngineSnapshot
 from engine.structured.compiler import GrammarCompiler

@@ -150,8 +150,8 @@ def engine_decode_step_ms(seqs: int, steps: int) -> tuple[float, int]:
     """The engine's median decode step with `seqs` users of the shared-prompt benchmark all
     decoding, and their mean context then."""
     from benchmarks.bench import system_prompt, user_prompt
-    from engine.batch_engine import load_engine
     from engine.config import EngineConfig
+    from engine.load import load_engine
     from engine.request import Request, SamplingParams
 
     engine = load_engine(EngineConfig())

@@ -22,8 +22,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # see benchmarks/__init__.py
 
 from benchmarks.bench import system_prompt, user_prompt
-from engine.batch_engine import load_engine
 from engine.config import EngineConfig
+from engine.load import load_engine
 from engine.request import Request, SamplingParams
 
 

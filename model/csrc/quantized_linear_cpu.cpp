@@ -63,18 +63,26 @@ inline __m512 int8s(const uint8_t* codes, int k) {
       _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + kLanes * k))));
 }
 
-struct Q4_1 {
-  static constexpr int64_t kBytes = 320;
+// The 4-bit formats with a scale and a min per row: w = d * q + m in one FMA, q a code of
+// `nibbles`. Q4_1 and Q4_K are this, loaded from their own bytes.
+struct ScaleMinNibbles {
   __m512 d, m;
   const uint8_t* codes;
-  Q4_1() = default;
-  explicit Q4_1(const uint8_t* p) : d(load_halves(p)), m(load_halves(p + 32)), codes(p + 64) {}
+  ScaleMinNibbles() = default;
+  ScaleMinNibbles(__m512 d_, __m512 m_, const uint8_t* codes_) : d(d_), m(m_), codes(codes_) {}
   // The weights k = j and k = j + 16 of the group's 16 rows.
   inline void pair(int j, __m512& lo, __m512& hi) const {
     nibbles(codes, j, lo, hi);
     lo = _mm512_fmadd_ps(lo, d, m);
     hi = _mm512_fmadd_ps(hi, d, m);
   }
+};
+
+struct Q4_1 : ScaleMinNibbles {
+  static constexpr int64_t kBytes = 320;
+  Q4_1() = default;
+  explicit Q4_1(const uint8_t* p)
+      : ScaleMinNibbles(load_halves(p), load_halves(p + 32), p + 64) {}
 };
 
 struct Q8_0 {
@@ -122,18 +130,11 @@ struct Q5_0 {
 // A Q4_K sub-block of 32, 384 bytes: s[16] fp32, m[16] fp32, codes[16][16] as Q4_1's.
 // s = d * sc and m = -dmin * mn are exact in fp32 (11 + 6 significant bits, made at load), so
 // is s * q; w = s * q + m in one FMA is the one rounding of the GGUF reference's d * q - dm.
-struct Q4_K {
+struct Q4_K : ScaleMinNibbles {  // its s is the d of ScaleMinNibbles
   static constexpr int64_t kBytes = 384;
-  __m512 s, m;
-  const uint8_t* codes;
   Q4_K() = default;
   explicit Q4_K(const uint8_t* p)
-      : s(_mm512_loadu_ps(p)), m(_mm512_loadu_ps(p + 64)), codes(p + 128) {}
-  inline void pair(int j, __m512& lo, __m512& hi) const {
-    nibbles(codes, j, lo, hi);
-    lo = _mm512_fmadd_ps(lo, s, m);
-    hi = _mm512_fmadd_ps(hi, s, m);
-  }
+      : ScaleMinNibbles(_mm512_loadu_ps(p), _mm512_loadu_ps(p + 64), p + 128) {}
 };
 
 // Two Q6_K sub-blocks of 16, 640 bytes: s0[16], s1[16] fp32 (weights 0-15, 16-31), then

@@ -16,8 +16,9 @@ import torch
 from fastapi.testclient import TestClient
 
 from api.app import create_app
-from engine.batch_engine import BatchEngine, load_engine, use_chat_template
+from engine.batch_engine import BatchEngine
 from engine.config import EngineConfig
+from engine.load import load_engine, use_chat_template
 from server import build_parser
 
 TEMPLATE = ("{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}"
