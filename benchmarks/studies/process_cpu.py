@@ -2,12 +2,14 @@
 core process, and the load generator.
 
     python3 benchmarks/studies/process_cpu.py -- --weights q4_1 --activations int8
+    python3 benchmarks/studies/process_cpu.py --users 1 --rounds 10 -- --dtype bfloat16
 
 Starts server.py with the flags after `--`, warms it with one round of the load, then reads
 every process's and thread's CPU time (user + system, /proc/PID/stat) before and after
-`benchmarks/bench.py --users 30 --max-tokens 100 --rounds 2` (6,000 streamed tokens) and
-prints the differences. On a 2-core machine each second the HTTP process and the load
-generator take is a second the engine core's threads do not have.
+`benchmarks/bench.py --users 30 --max-tokens 100 --rounds 2` (6,000 streamed tokens; or
+--users and --rounds) and prints the differences, and each one per streamed token. On a
+2-core machine each second the HTTP process and the load generator take is a second the
+engine core's threads do not have.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from benchmarks.results import cpu_model
 
 ROOT = Path(__file__).resolve().parents[2]
 TICKS = os.sysconf("SC_CLK_TCK")
-LOAD = ["--users", "30", "--max-tokens", "100"]
+TOKENS = 100  # per request
 
 
 def cpu_seconds(stat: Path) -> float:
@@ -51,11 +53,12 @@ def children(pid: int) -> list[int]:
     return [int(p) for p in found.split()]
 
 
-def bench(url: str, rounds: int) -> float:
+def bench(url: str, users: int, rounds: int) -> float:
     """Run the load; the load generator's own CPU seconds (it is a child of this process)."""
     before = os.times()
-    subprocess.run([sys.executable, "benchmarks/bench.py", "--url", url, *LOAD, "--rounds",
-                    str(rounds), "--results-dir", "/tmp", "--label", "process-cpu"],
+    subprocess.run([sys.executable, "benchmarks/bench.py", "--url", url, "--users", str(users),
+                    "--max-tokens", str(TOKENS), "--rounds", str(rounds),
+                    "--results-dir", "/tmp", "--label", "process-cpu"],
                    cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
     after = os.times()
     return (after.children_user - before.children_user
@@ -64,27 +67,36 @@ def bench(url: str, rounds: int) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--users", type=int, default=30)
+    parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("server_flags", nargs=argparse.REMAINDER)
-    flags = [f for f in parser.parse_args().server_flags if f != "--"]
+    args = parser.parse_args()
+    flags = [f for f in args.server_flags if f != "--"]
     with LiveServer([sys.executable, "server.py", "--port", "{port}", *flags], cwd=ROOT) as srv:
-        bench(srv.url, 1)  # warm-up
+        bench(srv.url, args.users, 1)  # warm-up
         core = children(srv.pid)
         http_before, core_before = threads(srv.pid), [cpu_seconds(Path(f"/proc/{c}/stat"))
                                                       for c in core]
         began = time.monotonic()
-        load_generator = bench(srv.url, 2)
+        load_generator = bench(srv.url, args.users, args.rounds)
         wall = time.monotonic() - began
         http_after = threads(srv.pid)
         core_after = [cpu_seconds(Path(f"/proc/{c}/stat")) for c in core]
-    print(f"{cpu_model()}, {os.cpu_count()} cores; server.py {' '.join(flags)}; "
-          f"bench.py {' '.join(LOAD)} --rounds 2: {wall:.1f} s wall")
+    tokens = args.users * args.rounds * TOKENS
+    print(f"{cpu_model()}, {os.cpu_count()} cores; server.py {' '.join(flags)}; bench.py "
+          f"--users {args.users} --max-tokens {TOKENS} --rounds {args.rounds}: {tokens} tokens "
+          f"in {wall:.1f} s wall")
+
+    def line(what: str, seconds: float) -> str:
+        return f"{what}: {seconds:.2f} s, {seconds / tokens * 1e6:.0f} us a token"
+
     used = {name: http_after[name] - http_before.get(name, 0.0) for name in http_after}
-    print(f"HTTP process: {sum(used.values()):.2f} s")
+    print(line("HTTP process", sum(used.values())))
     for name, seconds in sorted(used.items(), key=lambda kv: -kv[1]):
         if seconds >= 0.01:
-            print(f"  {name}: {seconds:.2f} s")
-    print(f"engine core process: {sum(core_after) - sum(core_before):.2f} s")
-    print(f"load generator (bench.py, imports included): {load_generator:.2f} s")
+            print("  " + line(name, seconds))
+    print(line("engine core process", sum(core_after) - sum(core_before)))
+    print(line("load generator (bench.py, imports included)", load_generator))
     return 0
 
 
