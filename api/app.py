@@ -9,8 +9,11 @@ call which route is api/security.py's; what /openapi.json says, api/openapi.py's
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -101,7 +104,14 @@ def create_app(engine: EngineClient, model_name: str, access: AccessConfig | Non
                max_request_bytes: int | None = None) -> FastAPI:
     """The app; structured outputs' grammars must compile within `grammar_timeout` s, and a
     body over `max_request_bytes` is a 413 (None: api/limits.py's default for this engine)."""
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        with engine.outputs_on(asyncio.get_running_loop()):
+            yield
+
     app = FastAPI(title="nano-vLLM", version="1", docs_url=None, redoc_url=None,
+                  lifespan=lifespan,
                   description="An OpenAI-compatible server. Errors come as OpenAI's envelope "
                               "{\"error\": {message, type, param, code}}; on /v1/messages "
                               "(Anthropic's Messages API) as Anthropic's {\"type\": "

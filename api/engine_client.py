@@ -4,11 +4,14 @@ the engine wrapped around baseline_server.py's core both fit, and a test may pas
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Protocol
 
 from engine.request import Request
 
 if TYPE_CHECKING:
+    import asyncio
+
     from transformers import PreTrainedTokenizerBase
 
     from engine.config import EngineConfig
@@ -25,7 +28,7 @@ class EngineClient(Protocol):
     """An engine running on its own thread, fed requests from the event loop's thread.
 
     Outputs come back through each request's `on_output` callback, called on the engine's
-    thread."""
+    thread, or on the event loop's (`outputs_on`)."""
 
     tokenizer: PreTrainedTokenizerBase
     metrics: MetricsRenderer
@@ -76,6 +79,13 @@ class EngineClient(Protocol):
 
     def describe(self) -> str:
         """One line for the startup message: device, KV cache, attention."""
+        ...
+
+    def outputs_on(self, loop: asyncio.AbstractEventLoop) -> AbstractContextManager[None]:
+        """While the context is open (the app's lifespan), `on_output` is called on `loop`'s
+        thread where the engine can do that: an engine core in its own process has its
+        outputs read there, with no thread in between. The in-process engine keeps calling
+        it on its own thread, where its steps run."""
         ...
 
 

@@ -11,6 +11,7 @@ and a stream chunk look like.
 from __future__ import annotations
 
 import asyncio
+import threading
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
@@ -127,11 +128,14 @@ class OpenAIServing(ABC, Generic[Body]):
         to job.queue tagged with their prompt's index. `timeout`: the request's own deadline,
         seconds from now. All or none are submitted: a full line is a 429 with the engine's
         Retry-After, an engine that takes no requests (it is shutting down, or dead) a 503."""
-        loop = asyncio.get_running_loop()
+        loop, loop_thread = asyncio.get_running_loop(), threading.get_ident()
         engine_id = f"{self.request_id_prefix}-{uuid.uuid4().hex}"
         for i, (prompt, prompt_params) in enumerate(zip(job.prompts, params, strict=True)):
-            def deliver(output: RequestOutput, i: int = i) -> None:  # on the engine thread
-                loop.call_soon_threadsafe(job.queue.put_nowait, (i, output))
+            def deliver(output: RequestOutput, i: int = i) -> None:
+                if threading.get_ident() == loop_thread:  # read on the loop (outputs_on)
+                    job.queue.put_nowait((i, output))
+                else:  # on the engine's thread
+                    loop.call_soon_threadsafe(job.queue.put_nowait, (i, output))
 
             request_id = f"{engine_id}-{i}"
             try:

@@ -24,12 +24,14 @@ engine/snapshot.py's StepRecorder; an engine is loaded from a model's name by en
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
+from contextlib import AbstractContextManager, nullcontext
 
 from engine.admission import (
     DrainRate,
@@ -221,6 +223,10 @@ class BatchEngine:
     def describe(self) -> str:
         """One line for the startup message."""
         return self.core.describe()
+
+    def outputs_on(self, loop: asyncio.AbstractEventLoop) -> AbstractContextManager[None]:
+        """Outputs stay on the engine thread, where they are made (api/engine_client.py)."""
+        return nullcontext()
 
     # --- the engine thread -----------------------------------------------------------------
 

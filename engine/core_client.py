@@ -9,7 +9,8 @@ engine/core_launch.py's SpawnedCore, and this module speaks the protocol over it
 - Admission happens here, synchronously, with the check BatchEngine itself runs
   (engine/admission.py's check_line) over the core's counts after its last step plus the
   requests sent since that the core had not yet taken in; the core queues what it is sent.
-- Outputs come back in one Report per step, as token ids; a receiver thread hands them to
+- Outputs come back in one Report per step, as token ids, read on the API's event loop while
+  it runs (else on a thread of their own; engine/core_reader.py) and handed to
   engine/core_outputs.py's CoreOutputs, which makes each sample's text, finds its stop
   strings (telling the core to end a sample one ended: EndSample) and calls each request's
   `on_output`; and it mirrors the core's counts.
@@ -24,6 +25,7 @@ engine/core_launch.py's SpawnedCore, and this module speaks the protocol over it
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import shutil
 import signal
@@ -32,6 +34,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import replace
 
 import msgspec
@@ -61,6 +64,7 @@ from engine.core_messages import (
 )
 from engine.core_outputs import CoreOutputs
 from engine.core_process import PAGED_CORE
+from engine.core_reader import OutputReader
 from engine.metrics import FinishMetrics
 from engine.request import Request
 from engine.snapshot import BLOCK_QUERY_TIMEOUT, CachedBlock
@@ -140,8 +144,7 @@ class EngineProcessClient:
         # The dashboard's view; None for a core with no pool to show (the baseline's).
         self.snapshots = (ReceivedSnapshots(self._send_now, self.metrics.dashboard_totals)
                           if ready.dashboard else None)
-        self._receiver = threading.Thread(target=self._receive, name="engine-client",
-                                          daemon=True)
+        self._reader = OutputReader(self._outputs, self._decoder, self._handle, self._core_gone)
 
     def _bind(self, kind: int, address: str) -> zmq.Socket:
         return open_socket(self._context, kind, address, bind=True, linger_ms=0)
@@ -199,10 +202,15 @@ class EngineProcessClient:
         return stats  # type: ignore[return-value]
 
     def start(self) -> None:
-        self._receiver.start()
+        self._reader.start()
+
+    def outputs_on(self, loop: asyncio.AbstractEventLoop) -> AbstractContextManager[None]:
+        """Read the core's outputs on `loop` (engine/core_reader.py) while the context is
+        open; entered and left on the loop's thread."""
+        return self._reader.on_loop(loop)
 
     def on_failure(self, callback: Callable[[], None]) -> None:
-        """Call `callback` (on the receiver thread) if the core process dies."""
+        """Call `callback` (where the outputs are read) if the core process dies."""
         self._failure_callbacks.append(callback)
 
     def stop_accepting(self, reason: str) -> None:
@@ -300,8 +308,7 @@ class EngineProcessClient:
                 self._send(Shutdown())
         code = self._process.stop(STOP_TIMEOUT)
         log.info("the engine core process exited with status %d", code)
-        if self._receiver.is_alive():
-            self._receiver.join(timeout=5)
+        self._reader.join(timeout=5)
         self._close_sockets()
 
     def _close_sockets(self) -> None:
@@ -310,28 +317,25 @@ class EngineProcessClient:
         self._context.term()
         shutil.rmtree(self._dir, ignore_errors=True)
 
-    # --- the receiver thread ---------------------------------------------------------------
+    # --- where the outputs are read (engine/core_reader.py) ------------------------------
 
-    def _receive(self) -> None:
-        while True:
-            message = self._receive_one(POLL_MS)
-            if isinstance(message, Report):
-                self.in_flight.deliver(message.outputs)
-                self._mirror(message.state)
-            elif isinstance(message, Snapshot) and self.snapshots is not None:
-                self.snapshots.received(message)
-            elif isinstance(message, BlockAnswer) and self.snapshots is not None:
-                self.snapshots.answered(message)
-            elif isinstance(message, Failed):
-                self._failure = message.error
-            elif isinstance(message, Stopped):
-                with self._lock:
-                    self._state = message.state
-                    self._unacked.clear()
-                return
-            elif message is None and (code := self._process.poll()) is not None:
-                self._core_gone(code)
-                return
+    def _handle(self, message: FromCore) -> bool:
+        """One message from the core; False once it was the last (Stopped)."""
+        if isinstance(message, Report):
+            self.in_flight.deliver(message.outputs)
+            self._mirror(message.state)
+        elif isinstance(message, Snapshot) and self.snapshots is not None:
+            self.snapshots.received(message)
+        elif isinstance(message, BlockAnswer) and self.snapshots is not None:
+            self.snapshots.answered(message)
+        elif isinstance(message, Failed):
+            self._failure = message.error
+        elif isinstance(message, Stopped):
+            with self._lock:
+                self._state = message.state
+                self._unacked.clear()
+            return False
+        return True
 
     def _mirror(self, state: CoreState) -> None:
         with self._lock:
@@ -339,9 +343,12 @@ class EngineProcessClient:
             while self._unacked and self._unacked[0][0] <= state.taken:
                 self._unacked.popleft()
 
-    def _core_gone(self, code: int) -> None:
-        """The core exited unasked: fail what is in flight, refuse the rest, tell whoever
-        asked."""
+    def _core_gone(self) -> bool:
+        """Has the core exited unasked? Then fail what is in flight, refuse the rest and
+        tell whoever asked."""
+        code = self._process.poll()
+        if code is None:
+            return False
         how = (f"was killed by {signal.Signals(-code).name}" if code < 0
                else f"exited with status {code}")
         error = self._failure or (f"The engine failed and takes no more requests: the "
@@ -355,3 +362,4 @@ class EngineProcessClient:
         if not self._closing:
             for callback in self._failure_callbacks:
                 callback()
+        return True

@@ -3,6 +3,8 @@ in is decided before any engine work, so none is needed."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 from fastapi.testclient import TestClient
 
@@ -37,6 +39,9 @@ class FakeEngine:
 
     def abort(self, request_id: str) -> None:
         pass
+
+    def outputs_on(self, loop) -> contextlib.nullcontext:
+        return contextlib.nullcontext()
 
 
 def client_for(tokenizer, **access) -> TestClient:
