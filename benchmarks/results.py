@@ -115,6 +115,27 @@ class BenchRun(JsonFile):
 
 
 @dataclass
+class InterleavedRun(JsonFile):
+    """benchmarks/interleaved.py: servers up at once, the same load to each in turn; per
+    label (in the order the servers were given) its command and one figure per turn."""
+
+    machine: Machine
+    started_at: str
+    bench_flags: list[str]
+    commands: dict[str, str]
+    itl_p50_ms: dict[str, list[float]]
+    throughput_tok_s: dict[str, list[float]]
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> InterleavedRun:
+        return cls(**{**raw, "machine": Machine(**raw["machine"])})
+
+    def ratios(self, label: str, to: str) -> list[float]:
+        """label's ITL p50 over `to`'s, turn by turn."""
+        return [a / b for a, b in zip(self.itl_p50_ms[label], self.itl_p50_ms[to], strict=True)]
+
+
+@dataclass
 class SpecDecodeWorkload:
     """One workload of spec_decode.py, on the same server without and with speculation."""
 
