@@ -5,8 +5,10 @@ module to one screenful of sections per concern."""
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
+from benchmarks.results import InterleavedRun
 from benchmarks.results_page import Section, level, level_by_order, pairs, ratio
 from benchmarks.tables import markdown_table
 
@@ -51,8 +53,42 @@ def int8act(folder: Path) -> list[str]:
                    ("Turn 2", "int8act/int8act-2", "int8act/q4_1-2"))(folder)]
 
 
+INTERLEAVED = ("fp32", "bf16", "q4_1")
+LLAMA_KIND = {"fp32": "f32", "bf16": "bf16", "q4_1": "q4_1"}
+OUR_FLAGS = {"fp32": "", "bf16": " --dtype bfloat16", "q4_1": " --weights q4_1"}
+
+
+def one_user_interleaved(folder: Path) -> list[str]:
+    rows = []
+    for precision in INTERLEAVED:
+        run = InterleavedRun.load(folder / f"one-user-interleaved/{precision}/interleaved.json")
+        ours, theirs = run.itl_p50_ms["nano-vllm"], run.itl_p50_ms["llama-cpp"]
+        ratios = run.ratios("nano-vllm", "llama-cpp")
+        rows.append((precision, [f"{statistics.median(ours):.2f}",
+                                 f"{statistics.median(theirs):.2f}",
+                                 f"{statistics.median(ratios):.3f}",
+                                 f"{min(ratios):.3f}-{max(ratios):.3f}", str(len(ratios))]))
+    return markdown_table("precision", ["nano-vLLM ITL p50, median of turns (ms)",
+                                        "llama.cpp ITL p50, median of turns (ms)",
+                                        "nano-vLLM / llama.cpp per turn, median", "range",
+                                        "turns"], rows)
+
+
 def new_sections(folder: Path) -> list[Section]:
     return [
+        Section(
+            "One user against llama.cpp, interleaved",
+            "nano-vLLM (its defaults) and llama.cpp's server on the same weights, both up at "
+            "once, one user and 100 tokens to each in turn, ten turns "
+            "(`benchmarks/interleaved.py`): on a machine whose speed drifts between minutes, "
+            "the ratio within a turn is what the drift cancels out of. Below 1.000, nano-vLLM "
+            "streams faster.",
+            [f'python3 benchmarks/interleaved.py results/one-user-interleaved/{p} '
+             f'"nano-vllm=python3 server.py --port {{port}}{OUR_FLAGS[p]}" '
+             f'"llama-cpp=bash benchmarks/llama_cpp.sh serve {LLAMA_KIND[p]} {{port}}" '
+             "--turns 10" for p in INTERLEAVED],
+            [f"one-user-interleaved/{p}/interleaved.json" for p in INTERLEAVED],
+            one_user_interleaved),
         Section(
             "Tool calls under load",
             "`benchmarks/structured.py --constraint tool` against `server.py`: 30 chat "
