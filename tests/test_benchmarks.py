@@ -22,6 +22,7 @@ from benchmarks.profile_decode import (
 from benchmarks.results import (
     BenchRun,
     DashboardOverheadRun,
+    InterleavedRun,
     ProfileRun,
     RooflineRun,
     ServedOverheadRun,
@@ -51,6 +52,8 @@ def result_kind(path: Path) -> type | None:
         return RooflineRun
     if path.parent.name == "served-overhead" and path.stem == "overhead":
         return ServedOverheadRun
+    if path.stem == "interleaved":
+        return InterleavedRun
     return DashboardOverheadRun if path.parent.name == "dashboard" else BenchRun
 
 
