@@ -23,11 +23,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # see benchmarks/__init__.py
 
-import httpx
 import numpy as np
 
 from benchmarks.live_server import DONE, async_sse_events
 from benchmarks.results import BenchRun, LevelResult, Machine, result_path
+from benchmarks.stream_client import CLIENTS, Reply, StreamClient, open_client, run_with
 
 # Each user's own question: chosen by user index, so prompts differ after the shared prefix.
 QUESTIONS = [
@@ -128,7 +128,7 @@ def stream_error(chunk: dict[str, Any]) -> str | None:
 
 
 async def stream_completion(
-    client: httpx.AsyncClient, url: str, payload: dict[str, Any], timeout: float,
+    client: StreamClient, url: str, payload: dict[str, Any], timeout: float,
     progress: Progress | None = None,
 ) -> UserResult:
     """Send one streaming completion request and time every token event."""
@@ -136,12 +136,12 @@ async def stream_completion(
     usage_tokens: int | None = None
     try:
         async with asyncio.timeout(timeout):
-            async with client.stream("POST", url, json=payload) as resp:
-                if resp.status_code != 200:
-                    body = (await resp.aread()).decode(errors="replace")[:300]
-                    res.error = f"HTTP {resp.status_code}: {body}"
+            async with client.stream(url, payload) as reply:
+                if reply.status != 200:
+                    body = (await reply.body()).decode(errors="replace")[:300]
+                    res.error = f"HTTP {reply.status}: {body}"
                 else:
-                    usage_tokens = await read_stream(resp, res, progress)
+                    usage_tokens = await read_stream(reply, res, progress)
     except TimeoutError:
         res.error = f"timeout after {timeout:g} s"
     except Exception as exc:
@@ -154,12 +154,12 @@ async def stream_completion(
     return res
 
 
-async def read_stream(resp: httpx.Response, res: UserResult,
+async def read_stream(reply: Reply, res: UserResult,
                       progress: Progress | None) -> int | None:
     """Record the text and arrival time of each token event of a 200 stream in `res` (or
     its error); return the completion tokens its usage chunk counted, if it sent one."""
     usage_tokens: int | None = None
-    async for chunk in async_sse_events(resp.aiter_lines()):
+    async for chunk in async_sse_events(reply.lines):
         if chunk == DONE:
             return usage_tokens
         now = time.perf_counter()
@@ -235,8 +235,7 @@ def summarize(users: int, results: list[UserResult], wall: float) -> LevelResult
 async def run(args: argparse.Namespace) -> list[LevelResult]:
     url = args.url.rstrip("/") + "/v1/completions"
     prefix = system_prompt(args.system_repeats)
-    limits = httpx.Limits(max_connections=max(args.users) + 8, max_keepalive_connections=None)
-    async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(args.timeout)) as client:
+    async with open_client(args.client, max(args.users) + 8, args.timeout) as client:
         for i in range(args.warmup):
             res = await stream_completion(
                 client, url, make_payload(args, f"Warmup request {i}: say hello.", 8), args.timeout)
@@ -302,6 +301,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
     p.add_argument("--model", default=None, help="value for the 'model' field, if needed")
     p.add_argument("--warmup", type=int, default=1, help="8-token requests sent before measuring")
+    p.add_argument("--client", choices=CLIENTS, default="httpx",
+                   help="HTTP client: httpx, or aiohttp on uvloop (less CPU per token)")
     args = p.parse_args()
     if min(args.users) < 1 or args.rounds < 1 or args.max_tokens < 1:
         p.error("--users, --rounds and --max-tokens must be positive")
@@ -311,7 +312,7 @@ def parse_args() -> argparse.Namespace:
 def main() -> int:
     args = parse_args()
     started_at = datetime.now().astimezone().isoformat(timespec="seconds")
-    levels = asyncio.run(run(args))
+    levels = run_with(args.client, run(args))
     out = BenchRun(label=args.label, url=args.url, max_tokens=args.max_tokens,
                    system_repeats=args.system_repeats, machine=Machine.this_one(),
                    started_at=started_at, command="python3 " + shlex.join(sys.argv),

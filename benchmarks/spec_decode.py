@@ -31,6 +31,7 @@ import httpx
 from benchmarks.bench import QUESTIONS, UserResult, stream_completion, summarize, user_prompt
 from benchmarks.live_server import LiveServer, free_port
 from benchmarks.results import LevelResult, Machine, SpecDecodeRun, SpecDecodeWorkload, result_path
+from benchmarks.stream_client import HttpxStreams, StreamClient
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC_CONFIG = ('{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, '
@@ -77,7 +78,7 @@ async def spec_counts(client: httpx.AsyncClient, url: str) -> tuple[int, int]:
             int(float(found.get("num_accepted_tokens", 0))))
 
 
-async def one_at_a_time(client: httpx.AsyncClient, url: str, payloads: list[dict[str, Any]],
+async def one_at_a_time(client: StreamClient, url: str, payloads: list[dict[str, Any]],
                         timeout: float) -> tuple[list[UserResult], float]:
     """Each request alone, one after the other; wall time is the sum of their times."""
     results = []
@@ -87,7 +88,7 @@ async def one_at_a_time(client: httpx.AsyncClient, url: str, payloads: list[dict
     return results, sum(r.finish - r.send for r in results)
 
 
-async def together(client: httpx.AsyncClient, url: str, payloads: list[dict[str, Any]],
+async def together(client: StreamClient, url: str, payloads: list[dict[str, Any]],
                    timeout: float) -> tuple[list[UserResult], float]:
     results = await asyncio.gather(*(stream_completion(client, url + "/v1/completions", p,
                                                        timeout) for p in payloads))
@@ -110,7 +111,8 @@ async def measure(url: str, args: argparse.Namespace
     limits = httpx.Limits(max_connections=args.users + 8, max_keepalive_connections=None)
     out = []
     async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(args.timeout)) as client:
-        await stream_completion(client, url + "/v1/chat/completions",
+        streams = HttpxStreams(client)
+        await stream_completion(streams, url + "/v1/chat/completions",
                                 chat_payload("Say hello.", 8), args.timeout)  # warm-up
         for name, users, rounds in workloads(args):
             before = await spec_counts(client, url)
@@ -118,7 +120,7 @@ async def measure(url: str, args: argparse.Namespace
             wall = 0.0
             for payloads in rounds:
                 run = one_at_a_time if users == 1 else together
-                batch, seconds = await run(client, url, payloads, args.timeout)
+                batch, seconds = await run(streams, url, payloads, args.timeout)
                 results.extend(batch)
                 wall += seconds
             after = await spec_counts(client, url)

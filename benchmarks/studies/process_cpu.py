@@ -3,13 +3,16 @@ core process, and the load generator.
 
     python3 benchmarks/studies/process_cpu.py -- --weights q4_1 --activations int8
     python3 benchmarks/studies/process_cpu.py --users 1 --rounds 10 -- --dtype bfloat16
+    python3 benchmarks/studies/process_cpu.py --users 1 --rounds 10 --client aiohttp
 
 Starts server.py with the flags after `--`, warms it with one round of the load, then reads
 every process's and thread's CPU time (user + system, /proc/PID/stat) before and after
 `benchmarks/bench.py --users 30 --max-tokens 100 --rounds 2` (6,000 streamed tokens; or
---users and --rounds) and prints the differences, and each one per streamed token. On a
-2-core machine each second the HTTP process and the load generator take is a second the
-engine core's threads do not have.
+--users and --rounds; --client is bench.py's) and prints the differences, and each one per
+streamed token. The load generator's share per token leaves its imports out: it is the
+measured run's CPU less the warm-up's (one round), over the tokens of the rounds beyond
+the first. On a 2-core machine each second the HTTP process and the load generator take
+is a second the engine core's threads do not have.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # see benchmarks/_
 
 from benchmarks.live_server import LiveServer
 from benchmarks.results import cpu_model
+from benchmarks.stream_client import CLIENTS
 
 ROOT = Path(__file__).resolve().parents[2]
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -53,11 +57,11 @@ def children(pid: int) -> list[int]:
     return [int(p) for p in found.split()]
 
 
-def bench(url: str, users: int, rounds: int) -> float:
+def bench(url: str, users: int, rounds: int, client: str) -> float:
     """Run the load; the load generator's own CPU seconds (it is a child of this process)."""
     before = os.times()
     subprocess.run([sys.executable, "benchmarks/bench.py", "--url", url, "--users", str(users),
-                    "--max-tokens", str(TOKENS), "--rounds", str(rounds),
+                    "--max-tokens", str(TOKENS), "--rounds", str(rounds), "--client", client,
                     "--results-dir", "/tmp", "--label", "process-cpu"],
                    cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
     after = os.times()
@@ -69,22 +73,24 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--users", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--client", choices=CLIENTS, default="httpx")
     parser.add_argument("server_flags", nargs=argparse.REMAINDER)
     args = parser.parse_args()
     flags = [f for f in args.server_flags if f != "--"]
     with LiveServer([sys.executable, "server.py", "--port", "{port}", *flags], cwd=ROOT) as srv:
-        bench(srv.url, args.users, 1)  # warm-up
+        warm_up = bench(srv.url, args.users, 1, args.client)
         core = children(srv.pid)
         http_before, core_before = threads(srv.pid), [cpu_seconds(Path(f"/proc/{c}/stat"))
                                                       for c in core]
         began = time.monotonic()
-        load_generator = bench(srv.url, args.users, args.rounds)
+        load_generator = bench(srv.url, args.users, args.rounds, args.client)
         wall = time.monotonic() - began
         http_after = threads(srv.pid)
         core_after = [cpu_seconds(Path(f"/proc/{c}/stat")) for c in core]
     tokens = args.users * args.rounds * TOKENS
     print(f"{cpu_model()}, {os.cpu_count()} cores; server.py {' '.join(flags)}; bench.py "
-          f"--users {args.users} --max-tokens {TOKENS} --rounds {args.rounds}: {tokens} tokens "
+          f"--users {args.users} --max-tokens {TOKENS} --rounds {args.rounds} --client "
+          f"{args.client}: {tokens} tokens "
           f"in {wall:.1f} s wall")
 
     def line(what: str, seconds: float) -> str:
@@ -97,6 +103,9 @@ def main() -> int:
             print("  " + line(name, seconds))
     print(line("engine core process", sum(core_after) - sum(core_before)))
     print(line("load generator (bench.py, imports included)", load_generator))
+    if args.rounds > 1:
+        per_token = (load_generator - warm_up) / (tokens - args.users * TOKENS)
+        print(f"  beyond its first round: {per_token * 1e6:.0f} us a token")
     return 0
 
 
