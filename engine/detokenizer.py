@@ -5,17 +5,34 @@ released once the newest tokens decode to whole characters (no trailing U+FFFD).
 Stop strings can straddle tokens, so the last len(longest stop) - 1 characters are
 held back until the request ends. As in vLLM, stop strings count only once more than
 min_tokens tokens are out, and then only in text that arrived from then on.
+
+With a Hugging Face tokenizer backed by the Rust `tokenizers` library (and no clean-up of
+spaces after decoding), each new token goes to that library's own incremental decoder,
+`DecodeStream`, in one call; any other tokenizer is asked to decode the window before and
+after the new token, the same rule in Python. The text is the same either way.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from tokenizers import Tokenizer
+from tokenizers.decoders import DecodeStream
+
 from engine.request import FinishReason, RequestOutput
 
 # Decoding a few tokens before the new ones keeps spacing right (many tokenizers
 # render a leading space only when the token is not first).
 CONTEXT_TOKENS = 5
+
+
+def rust_tokenizer(tokenizer) -> Tokenizer | None:
+    """The `tokenizers.Tokenizer` whose decode is exactly `tokenizer.decode`, or None."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if isinstance(backend, Tokenizer) and not getattr(tokenizer,
+                                                      "clean_up_tokenization_spaces", True):
+        return backend
+    return None
 
 
 class IncrementalDetokenizer:
@@ -32,20 +49,39 @@ class IncrementalDetokenizer:
         self.emitted = 0  # characters of self.text already handed out
         self.stopped = False
         self.matched_stop: str | None = None  # the stop string that ended the text
+        self._backend = rust_tokenizer(tokenizer)
+        self._stream = None if self._backend is None else DecodeStream(
+            ids=list(prompt_token_ids[self.prefix_offset:]), skip_special_tokens=True)
+        self._fed = len(prompt_token_ids)  # tokens the stream has had
 
     def add(self, token_ids: Sequence[int]) -> None:
         """token_ids is the whole sequence (prompt + output) after a new token."""
-        def decode(ids: Sequence[int]) -> str:
-            return self.tokenizer.decode(ids, skip_special_tokens=True)
-
-        before = decode(token_ids[self.prefix_offset:self.read_offset])
-        after = decode(token_ids[self.prefix_offset:])
-        if len(after) > len(before) and not after.endswith("\ufffd"):
+        new_text = self._next_text(token_ids)
+        if new_text is not None:
             start = max(len(self.text) - self.hold_back - 1, 0)
-            self.text += after[len(before):]
+            self.text += new_text
             self.prefix_offset, self.read_offset = self.read_offset, len(token_ids)
             if len(token_ids) - self.num_prompt_tokens > self.min_tokens:
                 self._find_stop(start)
+
+    def _next_text(self, token_ids: Sequence[int]) -> str | None:
+        """The text the newest token completes, or None while it ends inside a character."""
+        if self._stream is not None:
+            new, self._fed = token_ids[self._fed:], len(token_ids)
+            if not new:
+                return None
+            try:
+                return self._stream.step(self._backend, new[0] if len(new) == 1 else list(new))
+            except Exception:  # the library refused the window (decoding changed its start)
+                self._stream = None  # the offsets below are kept up to date for this
+        before = self._decode(token_ids[self.prefix_offset:self.read_offset])
+        after = self._decode(token_ids[self.prefix_offset:])
+        if len(after) > len(before) and not after.endswith("\ufffd"):
+            return after[len(before):]
+        return None
+
+    def _decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def _find_stop(self, search_from: int) -> None:
         hits = [(i, s) for s in self.stop if (i := self.text.find(s, search_from)) >= 0]

@@ -159,3 +159,43 @@ def test_min_tokens_holds_a_stop_string_off(tokenizer):
     last = core_output(output, len(output), FinishReason.LENGTH)
     assert not text.apply(last)
     assert last.finish_reason is FinishReason.LENGTH and "STOPWORD four" in last.text
+
+
+class PythonOnly:
+    """The same tokenizer seen without its Rust backend: the detokenizer's Python path."""
+
+    def __init__(self, tokenizer) -> None:
+        self.decode = tokenizer.decode
+
+
+MIXED = [" café 日本語 🙂 done", "\n\nA list:\n- one\n- two\n\tTabbed  twice  spaced.",
+         " 👩‍👩‍👧 ∑ x² — «quoted» 𝒜𝒷𝒸", " def f(x):\n    return {'a': [1, 2]}\n"]
+
+
+def test_the_rust_stream_and_the_python_path_give_the_same_text(tokenizer):
+    from engine.detokenizer import rust_tokenizer
+
+    assert rust_tokenizer(tokenizer) is not None, "the default model's tokenizer takes the fast path"
+    assert rust_tokenizer(PythonOnly(tokenizer)) is None
+    special = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
+    prompt = tokenizer("Write:").input_ids
+    for text in MIXED:
+        output = tokenizer(text, add_special_tokens=False).input_ids
+        output = output[:3] + [special] + output[3:]  # a special token mid-stream is skipped
+        fast, _ = feed(tokenizer, prompt, output, [])
+        slow, _ = feed(PythonOnly(tokenizer), prompt, output, [])
+        print(repr(text), fast)
+        assert fast == slow, "same deltas after every token"
+        assert "".join(fast) == tokenizer.decode(output, skip_special_tokens=True)
+        assert "".join(fast) == text
+
+
+def test_several_tokens_at_once_go_to_the_stream_together(tokenizer):
+    prompt = tokenizer("Say:").input_ids
+    output = tokenizer(MIXED[0], add_special_tokens=False).input_ids
+    detok = IncrementalDetokenizer(tokenizer, prompt, [])
+    ids = list(prompt)
+    for at in range(0, len(output), 3):  # three new tokens per call, as after a verify step
+        ids += output[at:at + 3]
+        detok.add(ids)
+    assert detok.take(final=True) == MIXED[0]
