@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from functools import partial
 from pathlib import Path
 
 from benchmarks.results import InterleavedRun
@@ -58,10 +59,10 @@ LLAMA_KIND = {"fp32": "f32", "bf16": "bf16", "q4_1": "q4_1"}
 OUR_FLAGS = {"fp32": "", "bf16": " --dtype bfloat16", "q4_1": " --weights q4_1"}
 
 
-def one_user_interleaved(folder: Path) -> list[str]:
+def one_user_interleaved(subdir: str, folder: Path) -> list[str]:
     rows = []
     for precision in INTERLEAVED:
-        run = InterleavedRun.load(folder / f"one-user-interleaved/{precision}/interleaved.json")
+        run = InterleavedRun.load(folder / f"{subdir}/{precision}/interleaved.json")
         ours, theirs = run.itl_p50_ms["nano-vllm"], run.itl_p50_ms["llama-cpp"]
         ratios = run.ratios("nano-vllm", "llama-cpp")
         rows.append((precision, [f"{statistics.median(ours):.2f}",
@@ -74,21 +75,27 @@ def one_user_interleaved(folder: Path) -> list[str]:
                                         "turns"], rows)
 
 
+def interleaved_section(title: str, intro: str, subdir: str, bench_flags: str) -> Section:
+    """One user against llama.cpp in each precision, both servers up at once, in turns."""
+    return Section(
+        title, intro,
+        [f'python3 benchmarks/interleaved.py results/{subdir}/{p} '
+         f'"nano-vllm=python3 server.py --port {{port}}{OUR_FLAGS[p]}" '
+         f'"llama-cpp=bash benchmarks/llama_cpp.sh serve {LLAMA_KIND[p]} {{port}}" '
+         f"--turns 10{bench_flags}" for p in INTERLEAVED],
+        [f"{subdir}/{p}/interleaved.json" for p in INTERLEAVED],
+        partial(one_user_interleaved, subdir))
+
+
 def new_sections(folder: Path) -> list[Section]:
     return [
-        Section(
+        interleaved_section(
             "One user against llama.cpp, interleaved",
             "nano-vLLM (its defaults) and llama.cpp's server on the same weights, both up at "
             "once, one user and 100 tokens to each in turn, ten turns "
             "(`benchmarks/interleaved.py`): on a machine whose speed drifts between minutes, "
             "the ratio within a turn is what the drift cancels out of. Below 1.000, nano-vLLM "
-            "streams faster.",
-            [f'python3 benchmarks/interleaved.py results/one-user-interleaved/{p} '
-             f'"nano-vllm=python3 server.py --port {{port}}{OUR_FLAGS[p]}" '
-             f'"llama-cpp=bash benchmarks/llama_cpp.sh serve {LLAMA_KIND[p]} {{port}}" '
-             "--turns 10" for p in INTERLEAVED],
-            [f"one-user-interleaved/{p}/interleaved.json" for p in INTERLEAVED],
-            one_user_interleaved),
+            "streams faster.", "one-user-interleaved", ""),
         Section(
             "Tool calls under load",
             "`benchmarks/structured.py --constraint tool` against `server.py`: 30 chat "
