@@ -6,9 +6,7 @@ requests decode together and the figure is the first one's ITL: one batched step
 
 With --compare-decode-stack it loads the engine twice, with decode steps in one C++ call for
 every layer (the default) and layer by layer from Python (--no-decode-stack), and runs the
-rounds in turns, so the two are measured side by side. With --compare-prefetch-next the
-one engine's rounds alternate between the decode stack prefetching each next weight's start
-(the default) and not (model/csrc/dense_linear.cpp).
+rounds in turns, so the two are measured side by side.
 """
 
 from __future__ import annotations
@@ -16,7 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from itertools import pairwise, product
+from itertools import pairwise
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -24,7 +22,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from engine.config import EngineConfig
 from engine.load import load_engine
 from engine.request import Request, SamplingParams
-from model.dense_linear import load_dense_linear
 
 
 def main() -> None:
@@ -41,27 +38,19 @@ def main() -> None:
     parser.add_argument("--activations", default="float32")
     parser.add_argument("--compare-decode-stack", action="store_true",
                         help="also the layer-by-layer path, in turns with the default")
-    parser.add_argument("--compare-prefetch-next", action="store_true",
-                        help="rounds in turns with and without the next weight prefetched")
     args = parser.parse_args()
     stacks = [True, False] if args.compare_decode_stack else [True]
     engines = {stack: load_engine(EngineConfig(
         model=args.model, dtype=args.dtype, weights=args.weights, activations=args.activations,
         lm_head=args.lm_head, single_thread_below=args.single_thread_below, decode_stack=stack))
         for stack in stacks}
-    prefetch = [True, False] if args.compare_prefetch_next else [True]
-    kernels = load_dense_linear()
     for round_ in range(args.rounds):
-        for (stack, engine), ahead in product(engines.items(), prefetch):
-            if kernels is not None:
-                kernels.set_prefetch_next(ahead)
-            p50 = itl_p50(engine, f"r{round_}-{ahead}", args.tokens, args.users)
+        for stack, engine in engines.items():
+            p50 = itl_p50(engine, f"r{round_}", args.tokens, args.users)
             print(f"{args.model or 'default model'}, {args.dtype}, {args.weights} weights, "
                   f"{args.activations} activations, {args.lm_head} LM head, "
                   f"single thread below {args.single_thread_below}, {args.users} user(s), decode "
-                  f"{'stack' if stack else 'layer by layer'}"
-                  f"{', next weight prefetched' if ahead else ', no next-weight prefetch'}: "
-                  f"ITL p50 {p50:.2f} ms", flush=True)
+                  f"{'stack' if stack else 'layer by layer'}: ITL p50 {p50:.2f} ms")
 
 
 def itl_p50(engine, request_id: str, tokens: int, users: int = 1) -> float:

@@ -15,8 +15,7 @@
 
 #include <vector>
 
-torch::Tensor dense_linear_then(torch::Tensor x, torch::Tensor packed, int64_t n, int64_t threads,
-                                const torch::Tensor& next);
+torch::Tensor dense_linear(torch::Tensor x, torch::Tensor packed, int64_t n, int64_t threads);
 torch::Tensor q4_1_linear(torch::Tensor x, torch::Tensor packed, int64_t out_features);
 torch::Tensor q8_0_linear(torch::Tensor x, torch::Tensor packed, int64_t out_features);
 torch::Tensor q4_1_int8act_linear(torch::Tensor x, torch::Tensor packed, int64_t out_features);
@@ -39,16 +38,10 @@ struct Linear {
   int64_t out_features;
   torch::Tensor bias;  // undefined: none
 
-  // next: the linear that runs after this one, if known; a dense one's weight is
-  // prefetched as this one's stream ends (dense_linear.cpp).
-  torch::Tensor operator()(const torch::Tensor& x, const Linear* next = nullptr) const {
+  torch::Tensor operator()(const torch::Tensor& x) const {
     torch::Tensor y;
-    const torch::Tensor none;
     switch (kind) {
-      case kDense:
-        y = dense_linear_then(x, packed, out_features, 0,
-                              next != nullptr && next->kind == kDense ? next->packed : none);
-        break;
+      case kDense: y = dense_linear(x, packed, out_features, 0); break;
       case kQ4_1: y = q4_1_linear(x, packed, out_features); break;
       case kQ8_0: y = q8_0_linear(x, packed, out_features); break;
       case kQ4_1Int8Act: y = q4_1_int8act_linear(x, packed, out_features); break;
@@ -123,8 +116,7 @@ class DecodeStack {
     for (size_t i = 0; i < layers_.size(); ++i) {
       const Layer& layer = layers_[i];
       if (i > 0) hidden = add_rms_norm(residual, out, layer.input_norm, eps_);
-      const Linear* next_qkv = i + 1 < layers_.size() ? &layers_[i + 1].qkv : nullptr;
-      torch::Tensor qkv = layer.qkv(hidden, &layer.o);
+      torch::Tensor qkv = layer.qkv(hidden);
       rope_inplace(qkv.narrow(1, 0, q_width + kv_width), heads_ + kv_heads_, cos, sin);
       layer.k_slots.index_copy_(
           0, slot_mapping, qkv.narrow(1, q_width, kv_width).view({tokens, kv_heads_, head_dim_}));
@@ -134,9 +126,9 @@ class DecodeStack {
       torch::Tensor q = qkv.narrow(1, 0, q_width).contiguous().view({tokens, heads_, head_dim_});
       torch::Tensor attended = paged_decode_attention(q, layer.k_cache, layer.v_cache,
                                                       block_tables, context_lens, scale, 0);
-      out = layer.o(attended.view({tokens, q_width}), &layer.gate_up);
+      out = layer.o(attended.view({tokens, q_width}));
       hidden = add_rms_norm(residual, out, layer.post_norm, eps_);
-      out = layer.down(silu_mul(layer.gate_up(hidden, &layer.down)), next_qkv);
+      out = layer.down(silu_mul(layer.gate_up(hidden)));
     }
     return {out, residual};
   }

@@ -52,8 +52,6 @@ namespace {
 int64_t g_prefetch_bytes = 16384;
 // Steps per chunk when the rows need several row blocks (see run()).
 int64_t g_chunk_steps = 64;
-// Whether a known next weight's start is prefetched at the end of each thread's stream.
-bool g_prefetch_next = true;
 
 inline __mmask16 tail_mask(int64_t valid) {
   return valid >= 16 ? static_cast<__mmask16>(0xFFFF)
@@ -178,12 +176,9 @@ constexpr auto make_table(std::integer_sequence<int, Rows...>) {
 }
 
 // x: [M, ldx] (ldx = K, or K + 1 for an odd K in bf16); steps = K or ldx / 2.
-// next, next_bytes: the weight the caller multiplies by after this one (nullptr: none
-// known). Each thread's prefetches then run on past the end of its own panels into the
-// start of its share of `next`, so that matmul's first chunks come from cache, not memory.
 template <typename T, int NR>
 void run(const T* x, int64_t M, int64_t ldx, int64_t steps, const T* packed, int64_t panels,
-         int64_t N, T* y, int nthreads, const char* next, int64_t next_bytes) {
+         int64_t N, T* y, int nthreads) {
   constexpr int64_t NB = 16 * NR;
   constexpr int64_t kStep = 4 * NB / sizeof(T);   // panel elements per step
   constexpr int64_t xStep = sizeof(float) / sizeof(T);  // x elements per step
@@ -205,8 +200,6 @@ void run(const T* x, int64_t M, int64_t ldx, int64_t steps, const T* packed, int
   {
     const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
     const int64_t p0 = panels * t / nt, p1 = panels * (t + 1) / nt;
-    const int64_t my_end = p1 * steps * kStep * static_cast<int64_t>(sizeof(T));
-    const int64_t next_start = next_bytes * t / nt / 64 * 64;  // this thread's share of next
     float* mine = partial.data() + t * M * NB;
     for (int64_t p = p0; p < p1; ++p) {
       const T* panel = packed + p * steps * kStep;
@@ -219,17 +212,9 @@ void run(const T* x, int64_t M, int64_t ldx, int64_t steps, const T* packed, int
         // row block l * blocks / lines, so the requests are spread over the whole chunk.
         // (Never past the end of the packed weight: `left` bytes remain after `ahead`.)
         const int64_t offset = ((p * steps + s0) * kStep) * static_cast<int64_t>(sizeof(T));
-        int64_t lines = 0;
-        const char* ahead = bytes;
-        if (prefetch > 0 && next != nullptr && offset + prefetch >= my_end) {
-          const int64_t into = next_start + offset + prefetch - my_end;  // bytes into next
-          lines = std::clamp<int64_t>((next_bytes - into) / 64, 0, n * NR);
-          ahead = lines > 0 ? next + into : bytes;
-        } else if (prefetch > 0) {
-          const int64_t left = total_bytes - offset - prefetch;
-          lines = std::clamp<int64_t>(left / 64, 0, n * NR);
-          ahead = lines > 0 ? bytes + offset + prefetch : bytes;
-        }
+        const int64_t left = total_bytes - offset - prefetch;
+        const int64_t lines = prefetch > 0 ? std::clamp<int64_t>(left / 64, 0, n * NR) : 0;
+        const char* ahead = lines > 0 ? bytes + offset + prefetch : bytes;
         int64_t row = 0;
         for (int64_t b = 0; b < blocks; ++b) {
           const int64_t rows = base + (b < extra ? 1 : 0);
@@ -249,8 +234,7 @@ void run(const T* x, int64_t M, int64_t ldx, int64_t steps, const T* packed, int
 // x: [..., K] (any float32 or bfloat16 tensor, made contiguous here); packed: the layout
 // above, same dtype; n: the true output count; threads: OpenMP threads, 0 = torch's own
 // setting (torch.get_num_threads()). Returns y [..., n] in x's dtype.
-torch::Tensor dense_linear_then(torch::Tensor x, torch::Tensor packed, int64_t n, int64_t threads,
-                                const torch::Tensor& next) {
+torch::Tensor dense_linear(torch::Tensor x, torch::Tensor packed, int64_t n, int64_t threads) {
   TORCH_CHECK(x.device().is_cpu() && packed.device().is_cpu(), "dense_linear: CPU tensors only");
   TORCH_CHECK(x.dtype() == packed.dtype() &&
                   (x.dtype() == torch::kFloat32 || x.dtype() == torch::kBFloat16),
@@ -288,9 +272,6 @@ torch::Tensor dense_linear_then(torch::Tensor x, torch::Tensor packed, int64_t n
   torch::Tensor xin = (bf16 && (K & 1)) ? torch::constant_pad_nd(x2, {0, 1}) : x2;
   const int64_t ldx = xin.size(1);
   const int nthreads = threads > 0 ? static_cast<int>(threads) : at::get_num_threads();
-  const bool hint = g_prefetch_next && next.defined() && next.is_contiguous();
-  const char* np = hint ? static_cast<const char*>(next.data_ptr()) : nullptr;
-  const int64_t nb = hint ? next.numel() * static_cast<int64_t>(next.element_size()) : 0;
 
   // Pure C++ from here on (every check done above: nothing may throw inside OpenMP).
   pybind11::gil_scoped_release no_gil;
@@ -301,31 +282,24 @@ torch::Tensor dense_linear_then(torch::Tensor x, torch::Tensor packed, int64_t n
     B* yp = y.data_ptr<B>();
     const int64_t steps = ldx / 2;
     switch (NB) {
-      case 16: run<B, 1>(xp, M, ldx, steps, wp, panels, n, yp, nthreads, np, nb); break;
-      case 32: run<B, 2>(xp, M, ldx, steps, wp, panels, n, yp, nthreads, np, nb); break;
-      case 48: run<B, 3>(xp, M, ldx, steps, wp, panels, n, yp, nthreads, np, nb); break;
-      default: run<B, 4>(xp, M, ldx, steps, wp, panels, n, yp, nthreads, np, nb); break;
+      case 16: run<B, 1>(xp, M, ldx, steps, wp, panels, n, yp, nthreads); break;
+      case 32: run<B, 2>(xp, M, ldx, steps, wp, panels, n, yp, nthreads); break;
+      case 48: run<B, 3>(xp, M, ldx, steps, wp, panels, n, yp, nthreads); break;
+      default: run<B, 4>(xp, M, ldx, steps, wp, panels, n, yp, nthreads); break;
     }
   } else {
     const float* xp = xin.data_ptr<float>();
     const float* wp = packed.data_ptr<float>();
     float* yp = y.data_ptr<float>();
     switch (NB) {
-      case 16: run<float, 1>(xp, M, K, K, wp, panels, n, yp, nthreads, np, nb); break;
-      case 32: run<float, 2>(xp, M, K, K, wp, panels, n, yp, nthreads, np, nb); break;
-      case 48: run<float, 3>(xp, M, K, K, wp, panels, n, yp, nthreads, np, nb); break;
-      default: run<float, 4>(xp, M, K, K, wp, panels, n, yp, nthreads, np, nb); break;
+      case 16: run<float, 1>(xp, M, K, K, wp, panels, n, yp, nthreads); break;
+      case 32: run<float, 2>(xp, M, K, K, wp, panels, n, yp, nthreads); break;
+      case 48: run<float, 3>(xp, M, K, K, wp, panels, n, yp, nthreads); break;
+      default: run<float, 4>(xp, M, K, K, wp, panels, n, yp, nthreads); break;
     }
   }
   return y;
 }
-
-torch::Tensor dense_linear(torch::Tensor x, torch::Tensor packed, int64_t n, int64_t threads) {
-  return dense_linear_then(std::move(x), std::move(packed), n, threads, torch::Tensor());
-}
-
-// Whether dense_linear_then's prefetches run on into the next weight.
-void set_prefetch_next(bool on) { g_prefetch_next = on; }
 
 // Bytes ahead in the weight stream prefetched while computing (0 turns prefetch off).
 void set_prefetch_bytes(int64_t bytes) { g_prefetch_bytes = std::max<int64_t>(0, bytes); }
