@@ -175,13 +175,13 @@ MIXED = [" café 日本語 🙂 done", "\n\nA list:\n- one\n- two\n\tTabbed  twi
 def test_the_rust_stream_and_the_python_path_give_the_same_text(tokenizer):
     from engine.detokenizer import rust_tokenizer
 
-    assert rust_tokenizer(tokenizer) is not None, "the default model's tokenizer takes the fast path"
+    assert rust_tokenizer(tokenizer) is not None, "the default tokenizer takes the Rust stream"
     assert rust_tokenizer(PythonOnly(tokenizer)) is None
     special = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
     prompt = tokenizer("Write:").input_ids
     for text in MIXED:
         output = tokenizer(text, add_special_tokens=False).input_ids
-        output = output[:3] + [special] + output[3:]  # a special token mid-stream is skipped
+        output = [*output[:3], special, *output[3:]]  # a special token mid-stream is skipped
         fast, _ = feed(tokenizer, prompt, output, [])
         slow, _ = feed(PythonOnly(tokenizer), prompt, output, [])
         print(repr(text), fast)
