@@ -1,4 +1,5 @@
-"""How many tokens a step needs before it uses every thread: measured on this machine, once.
+"""How many tokens a step needs before it uses every thread, and how far ahead the matmul
+kernel prefetches for a step of a few rows: measured on this machine, once.
 
 A decode step of a few sequences runs faster on one OpenMP thread on some CPUs (the
 threads' start and join cost more than they share) and slower on others. The engine core
@@ -8,6 +9,11 @@ where all threads win. The choice is kept in a JSON file under the cache root, k
 depends on (the CPU's model, the thread count, the model, its dtype and weights, the
 attention and matmul paths, whether decode steps run as one C++ call), so a later start
 reads it in no time.
+
+Then, where the dense matmul kernel runs (model/csrc/dense_linear.cpp), one-sequence decode
+steps are timed with each of PREFETCH_BYTES as the prefetch distance for rows that fit in
+one row block, in turns; the default (4 KB) is kept unless another is faster by more than
+PREFETCH_MARGIN, and the choice is cached with the threads'.
 
 In-process (--no-engine-process) the step shares the GIL with the HTTP server: a
 measurement taken at start, with no HTTP load, would favour threads that lose once requests
@@ -38,6 +44,13 @@ ROUNDS = 3
 PROMPT = [1, 2, 3, 4]  # short enough, with the steps' tokens, to fill no block
 CACHE_ENV = "NANO_THREADS_CACHE"  # a file path replacing the default cache file
 FORCE_ENV = "NANO_MEASURE_THREADS"  # "1": measure again, as --single-thread-below measure
+# The one-row-block prefetch distances tried (the first is the kernel's own default), the
+# rounds of one-sequence decode steps each gets, and how much faster than the default
+# another must be to replace it (two starts on one idle machine measured 4 KB 5% faster,
+# then the two within 0.1%: a near tie is noise, and keeps the default).
+PREFETCH_BYTES = (4096, 16384)
+PREFETCH_ROUNDS = 10
+PREFETCH_MARGIN = 0.03
 
 
 @dataclass
@@ -103,22 +116,39 @@ def _read_all(path: Path) -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def read_cached(path: Path, key: dict[str, object]) -> tuple[int, list[Timing]] | None:
-    """The cached threshold and its timings for `key`, or None."""
+@dataclass
+class Choice:
+    """What was chosen for one key, and the timings it was chosen from: the threshold, and
+    the one-block prefetch distance (None where the dense kernel does not run) with the
+    median one-sequence step (ms) at each distance tried."""
+
+    single_thread_below: int
+    timings: list[Timing]
+    prefetch_one_block: int | None = None
+    prefetch_ms: dict[int, float] | None = None
+
+
+def read_cached(path: Path, key: dict[str, object]) -> Choice | None:
+    """The cached choice for `key`, or None (also for an entry from before the prefetch
+    distance was measured)."""
     entry = _read_all(path).get(_key_text(key))
-    if not isinstance(entry, dict) or not isinstance(entry.get("single_thread_below"), int):
+    if (not isinstance(entry, dict) or not isinstance(entry.get("single_thread_below"), int)
+            or "prefetch_one_block" not in entry):
         return None
-    timings = [Timing(**t) for t in entry.get("timings", [])]
-    return entry["single_thread_below"], timings
+    prefetch_ms = entry.get("prefetch_ms")
+    return Choice(entry["single_thread_below"], [Timing(**t) for t in entry.get("timings", [])],
+                  entry["prefetch_one_block"],
+                  {int(b): ms for b, ms in prefetch_ms.items()} if prefetch_ms else None)
 
 
-def write_cached(path: Path, key: dict[str, object], threshold: int,
-                 timings: Sequence[Timing]) -> None:
+def write_cached(path: Path, key: dict[str, object], choice: Choice) -> None:
     """Add (or replace) `key`'s entry, written whole to a temporary file then renamed, so a
     reader never sees half a file."""
     data = _read_all(path)
-    data[_key_text(key)] = {"key": key, "single_thread_below": threshold,
-                            "timings": [vars(t) for t in timings]}
+    data[_key_text(key)] = {"key": key, "single_thread_below": choice.single_thread_below,
+                            "timings": [vars(t) for t in choice.timings],
+                            "prefetch_one_block": choice.prefetch_one_block,
+                            "prefetch_ms": choice.prefetch_ms}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
@@ -176,6 +206,41 @@ def measure(core: PagedEngineCore, batch_sizes: Sequence[int] | None = None) -> 
     return timings
 
 
+def dense_kernel(core: PagedEngineCore) -> object | None:
+    """The dense matmul kernels' module where the core's matmuls use it, else None."""
+    if "packed-kernel" not in core.runner.matmul_path:
+        return None
+    from model.dense_linear import load_dense_linear
+
+    return load_dense_linear()
+
+
+def prefetch_from(step_ms: dict[int, float]) -> int:
+    """The default distance (PREFETCH_BYTES[0]) unless another's step was faster by more
+    than PREFETCH_MARGIN; then the fastest."""
+    default = PREFETCH_BYTES[0]
+    fastest = min(step_ms, key=step_ms.__getitem__)
+    return fastest if step_ms[fastest] < step_ms[default] * (1 - PREFETCH_MARGIN) else default
+
+
+def measure_prefetch(core: PagedEngineCore, kernels: object) -> dict[int, float]:
+    """The median one-sequence decode step (ms) with each of PREFETCH_BYTES as the kernel's
+    one-block prefetch distance, in turns; the kernel is left at the first."""
+    times: dict[int, list[float]] = {b: [] for b in PREFETCH_BYTES}
+    scheduler = core.scheduler
+    speculative, scheduler.speculative = scheduler.speculative, None
+    try:
+        for _ in range(PREFETCH_ROUNDS):
+            for distance, steps in times.items():
+                kernels.set_prefetch_one_block(distance)  # type: ignore[attr-defined]
+                steps.extend(_timed_steps(core, 1))
+    finally:
+        kernels.set_prefetch_one_block(PREFETCH_BYTES[0])  # type: ignore[attr-defined]
+        scheduler.speculative = speculative
+    check_clean(core)
+    return {b: round(statistics.median(t), 2) for b, t in times.items()}
+
+
 def check_clean(core: PagedEngineCore) -> None:
     """Nothing left of the measurement: no request, no block used or cached."""
     stats = core.stats()
@@ -185,11 +250,17 @@ def check_clean(core: PagedEngineCore) -> None:
     core.allocator.check_invariants()
 
 
-def describe(threshold: int, timings: Sequence[Timing], threads: int) -> str:
+def describe(choice: Choice, threads: int) -> str:
     measured = "; ".join(f"batch {t.batch}: 1 thread {t.one_thread_ms:.1f} ms, {threads} "
-                         f"threads {t.all_threads_ms:.1f} ms" for t in timings)
-    choice = "all threads for every step" if threshold == 0 else f"1 below {threshold} tokens"
-    return f"{choice} (measured: {measured})"
+                         f"threads {t.all_threads_ms:.1f} ms" for t in choice.timings)
+    threshold = choice.single_thread_below
+    text = "all threads for every step" if threshold == 0 else f"1 below {threshold} tokens"
+    text = f"{text} (measured: {measured})"
+    if choice.prefetch_ms:
+        tried = ", ".join(f"{b // 1024} KB {ms:.2f} ms" for b, ms in choice.prefetch_ms.items())
+        text += (f"; matmul prefetch {choice.prefetch_one_block // 1024} KB ahead for a few "
+                 f"rows (one-sequence step: {tried})")
+    return text
 
 
 def choose_threads(core: object, again: bool = False) -> int | None:
@@ -205,15 +276,21 @@ def choose_threads(core: object, again: bool = False) -> int | None:
         return None
     path, key, threads = cache_file(), cache_key(core), policy.max_threads
     again = again or os.environ.get(FORCE_ENV) == "1"
-    cached = None if again else read_cached(path, key)
-    if cached is not None:
-        threshold, timings = cached
-        log.info("threads: %s, read from %s", describe(threshold, timings, threads), path)
+    kernels = dense_kernel(core)
+    choice = None if again else read_cached(path, key)
+    if choice is not None:
+        log.info("threads: %s, read from %s", describe(choice, threads), path)
     else:
         log.info("threads: measuring decode steps on 1 and %d threads ...", threads)
         timings = measure(core)
-        threshold = threshold_from(timings)
-        write_cached(path, key, threshold, timings)
-        log.info("threads: %s, cached in %s", describe(threshold, timings, threads), path)
-    policy.single_below = core.config.single_thread_below = threshold
-    return threshold
+        choice = Choice(threshold_from(timings), timings)
+        if kernels is not None:
+            policy.single_below = choice.single_thread_below
+            choice.prefetch_ms = measure_prefetch(core, kernels)
+            choice.prefetch_one_block = prefetch_from(choice.prefetch_ms)
+        write_cached(path, key, choice)
+        log.info("threads: %s, cached in %s", describe(choice, threads), path)
+    policy.single_below = core.config.single_thread_below = choice.single_thread_below
+    if kernels is not None and choice.prefetch_one_block is not None:
+        kernels.set_prefetch_one_block(choice.prefetch_one_block)  # type: ignore[attr-defined]
+    return choice.single_thread_below

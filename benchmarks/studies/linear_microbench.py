@@ -38,7 +38,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--panel", type=int, default=None, help="ours: panel width (16..64)")
-    parser.add_argument("--prefetch", type=int, default=None, help="ours: prefetch bytes")
+    parser.add_argument("--prefetch", type=int, default=None,
+                        help="ours: prefetch bytes, for rows in one row block and in several")
     parser.add_argument("--chunk", type=int, default=None, help="ours: k steps per chunk")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -46,6 +47,7 @@ def main() -> None:
     load_dense_linear()
     if args.prefetch is not None:
         load_dense_linear().set_prefetch_bytes(args.prefetch)
+        load_dense_linear().set_prefetch_one_block(args.prefetch)
     if args.chunk is not None:
         load_dense_linear().set_chunk_steps(args.chunk)
     kw = {} if args.panel is None else {"panel": args.panel}

@@ -13,6 +13,7 @@ void rope_inplace(torch::Tensor qk, int64_t heads, torch::Tensor cos, torch::Ten
 torch::Tensor silu_mul(torch::Tensor gate_up);
 torch::Tensor dense_linear(torch::Tensor x, torch::Tensor packed, int64_t n, int64_t threads);
 void set_prefetch_bytes(int64_t bytes);
+void set_prefetch_one_block(int64_t bytes);
 void set_chunk_steps(int64_t steps);
 torch::Tensor q4_1_linear(torch::Tensor x, torch::Tensor packed, int64_t out_features);
 torch::Tensor q8_0_linear(torch::Tensor x, torch::Tensor packed, int64_t out_features);
@@ -42,6 +43,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("silu_mul", &silu_mul, "silu(gate) * up (fused_ops_cpu.cpp)");
   m.def("dense_linear", &dense_linear, "x @ W, W packed in panels (dense_linear.cpp)");
   m.def("set_prefetch_bytes", &set_prefetch_bytes, "dense_linear tuning knob");
+  m.def("set_prefetch_one_block", &set_prefetch_one_block,
+        "dense_linear tuning knob: the prefetch distance for rows in one row block");
   m.def("set_chunk_steps", &set_chunk_steps, "dense_linear tuning knob");
   m.def("q4_1_linear", &q4_1_linear, "x @ W^T from Q4_1 codes (quantized_linear_cpu.cpp)");
   m.def("q8_0_linear", &q8_0_linear, "x @ W^T from Q8_0 codes (quantized_linear_cpu.cpp)");

@@ -45,11 +45,15 @@
 
 namespace {
 
-// Tuning knobs (set_prefetch_bytes, set_chunk_steps); the defaults were the best measured
-// on this machine (Zen 5, 2 cores): prefetch distance 4-32 KB all within noise at one row,
-// 16 KB best at 8-30 rows; chunks of 64 steps (16 KB of a 64-wide panel, fits L1).
-// Bytes ahead in the weight stream that are prefetched while a chunk is computed (0 = none).
+// Tuning knobs (set_prefetch_bytes, set_prefetch_one_block, set_chunk_steps); the defaults
+// were the best measured on Zen 5 (2 cores): with several row blocks (8-30 rows) a prefetch
+// distance of 16 KB (4 KB: 1.04-1.47x the time); with one (1-4 rows) 4 KB (16 KB: 1.02-1.07x
+// the time); chunks of 64 steps (16 KB of a 64-wide panel, fits L1). The engine core measures
+// the one-block distance on its CPU at first start (engine/thread_choice.py).
+// Bytes ahead in the weight stream that are prefetched while a chunk is computed (0 = none),
+// when the rows need several row blocks, and when they fit in one.
 int64_t g_prefetch_bytes = 16384;
+int64_t g_prefetch_one_block = 4096;
 // Steps per chunk when the rows need several row blocks (see run()).
 int64_t g_chunk_steps = 64;
 
@@ -187,7 +191,7 @@ void run(const T* x, int64_t M, int64_t ldx, int64_t steps, const T* packed, int
   // Row blocks of near-equal size (8 rows -> 4 + 4, not 6 + 2).
   const int64_t blocks = (M + MRmax - 1) / MRmax;
   const int64_t base = M / blocks, extra = M % blocks;
-  const int64_t prefetch = g_prefetch_bytes;
+  const int64_t prefetch = blocks == 1 ? g_prefetch_one_block : g_prefetch_bytes;
   // Every row block walks the panel a chunk of steps at a time: the chunk is read from
   // memory once and from L1 by the other blocks, the demand on memory is spread evenly over
   // the compute, and each chunk is summed on its own (see `tile`; sums parked in `partial`).
@@ -301,8 +305,12 @@ torch::Tensor dense_linear(torch::Tensor x, torch::Tensor packed, int64_t n, int
   return y;
 }
 
-// Bytes ahead in the weight stream prefetched while computing (0 turns prefetch off).
+// Bytes ahead in the weight stream prefetched while computing (0 turns prefetch off), for
+// rows that need several row blocks.
 void set_prefetch_bytes(int64_t bytes) { g_prefetch_bytes = std::max<int64_t>(0, bytes); }
+
+// The same for rows that fit in one row block (a decode step of a few sequences).
+void set_prefetch_one_block(int64_t bytes) { g_prefetch_one_block = std::max<int64_t>(0, bytes); }
 
 // Steps (k, or k pairs in bf16) per chunk when several row blocks share a panel.
 void set_chunk_steps(int64_t steps) { g_chunk_steps = std::max<int64_t>(1, steps); }

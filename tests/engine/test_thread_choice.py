@@ -1,6 +1,7 @@
 """engine/thread_choice.py: the threshold from timings, its cache (keyed, so another CPU
-misses), the flags that choose whether to measure, and a real measurement on the session's
-model that leaves the engine as it found it, then is read back from the cache."""
+misses), the flags that choose whether to measure, a real measurement on the session's
+model that leaves the engine as it found it, then is read back from the cache, and the
+matmul kernel's prefetch distance: the faster one kept, and set again from the cache."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from engine.batch_engine import BatchEngine
 from engine.config import EngineConfig
 from engine.spec_decode import SpeculativeConfig
 from engine.thread_choice import (
+    Choice,
     Timing,
     cache_key,
     choose_threads,
@@ -43,14 +45,65 @@ def test_cache_round_trips_and_is_keyed(tmp_path, model, tokenizer):
     core = engine(model, tokenizer).core
     path, key = tmp_path / "choices.json", cache_key(core, cpu="CPU A")
     assert read_cached(path, key) is None  # no file yet
-    write_cached(path, key, 8, timings((5, 6), (6, 7)))
-    assert read_cached(path, key) == (8, timings((5, 6), (6, 7)))
+    chosen = Choice(8, timings((5, 6), (6, 7)), 4096, {4096: 9.5, 16384: 9.9})
+    write_cached(path, key, chosen)
+    assert read_cached(path, key) == chosen
     assert read_cached(path, cache_key(core, cpu="CPU B")) is None
     other = engine(model, tokenizer, dtype="bfloat16").core
     assert read_cached(path, cache_key(other, cpu="CPU A")) is None
-    write_cached(path, cache_key(core, cpu="CPU B"), 0, timings((5, 4)))  # beside, not over
-    assert read_cached(path, key)[0] == 8
-    assert read_cached(path, cache_key(core, cpu="CPU B"))[0] == 0
+    write_cached(path, cache_key(core, cpu="CPU B"), Choice(0, timings((5, 4))))  # beside
+    assert read_cached(path, key).single_thread_below == 8
+    assert read_cached(path, cache_key(core, cpu="CPU B")) == Choice(0, timings((5, 4)))
+
+
+def test_an_entry_without_the_prefetch_distance_is_measured_again(tmp_path, model, tokenizer):
+    import json
+
+    core = engine(model, tokenizer).core
+    path, key = tmp_path / "choices.json", cache_key(core, cpu="CPU A")
+    write_cached(path, key, Choice(8, timings((5, 6))))
+    data = json.loads(path.read_text())
+    for entry in data.values():
+        del entry["prefetch_one_block"], entry["prefetch_ms"]  # as written before them
+    path.write_text(json.dumps(data))
+    assert read_cached(path, key) is None
+
+
+def test_the_default_prefetch_distance_stays_unless_another_is_clearly_faster():
+    assert thread_choice.prefetch_from({4096: 10.0, 16384: 9.9}) == 4096  # 1%: a near tie
+    assert thread_choice.prefetch_from({4096: 10.0, 16384: 9.5}) == 16384
+    assert thread_choice.prefetch_from({4096: 9.0, 16384: 10.0}) == 4096
+
+
+class Knob:
+    """The kernels module's prefetch setter, recording what it was set to."""
+
+    def __init__(self) -> None:
+        self.distance, self.history = 4096, []
+
+    def set_prefetch_one_block(self, distance: int) -> None:
+        self.distance = distance
+        self.history.append(distance)
+
+
+def test_the_faster_prefetch_distance_is_kept_and_set_again_from_the_cache(
+        tmp_path, monkeypatch, model, tokenizer, caplog):
+    monkeypatch.setenv(thread_choice.CACHE_ENV, str(tmp_path / "choices.json"))
+    monkeypatch.setattr(thread_choice, "measure", lambda core: timings((5, 4)))
+    knob = Knob()
+    monkeypatch.setattr(thread_choice, "dense_kernel", lambda core: knob)
+    # 16 KB is the faster here (the default, 4 KB, is tried first).
+    monkeypatch.setattr(thread_choice, "_timed_steps",
+                        lambda core, batch: [9.0 if knob.distance == 16384 else 10.0])
+    caplog.set_level(logging.INFO, "nano_vllm.threads")
+    assert choose_threads(engine(model, tokenizer).core) == 0
+    rounds = thread_choice.PREFETCH_ROUNDS
+    assert knob.history == [4096, 16384] * rounds + [4096, 16384]  # tried, reset, chosen
+    assert "matmul prefetch 16 KB ahead" in caplog.text and "4 KB 10.00 ms" in caplog.text
+    knob.history.clear()
+    monkeypatch.setattr(thread_choice, "_timed_steps", None)  # a second start measures nothing
+    assert choose_threads(engine(model, tokenizer).core) == 0
+    assert knob.history == [16384]
 
 
 def parse(*argv: str, engine_process: bool = True) -> EngineConfig:
@@ -79,6 +132,7 @@ def test_measures_leaving_the_engine_clean_then_reads_the_cache(tmp_path, monkey
     monkeypatch.setenv(thread_choice.CACHE_ENV, str(tmp_path / "choices.json"))
     monkeypatch.setattr(thread_choice, "BATCH_SIZES", (1, 4))  # a few seconds
     monkeypatch.setattr(thread_choice, "TIMED_STEPS", 2)
+    monkeypatch.setattr(thread_choice, "PREFETCH_ROUNDS", 1)
     spec = SpeculativeConfig(prompt_lookup_min=1)  # off while measuring: back after
     first = engine(model, tokenizer, speculative=spec)
     before = first.metrics.render()
@@ -89,6 +143,7 @@ def test_measures_leaving_the_engine_clean_then_reads_the_cache(tmp_path, monkey
     assert first.core.runner.threads.single_below == first.config.single_thread_below == chosen
     assert f"cached in {tmp_path / 'choices.json'}" in caplog.text
     assert "batch 4: 1 thread" in caplog.text and "2 threads" in caplog.text
+    assert "matmul prefetch" in caplog.text  # the session's model runs the dense kernel
     stats = first.core.stats()
     assert stats["blocks_used"] == stats["blocks_cached_free"] == stats["running"] == 0
     assert first.metrics.render() == before  # no step, request or token counted
