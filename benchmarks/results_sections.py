@@ -96,6 +96,13 @@ def new_sections(folder: Path) -> list[Section]:
             "(`benchmarks/interleaved.py`): on a machine whose speed drifts between minutes, "
             "the ratio within a turn is what the drift cancels out of. Below 1.000, nano-vLLM "
             "streams faster.", "one-user-interleaved", ""),
+        interleaved_section(
+            "One user against llama.cpp, interleaved, through a lighter load generator",
+            "The same, with bench.py streaming through aiohttp on uvloop (`--client "
+            "aiohttp`) instead of httpx: about half the load generator's CPU per streamed "
+            "token ([performance.md](performance.md#the-load-generators-share)), which both "
+            "servers lose on the same 2 cores.", "one-user-interleaved-aiohttp",
+            " -- --users 1 --max-tokens 100 --client aiohttp"),
         Section(
             "Tool calls under load",
             "`benchmarks/structured.py --constraint tool` against `server.py`: 30 chat "

@@ -43,8 +43,7 @@ class LogitsRows:
 
 def take_rows(logits: Tensor, rows: list[int]) -> Tensor:
     """logits[rows]: a view when the rows are consecutive (usually all of them, in order),
-    a copy otherwise. One row of the default model's 49,152 fp32 logits took 15 us to copy by
-    a list index, 1 us to slice."""
+    a copy otherwise (indexing by a list copies every row it takes)."""
     if rows and rows == list(range(rows[0], rows[0] + len(rows))):
         return logits[rows[0]:rows[0] + len(rows)]
     return logits[rows]
