@@ -76,8 +76,9 @@ async def open_client(kind: str, connections: int, timeout: float) -> AsyncItera
         import aiohttp
 
         connector = aiohttp.TCPConnector(limit=connections)
-        async with aiohttp.ClientSession(
-                connector=connector, timeout=aiohttp.ClientTimeout(total=timeout)) as session:
+        async with aiohttp.ClientSession(  # read_bufsize: lines up to 1 MiB (logprobs chunks)
+                connector=connector, timeout=aiohttp.ClientTimeout(total=timeout),
+                read_bufsize=2**20) as session:
             yield AiohttpStreams(session)
     else:
         raise ValueError(f"unknown client {kind!r}; expected one of {', '.join(CLIENTS)}")

@@ -37,6 +37,7 @@ import jsonschema
 
 from benchmarks.bench import QUESTIONS, UserResult, stream_completion, summarize
 from benchmarks.results import BenchRun, LevelResult, Machine, result_path
+from benchmarks.stream_client import HttpxStreams
 
 SCHEMA = {
     "type": "object",
@@ -136,7 +137,8 @@ async def validity(client: httpx.AsyncClient, url: str, args: argparse.Namespace
 async def level(client: httpx.AsyncClient, url: str, payloads: list[dict[str, Any]],
                 timeout: float) -> tuple[list[UserResult], float]:
     start = time.perf_counter()
-    results = await asyncio.gather(*(stream_completion(client, url, p, timeout)
+    streams = HttpxStreams(client)
+    results = await asyncio.gather(*(stream_completion(streams, url, p, timeout)
                                      for p in payloads))
     return list(results), time.perf_counter() - start
 
@@ -178,7 +180,7 @@ async def compile_beside_streams(client: httpx.AsyncClient, url: str,
 
     async def beside(tag: str | None) -> tuple[LevelResult, tuple[float, int, str]]:
         start = time.perf_counter()
-        streams = asyncio.gather(*(stream_completion(client, url, p, args.timeout)
+        streams = asyncio.gather(*(stream_completion(HttpxStreams(client), url, p, args.timeout)
                                    for p in free()))
         results, answer = await asyncio.gather(streams, enum_request(tag, 1.0))
         return summarize(users, list(results), time.perf_counter() - start), answer

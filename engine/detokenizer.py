@@ -14,19 +14,23 @@ after the new token, the same rule in Python. The text is the same either way.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
+from typing import Any
 
 from tokenizers import Tokenizer
 from tokenizers.decoders import DecodeStream
 
 from engine.request import FinishReason, RequestOutput
 
+log = logging.getLogger("nano_vllm.detokenizer")
+
 # Decoding a few tokens before the new ones keeps spacing right (many tokenizers
 # render a leading space only when the token is not first).
 CONTEXT_TOKENS = 5
 
 
-def rust_tokenizer(tokenizer) -> Tokenizer | None:
+def rust_tokenizer(tokenizer: Any) -> Tokenizer | None:
     """The `tokenizers.Tokenizer` whose decode is exactly `tokenizer.decode`, or None."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if isinstance(backend, Tokenizer) and not getattr(tokenizer,
@@ -72,7 +76,9 @@ class IncrementalDetokenizer:
                 return None
             try:
                 return self._stream.step(self._backend, new[0] if len(new) == 1 else list(new))
-            except Exception:  # the library refused the window (decoding changed its start)
+            except Exception as exc:  # e.g. decoding changed the start of its window
+                log.warning("detokenizer: the tokenizers stream failed (%s); decoding this "
+                            "request's windows in Python from here on", exc)
                 self._stream = None  # the offsets below are kept up to date for this
         before = self._decode(token_ids[self.prefix_offset:self.read_offset])
         after = self._decode(token_ids[self.prefix_offset:])

@@ -30,6 +30,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from engine.core import PagedEngineCore
 from engine.request import FinishReason, Request, SamplingParams
@@ -136,6 +137,10 @@ def read_cached(path: Path, key: dict[str, object]) -> Choice | None:
             or "prefetch_one_block" not in entry):
         return None
     prefetch_ms = entry.get("prefetch_ms")
+    if not (entry["prefetch_one_block"] is None or isinstance(entry["prefetch_one_block"], int)
+            ) or not (prefetch_ms is None or isinstance(prefetch_ms, dict)):
+        log.warning("threads: ignoring a malformed entry in %s", path)
+        return None
     return Choice(entry["single_thread_below"], [Timing(**t) for t in entry.get("timings", [])],
                   entry["prefetch_one_block"],
                   {int(b): ms for b, ms in prefetch_ms.items()} if prefetch_ms else None)
@@ -206,7 +211,11 @@ def measure(core: PagedEngineCore, batch_sizes: Sequence[int] | None = None) -> 
     return timings
 
 
-def dense_kernel(core: PagedEngineCore) -> object | None:
+class PrefetchKnob(Protocol):
+    def set_prefetch_one_block(self, distance: int) -> None: ...
+
+
+def dense_kernel(core: PagedEngineCore) -> PrefetchKnob | None:
     """The dense matmul kernels' module where the core's matmuls use it, else None."""
     if "packed-kernel" not in core.runner.matmul_path:
         return None
@@ -223,7 +232,7 @@ def prefetch_from(step_ms: dict[int, float]) -> int:
     return fastest if step_ms[fastest] < step_ms[default] * (1 - PREFETCH_MARGIN) else default
 
 
-def measure_prefetch(core: PagedEngineCore, kernels: object) -> dict[int, float]:
+def measure_prefetch(core: PagedEngineCore, kernels: PrefetchKnob) -> dict[int, float]:
     """The median one-sequence decode step (ms) with each of PREFETCH_BYTES as the kernel's
     one-block prefetch distance, in turns; the kernel is left at the first."""
     times: dict[int, list[float]] = {b: [] for b in PREFETCH_BYTES}
@@ -232,10 +241,10 @@ def measure_prefetch(core: PagedEngineCore, kernels: object) -> dict[int, float]
     try:
         for _ in range(PREFETCH_ROUNDS):
             for distance, steps in times.items():
-                kernels.set_prefetch_one_block(distance)  # type: ignore[attr-defined]
+                kernels.set_prefetch_one_block(distance)
                 steps.extend(_timed_steps(core, 1))
     finally:
-        kernels.set_prefetch_one_block(PREFETCH_BYTES[0])  # type: ignore[attr-defined]
+        kernels.set_prefetch_one_block(PREFETCH_BYTES[0])
         scheduler.speculative = speculative
     check_clean(core)
     return {b: round(statistics.median(t), 2) for b, t in times.items()}
@@ -292,5 +301,5 @@ def choose_threads(core: object, again: bool = False) -> int | None:
         log.info("threads: %s, cached in %s", describe(choice, threads), path)
     policy.single_below = core.config.single_thread_below = choice.single_thread_below
     if kernels is not None and choice.prefetch_one_block is not None:
-        kernels.set_prefetch_one_block(choice.prefetch_one_block)  # type: ignore[attr-defined]
+        kernels.set_prefetch_one_block(choice.prefetch_one_block)
     return choice.single_thread_below

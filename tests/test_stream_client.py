@@ -70,3 +70,18 @@ def test_an_unknown_client_is_refused() -> None:
 
     with pytest.raises(ValueError, match="unknown client 'curl'"):
         asyncio.run(attempt())
+
+
+def test_the_structured_benchmark_streams_through_the_same_reader() -> None:
+    import httpx
+
+    from benchmarks import structured
+
+    async def level() -> list[tuple[str, str | None]]:
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1/completions"
+        async with server, httpx.AsyncClient() as client:
+            results, _ = await structured.level(client, url, [{"prompt": "fine"}] * 2, 30.0)
+        return [(r.text, r.error) for r in results]
+
+    assert asyncio.run(level()) == [("Hello, world", None)] * 2

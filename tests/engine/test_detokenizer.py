@@ -199,3 +199,34 @@ def test_several_tokens_at_once_go_to_the_stream_together(tokenizer):
         ids += output[at:at + 3]
         detok.add(ids)
     assert detok.take(final=True) == MIXED[0]
+    assert detok._stream is not None, "the Rust stream took them, not the Python path"
+
+
+class Refusing:
+    """A DecodeStream that fails on its n-th step."""
+
+    def __init__(self, stream, fail_at: int) -> None:
+        self.stream, self.fail_at, self.steps = stream, fail_at, 0
+
+    def step(self, tokenizer, ids):
+        self.steps += 1
+        if self.steps == self.fail_at:
+            raise RuntimeError("invalid prefix")
+        return self.stream.step(tokenizer, ids)
+
+
+def test_a_failing_stream_hands_over_to_the_python_path_mid_text(tokenizer, caplog):
+    prompt = tokenizer("Write:").input_ids
+    output = tokenizer(MIXED[0] + MIXED[2], add_special_tokens=False).input_ids
+    expected, _ = feed(PythonOnly(tokenizer), prompt, output, [])
+    for fail_at in (1, 4, 7, len(output)):  # the first step, two mid-text, the last
+        detok = IncrementalDetokenizer(tokenizer, prompt, [])
+        detok._stream = Refusing(detok._stream, fail_at)
+        ids, deltas = list(prompt), []
+        for token in output:
+            ids.append(token)
+            detok.add(ids)
+            deltas.append(detok.take(final=False))
+        deltas.append(detok.take(final=True))
+        assert detok._stream is None and "tokenizers stream failed" in caplog.text
+        assert deltas == expected, f"failing at step {fail_at}"
