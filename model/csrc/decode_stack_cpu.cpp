@@ -13,6 +13,7 @@
 // (q/k norms, Gemma's norms) stay on the Python path, model/decode_stack.py decides.
 #include <torch/extension.h>
 
+#include <cstring>
 #include <vector>
 
 torch::Tensor dense_linear(torch::Tensor x, torch::Tensor packed, int64_t n, int64_t threads);
@@ -57,6 +58,19 @@ struct Layer {
   torch::Tensor k_slots, v_slots;  // the layer's pool, [blocks * block_size, kv_heads, dim]
   torch::Tensor k_cache, v_cache;  // the same memory, [blocks, block_size, kv_heads, dim]
 };
+
+// Row i's K (or V) part of qkv, `width` values from column `from`, into row slots[i] of the
+// layer's pool: the copy index_copy_ makes, without its set-up on every call (two calls a
+// layer). The caller checks the slots, dtypes and layouts.
+void write_slots(const torch::Tensor& pool_slots, const torch::Tensor& qkv, int64_t from,
+                 int64_t width, const int64_t* slots, int64_t tokens) {
+  const int64_t elt = qkv.element_size();
+  const char* src = static_cast<const char*>(qkv.data_ptr()) + from * elt;
+  char* dst = static_cast<char*>(pool_slots.data_ptr());
+  const int64_t row = qkv.stride(0) * elt;
+  for (int64_t i = 0; i < tokens; ++i)
+    std::memcpy(dst + slots[i] * width * elt, src + i * row, width * elt);
+}
 
 Linear make_linear(int64_t kind, torch::Tensor packed, int64_t out_features,
                    c10::optional<torch::Tensor> bias) {
@@ -108,6 +122,17 @@ class DecodeStack {
     TORCH_CHECK(slot_mapping.numel() == tokens && context_lens.numel() == tokens &&
                     block_tables.size(0) == tokens,
                 "decode stack: one slot, context length and block table per token");
+    TORCH_CHECK(slot_mapping.scalar_type() == torch::kLong && slot_mapping.is_contiguous(),
+                "decode stack: slot_mapping must be contiguous int64");
+    const int64_t* slots = slot_mapping.data_ptr<int64_t>();
+    for (const Layer& layer : layers_) {
+      TORCH_CHECK(layer.k_slots.scalar_type() == x.scalar_type() &&
+                      layer.v_slots.scalar_type() == x.scalar_type(),
+                  "decode stack: the K/V pool's dtype must be the activations'");
+      for (int64_t i = 0; i < tokens; ++i)
+        TORCH_CHECK(slots[i] >= 0 && slots[i] < layer.k_slots.size(0),
+                    "decode stack: slot ", slots[i], " is outside the pool");
+    }
     const int64_t q_width = heads_ * head_dim_, kv_width = kv_heads_ * head_dim_;
     const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim_));
     torch::Tensor residual = x.clone();
@@ -118,11 +143,10 @@ class DecodeStack {
       if (i > 0) hidden = add_rms_norm(residual, out, layer.input_norm, eps_);
       torch::Tensor qkv = layer.qkv(hidden);
       rope_inplace(qkv.narrow(1, 0, q_width + kv_width), heads_ + kv_heads_, cos, sin);
-      layer.k_slots.index_copy_(
-          0, slot_mapping, qkv.narrow(1, q_width, kv_width).view({tokens, kv_heads_, head_dim_}));
-      layer.v_slots.index_copy_(
-          0, slot_mapping,
-          qkv.narrow(1, q_width + kv_width, kv_width).view({tokens, kv_heads_, head_dim_}));
+      TORCH_CHECK(qkv.stride(1) == 1 && qkv.scalar_type() == x.scalar_type(),
+                  "decode stack: QKV rows must be contiguous, in the activations' dtype");
+      write_slots(layer.k_slots, qkv, q_width, kv_width, slots, tokens);
+      write_slots(layer.v_slots, qkv, q_width + kv_width, kv_width, slots, tokens);
       torch::Tensor q = qkv.narrow(1, 0, q_width).contiguous().view({tokens, heads_, head_dim_});
       torch::Tensor attended = paged_decode_attention(q, layer.k_cache, layer.v_cache,
                                                       block_tables, context_lens, scale, 0);
