@@ -27,7 +27,8 @@ import logging
 import os
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -185,29 +186,41 @@ def _timed_steps(core: PagedEngineCore, batch: int) -> list[float]:
             core.finish(r, FinishReason.ABORT)
 
 
+@contextmanager
+def timing_steps(core: PagedEngineCore) -> Iterator[None]:
+    """Speculation off while steps are timed (drafts would make a decode step more than one
+    token); afterwards the core is checked clean: no request, no block held or cached."""
+    scheduler = core.scheduler
+    speculative, scheduler.speculative = scheduler.speculative, None
+    try:
+        yield
+    finally:
+        scheduler.speculative = speculative
+    check_clean(core)
+
+
 def measure(core: PagedEngineCore, batch_sizes: Sequence[int] | None = None) -> list[Timing]:
     """Median decode step times at each batch size (default BATCH_SIZES; those that fit the
     seats and the free blocks, one each), on one thread and on all in turns (ROUNDS of
     TIMED_STEPS each), with no speculation; the
     core is left as it was (asserted): no request, no block held."""
     policy, scheduler = core.runner.threads, core.scheduler
-    before, speculative = policy.single_below, scheduler.speculative
+    before = policy.single_below
     fits = min(scheduler.max_num_seqs, core.allocator.num_free)
     timings = []
-    scheduler.speculative = None  # drafts would make a decode step more than one token
-    try:
-        for batch in (b for b in batch_sizes or BATCH_SIZES if b <= fits):
-            one: list[float] = []
-            every: list[float] = []
-            for _ in range(ROUNDS):
-                for single_below, times in ((batch + 1, one), (0, every)):
-                    policy.single_below = single_below
-                    times.extend(_timed_steps(core, batch))
-            timings.append(Timing(batch, round(statistics.median(one), 2),
-                                  round(statistics.median(every), 2)))
-    finally:
-        policy.single_below, scheduler.speculative = before, speculative
-    check_clean(core)
+    with timing_steps(core):
+        try:
+            for batch in (b for b in batch_sizes or BATCH_SIZES if b <= fits):
+                one: list[float] = []
+                every: list[float] = []
+                for _ in range(ROUNDS):
+                    for single_below, times in ((batch + 1, one), (0, every)):
+                        policy.single_below = single_below
+                        times.extend(_timed_steps(core, batch))
+                timings.append(Timing(batch, round(statistics.median(one), 2),
+                                      round(statistics.median(every), 2)))
+        finally:
+            policy.single_below = before
     return timings
 
 
@@ -236,17 +249,14 @@ def measure_prefetch(core: PagedEngineCore, kernels: PrefetchKnob) -> dict[int, 
     """The median one-sequence decode step (ms) with each of PREFETCH_BYTES as the kernel's
     one-block prefetch distance, in turns; the kernel is left at the first."""
     times: dict[int, list[float]] = {b: [] for b in PREFETCH_BYTES}
-    scheduler = core.scheduler
-    speculative, scheduler.speculative = scheduler.speculative, None
-    try:
-        for _ in range(PREFETCH_ROUNDS):
-            for distance, steps in times.items():
-                kernels.set_prefetch_one_block(distance)
-                steps.extend(_timed_steps(core, 1))
-    finally:
-        kernels.set_prefetch_one_block(PREFETCH_BYTES[0])
-        scheduler.speculative = speculative
-    check_clean(core)
+    with timing_steps(core):
+        try:
+            for _ in range(PREFETCH_ROUNDS):
+                for distance, steps in times.items():
+                    kernels.set_prefetch_one_block(distance)
+                    steps.extend(_timed_steps(core, 1))
+        finally:
+            kernels.set_prefetch_one_block(PREFETCH_BYTES[0])
     return {b: round(statistics.median(t), 2) for b, t in times.items()}
 
 
