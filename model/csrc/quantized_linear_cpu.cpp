@@ -32,9 +32,6 @@
 #include <algorithm>
 #include <vector>
 
-#if !defined(__AVX512F__)
-#error "quantized_linear_cpu needs AVX-512F: build with -march=native on a CPU that has it"
-#endif
 
 namespace {
 constexpr int64_t kLanes = 16;  // output rows per group
