@@ -26,6 +26,7 @@ CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffast-math"]
 
 
 AVX512 = {"avx512f", "avx512bw", "avx512vl", "avx512dq"}  # what our kernels' code needs
+AVX2 = {"avx2", "fma"}  # the dense kernel's path for CPUs without AVX-512
 
 
 @cache
@@ -48,6 +49,15 @@ def cpu_supports(bf16: bool = False) -> bool:
     if not flags:
         return not bf16 and torch.backends.cpu.get_cpu_capability() in ("AVX512", "AMX")
     return AVX512.issubset(flags) and (not bf16 or "avx512_bf16" in flags)
+
+
+def cpu_supports_avx2() -> bool:
+    """Has this CPU AVX2 with FMA (what the dense kernel's second path needs where AVX-512 is
+    missing)? Read from /proc/cpuinfo; where there is none, PyTorch's own probe decides."""
+    flags = cpu_flags()
+    if not flags:
+        return torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512", "AMX")
+    return AVX2.issubset(flags)
 
 
 def cpu_has_vnni() -> bool:

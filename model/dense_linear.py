@@ -1,4 +1,4 @@
-"""Linear layers with weights packed once for our own small-M AVX-512 GEMM kernel.
+"""Linear layers with weights packed once for our own small-M GEMM kernel (AVX-512, or AVX2).
 
 A decode step multiplies a few rows (1-30 users) by every weight matrix: that is a stream
 through the weights, and the libraries here leave memory bandwidth on the table at one row
@@ -8,8 +8,10 @@ one contiguous stream per thread, and register-blocks the rows so that 30 rows c
 pass over the weights from memory, not 30 (benchmarks/studies/linear_microbench.py measures it).
 
 `PackedLinear` replaces `model.layers.Linear` module for module; `pack_model_linears`
-does it for a whole loaded model. Without the kernel (no compiler, no AVX-512 / AVX512_BF16,
-not a CPU tensor) it falls back to plain torch matmuls.
+does it for a whole loaded model. The kernel has two paths over the same packed weights: AVX-512
+(bf16 through AVX512_BF16's dot products) and, on CPUs without those, AVX2 with FMA
+(model/csrc/dense_linear_avx2.cpp; bf16 weights widened to fp32 in registers). Without either
+(no compiler, no AVX2, not a CPU tensor) it falls back to plain torch matmuls.
 """
 
 from __future__ import annotations
@@ -23,27 +25,37 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from model.cpu_kernel import cpu_supports, load_cpu_kernels
+from model.cpu_kernel import cpu_supports, cpu_supports_avx2, load_cpu_kernels
 
 log = logging.getLogger("nano_vllm.kernel")
 
 
 @cache
 def kernel_support() -> dict[str, bool]:
-    """Which weight dtypes this CPU can run the kernel in (before trying to build it): float32
-    needs AVX-512 (F, BW, VL, DQ), bfloat16 also AVX512_BF16. Read from /proc/cpuinfo; where
-    there is none, torch's own probe decides float32 and bfloat16 is off. The environment
-    variable NANO_VLLM_DENSE_KERNEL=0 turns the kernel off."""
+    """Which weight dtypes this CPU can run the kernel in (before trying to build it): both
+    run on AVX2 with FMA, and on AVX-512 where the CPU has it (F, BW, VL, DQ; bfloat16 there
+    also AVX512_BF16). Read from /proc/cpuinfo; where there is none, torch's own probe
+    decides. The environment variable NANO_VLLM_DENSE_KERNEL=0 turns the kernel off."""
     if os.environ.get("NANO_VLLM_DENSE_KERNEL", "1") == "0":
         return {"float32": False, "bfloat16": False}
-    return {"float32": cpu_supports(), "bfloat16": cpu_supports(bf16=True)}
+    avx2 = cpu_supports_avx2()
+    return {"float32": cpu_supports() or avx2, "bfloat16": cpu_supports(bf16=True) or avx2}
+
+
+def kernel_isa(dtype: torch.dtype) -> str:
+    """Which of the kernel's paths runs weights of this dtype here: "avx512", "avx2", or
+    "none" (torch matmuls)."""
+    name = {torch.float32: "float32", torch.bfloat16: "bfloat16"}.get(dtype)
+    if name is None or not kernel_support()[name]:
+        return "none"
+    return "avx512" if cpu_supports(bf16=dtype == torch.bfloat16) else "avx2"
 
 
 def load_dense_linear() -> object | None:
     """The compiled kernels module (model/cpu_kernel.py), or None if this CPU or toolchain
     cannot have it."""
     if not kernel_support()["float32"]:
-        log.warning("dense-linear kernel off (no AVX-512 here, or NANO_VLLM_DENSE_KERNEL=0); "
+        log.warning("dense-linear kernel off (no AVX2 here, or NANO_VLLM_DENSE_KERNEL=0); "
                     "using torch matmuls")
         return None
     return load_cpu_kernels()
@@ -89,7 +101,7 @@ def pack_weight(weight_t: Tensor, panel: int = 64) -> Tensor:
 
 class PackedLinear(nn.Module):
     """y = x @ W for x [..., K], W [K, N]: model.layers.Linear's math, on weights packed once
-    for our AVX-512 kernel (float32, or bfloat16 with float32 accumulation).
+    for our kernel (float32, or bfloat16 with float32 accumulation).
 
     Build it from a Linear's weight_t [K, N] (`PackedLinear(linear.weight_t)` or
     `PackedLinear.from_linear(linear)`), or from an [N, K] weight without a transposed copy
@@ -98,7 +110,7 @@ class PackedLinear(nn.Module):
     SmolLM2's shapes). The kernel runs at every row count: measured here it matches oneDNN at
     256-512 rows and beats it below, so no second layout is kept for prefill.
 
-    Where the kernel cannot run (no AVX-512 / AVX512_BF16, no compiler, another dtype or
+    Where the kernel cannot run (no AVX2, no compiler, another dtype or
     device) the weight is kept as it came and the layer computes `x @ weight_t`."""
 
     def __init__(self, weight_t: Tensor, panel: int | None = None,

@@ -15,6 +15,7 @@ torch::Tensor dense_linear(torch::Tensor x, torch::Tensor packed, int64_t n, int
 void set_prefetch_bytes(int64_t bytes);
 void set_prefetch_one_block(int64_t bytes);
 void set_chunk_steps(int64_t steps);
+void set_dense_avx2(bool on);
 torch::Tensor q4_1_linear(torch::Tensor x, torch::Tensor packed, int64_t out_features);
 torch::Tensor q8_0_linear(torch::Tensor x, torch::Tensor packed, int64_t out_features);
 torch::Tensor q5_0_linear(torch::Tensor x, torch::Tensor packed, int64_t out_features);
@@ -46,6 +47,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_prefetch_one_block", &set_prefetch_one_block,
         "dense_linear tuning knob: the prefetch distance for rows in one row block");
   m.def("set_chunk_steps", &set_chunk_steps, "dense_linear tuning knob");
+  m.def("set_dense_avx2", &set_dense_avx2,
+        "dense_linear: use the AVX2 path even where AVX-512 would run (tests, studies)");
   m.def("q4_1_linear", &q4_1_linear, "x @ W^T from Q4_1 codes (quantized_linear_cpu.cpp)");
   m.def("q8_0_linear", &q8_0_linear, "x @ W^T from Q8_0 codes (quantized_linear_cpu.cpp)");
   m.def("q5_0_linear", &q5_0_linear, "x @ W^T from Q5_0 codes (quantized_linear_cpu.cpp)");

@@ -56,6 +56,8 @@ int64_t g_prefetch_bytes = 16384;
 int64_t g_prefetch_one_block = 4096;
 // Steps per chunk when the rows need several row blocks (see run()).
 int64_t g_chunk_steps = 64;
+// The AVX2 path even on a CPU with AVX-512 (set_dense_avx2), so that it is tested there too.
+bool g_force_avx2 = false;
 
 inline __mmask16 tail_mask(int64_t valid) {
   return valid >= 16 ? static_cast<__mmask16>(0xFFFF)
@@ -235,6 +237,16 @@ void run(const T* x, int64_t M, int64_t ldx, int64_t steps, const T* packed, int
 
 }  // namespace
 
+// The same product on CPUs with AVX2 and FMA only (dense_linear_avx2.cpp); x in fp32.
+namespace dense_avx2 {
+void linear_f32(const float* x, int64_t M, int64_t K, const float* packed, int64_t panels,
+                int64_t NB, int64_t N, float* y, int nthreads, int64_t chunk_steps,
+                int64_t prefetch_one, int64_t prefetch_many);
+void linear_bf16(const float* x, int64_t M, int64_t ldx, const c10::BFloat16* packed,
+                 int64_t panels, int64_t NB, int64_t N, c10::BFloat16* y, int nthreads,
+                 int64_t chunk_steps, int64_t prefetch_one, int64_t prefetch_many);
+}  // namespace dense_avx2
+
 // x: [..., K] (any float32 or bfloat16 tensor, made contiguous here); packed: the layout
 // above, same dtype; n: the true output count; threads: OpenMP threads, 0 = torch's own
 // setting (torch.get_num_threads()). Returns y [..., n] in x's dtype.
@@ -248,8 +260,13 @@ torch::Tensor dense_linear(torch::Tensor x, torch::Tensor packed, int64_t n, int
                   reinterpret_cast<uintptr_t>(packed.data_ptr()) % 64 == 0,
               "dense_linear: the packed weight must be contiguous and 64-byte aligned");
   const bool bf16 = x.dtype() == torch::kBFloat16;
-  TORCH_CHECK(__builtin_cpu_supports("avx512f") && (!bf16 || __builtin_cpu_supports("avx512bf16")),
-              "dense_linear: this CPU lacks AVX-512", bf16 ? " with AVX512_BF16" : "");
+  // AVX-512 (with AVX512_BF16 for bf16) where the CPU has it, else AVX2 with FMA.
+  const bool avx512 = !g_force_avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+                      (!bf16 || __builtin_cpu_supports("avx512bf16"));
+  TORCH_CHECK(avx512 || (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")),
+              "dense_linear: this CPU has neither AVX-512", bf16 ? " with AVX512_BF16" : "",
+              " nor AVX2 with FMA");
   TORCH_CHECK(x.dim() >= 1 && packed.dim() == (bf16 ? 4 : 3),
               "dense_linear: x [..., K]; packed weight [panels, K, NB] (float32) or "
               "[panels, ceil(K/2), NB, 2] (bfloat16)");
@@ -276,9 +293,23 @@ torch::Tensor dense_linear(torch::Tensor x, torch::Tensor packed, int64_t n, int
   torch::Tensor xin = (bf16 && (K & 1)) ? torch::constant_pad_nd(x2, {0, 1}) : x2;
   const int64_t ldx = xin.size(1);
   const int nthreads = threads > 0 ? static_cast<int>(threads) : at::get_num_threads();
+  // The AVX2 kernel reads x in fp32 (exact for bf16).
+  torch::Tensor xf = (!avx512 && bf16) ? xin.to(torch::kFloat32) : xin;
 
   // Pure C++ from here on (every check done above: nothing may throw inside OpenMP).
   pybind11::gil_scoped_release no_gil;
+  if (!avx512) {
+    if (bf16) {
+      dense_avx2::linear_bf16(xf.data_ptr<float>(), M, ldx, packed.data_ptr<c10::BFloat16>(),
+                              panels, NB, n, y.data_ptr<c10::BFloat16>(), nthreads,
+                              g_chunk_steps, g_prefetch_one_block, g_prefetch_bytes);
+    } else {
+      dense_avx2::linear_f32(xf.data_ptr<float>(), M, K, packed.data_ptr<float>(), panels, NB, n,
+                             y.data_ptr<float>(), nthreads, g_chunk_steps, g_prefetch_one_block,
+                             g_prefetch_bytes);
+    }
+    return y;
+  }
   if (bf16) {
     using B = c10::BFloat16;
     const B* xp = xin.data_ptr<B>();
@@ -314,3 +345,6 @@ void set_prefetch_one_block(int64_t bytes) { g_prefetch_one_block = std::max<int
 
 // Steps (k, or k pairs in bf16) per chunk when several row blocks share a panel.
 void set_chunk_steps(int64_t steps) { g_chunk_steps = std::max<int64_t>(1, steps); }
+
+// Run the AVX2 path even where the AVX-512 one would (both are exact to the same tolerance).
+void set_dense_avx2(bool on) { g_force_avx2 = on; }

@@ -10,9 +10,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from model.cpu_kernel import cpu_supports, cpu_supports_avx2, load_cpu_kernels
 from model.dense_linear import (
     PackedLinear,
     kernel_fn,
+    kernel_isa,
     kernel_support,
     pack_model_linears,
     pack_weight,
@@ -25,8 +27,25 @@ torch.set_grad_enabled(False)
 
 FP32_OK = kernel_fn(torch.float32) is not None
 BF16_OK = kernel_fn(torch.bfloat16) is not None
-needs_fp32 = pytest.mark.skipif(not FP32_OK, reason="no AVX-512 or no C++ toolchain here")
-needs_bf16 = pytest.mark.skipif(not BF16_OK, reason="no AVX512_BF16 or no C++ toolchain here")
+needs_fp32 = pytest.mark.skipif(not FP32_OK, reason="no AVX2 or no C++ toolchain here")
+needs_bf16 = pytest.mark.skipif(not BF16_OK, reason="no AVX2 or no C++ toolchain here")
+# The kernel's paths: the one this CPU picks, and where that is AVX-512 the AVX2 one forced
+# too, so that both are checked on every machine with AVX-512.
+PATHS = ["native"] + (["avx2"] if FP32_OK and cpu_supports() and cpu_supports_avx2() else [])
+
+
+@pytest.fixture(params=PATHS)
+def path(request):
+    """Which of the kernel's paths the test runs (set in the kernels module, reset after)."""
+    if request.param == "native":
+        yield request.param
+        return
+    kernels = load_cpu_kernels()
+    kernels.set_dense_avx2(True)
+    try:
+        yield request.param
+    finally:
+        kernels.set_dense_avx2(False)
 
 ROWS = [1, 3, 4, 5, 8, 17, 30, 33, 100]
 # (K, N): the model's shapes (LM head, qkv, down), K and N off every tile size, a tiny odd one.
@@ -77,7 +96,7 @@ def check_bf16(y: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> float:
 
 @needs_fp32
 @pytest.mark.parametrize(("k", "n"), SHAPES)
-def test_fp32_matches_float64(k, n):
+def test_fp32_matches_float64(k, n, path):
     w = inputs(1, k, n, torch.float32)[1]
     layer = PackedLinear(w)
     worst = 0.0
@@ -89,7 +108,7 @@ def test_fp32_matches_float64(k, n):
 
 @needs_bf16
 @pytest.mark.parametrize(("k", "n"), SHAPES)
-def test_bf16_is_one_rounding_of_the_exact_product(k, n):
+def test_bf16_is_one_rounding_of_the_exact_product(k, n, path):
     w = inputs(1, k, n, torch.bfloat16)[1]
     layer = PackedLinear(w)
     shares = []
@@ -103,9 +122,9 @@ def test_bf16_is_one_rounding_of_the_exact_product(k, n):
 @needs_fp32
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("panel", [16, 32, 48, 64])
-def test_every_panel_width(dtype, panel):
+def test_every_panel_width(dtype, panel, path):
     if dtype == torch.bfloat16 and not BF16_OK:
-        pytest.skip("no AVX512_BF16 here")
+        pytest.skip("no bf16 kernel here")
     for k, n in [(576, 960), (41, 33), (64, 100)]:
         for m in [1, 7, 13, 30]:
             x, w = inputs(m, k, n, dtype, seed=m)
@@ -115,11 +134,11 @@ def test_every_panel_width(dtype, panel):
 
 @needs_fp32
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_rows_are_batch_invariant_and_threads_do_not_matter(dtype):
+def test_rows_are_batch_invariant_and_threads_do_not_matter(dtype, path):
     """Each output is the same chain of FMAs whatever the row count, row block or thread:
     a row's result is bit-identical alone or among 30, on 1 thread or 2."""
     if dtype == torch.bfloat16 and not BF16_OK:
-        pytest.skip("no AVX512_BF16 here")
+        pytest.skip("no bf16 kernel here")
     x, w = inputs(30, 576, 960, dtype)
     layer = PackedLinear(w)
     together = layer(x)
@@ -194,7 +213,35 @@ def test_fallback_without_the_kernel(monkeypatch):
 def test_capability_probe_is_consistent():
     support = kernel_support()
     assert set(support) == {"float32", "bfloat16"}
-    assert support["float32"] or not support["bfloat16"]  # bf16 needs AVX-512 too
+    assert support["float32"] or not support["bfloat16"]  # bf16 needs what fp32 needs
+    for dtype, name in [(torch.float32, "float32"), (torch.bfloat16, "bfloat16")]:
+        assert (kernel_isa(dtype) != "none") == support[name]
+    assert kernel_isa(torch.float16) == "none"
+    if cpu_supports_avx2():  # every x86 CPU we serve on: the kernel runs in both dtypes
+        assert support == {"float32": True, "bfloat16": True}
+
+
+@needs_fp32
+def test_the_avx2_path_agrees_with_the_native_one():
+    """Both paths sum each output in the same order (chunks of k, FMAs in k order), so on a
+    CPU with AVX-512 they agree bit for bit in fp32; bf16 differs only where vdpbf16ps's pair
+    sum rounds differently from two FMAs (well under one bf16 rounding)."""
+    if "avx2" not in PATHS:
+        pytest.skip("this CPU runs the AVX2 path natively")
+    kernels = load_cpu_kernels()
+    for dtype in [torch.float32, torch.bfloat16]:
+        x, w = inputs(30, 576, 960, dtype)
+        layer = PackedLinear(w)
+        native = layer(x)
+        kernels.set_dense_avx2(True)
+        try:
+            forced = layer(x)
+        finally:
+            kernels.set_dense_avx2(False)
+        if dtype == torch.float32:
+            assert torch.equal(native, forced)
+        else:
+            assert (native != forced).double().mean().item() < 0.01
 
 
 # ---- the whole model -------------------------------------------------------------------

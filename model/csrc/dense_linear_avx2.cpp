@@ -1,0 +1,261 @@
+// y[M, N] = x[M, K] @ W on CPUs with AVX2 and FMA but without the AVX-512 that
+// dense_linear.cpp needs (AMD Zen 2-3, Intel before Skylake-SP), or without AVX512_BF16 for
+// bf16 weights. Same packed layout, work split, chunking and prefetch as dense_linear.cpp
+// (read its header first); what differs is the micro-kernel:
+//
+// - 16 vector registers of 8 floats instead of 32 of 16, so a tile covers a column group of
+//   16 outputs of the panel (two registers per row) for up to 6 rows; a 64-wide panel is four
+//   groups. The groups of one chunk read disjoint cache lines of it, so with one row block the
+//   panel is still read from memory once, and with several the other blocks find the chunk
+//   in L1.
+// - No bf16 dot-product instruction: a bf16 pair (k, k+1) of a column is one 32-bit word, and
+//   its two weights become fp32 exactly by a shift (k) and a mask (k+1); each is then one FMA
+//   against x, which is converted to fp32 once per call (exact). Products of two bf16 values
+//   are exact in fp32, so the only rounding is the fp32 sum, as in the fp32 path. With more
+//   rows than one block holds, each chunk is widened once into L1 and the fp32 tile runs
+//   over it (see run()).
+#include <ATen/Parallel.h>
+#include <torch/extension.h>
+
+#include <immintrin.h>
+#include <omp.h>
+
+// This file's code (its own object in the kernels module) may use AVX2 and FMA even where
+// -march=native lacks them; dense_linear.cpp checks the CPU before calling it.
+#pragma GCC target("avx2,fma")
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace {
+
+constexpr int64_t kGroup = 16;  // outputs per tile: two 8-float registers per row
+
+// The largest row block: MR x 2 accumulators plus the weights and broadcasts of a step must
+// fit 16 registers (fp32: 2 weights + 1 broadcast; bf16: 2 converted weights + 2 broadcasts).
+template <typename T>
+constexpr int max_rows() {
+  return std::is_same_v<T, float> ? 6 : 5;
+}
+
+// One step (a k in fp32, a k pair in bf16) of an MR x 16 tile. x is fp32 in both cases;
+// w points at the group's 16 columns of this step.
+template <typename T, int MR>
+inline void step(__m256 (&acc)[MR][2], const float* x, int64_t ldx, int64_t s, const T* w) {
+  if constexpr (std::is_same_v<T, float>) {
+    const __m256 b0 = _mm256_load_ps(w), b1 = _mm256_load_ps(w + 8);
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+      const __m256 a = _mm256_broadcast_ss(x + i * ldx + s);
+      acc[i][0] = _mm256_fmadd_ps(a, b0, acc[i][0]);
+      acc[i][1] = _mm256_fmadd_ps(a, b1, acc[i][1]);
+    }
+  } else {
+    const __m256i high = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
+#pragma GCC unroll 2
+    for (int j = 0; j < 2; ++j) {
+      // Eight words: column c's pair (W[2s, c], W[2s+1, c]), the k-even weight in the low half.
+      const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(w) + j);
+      const __m256 even = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+      const __m256 odd = _mm256_castsi256_ps(_mm256_and_si256(v, high));
+#pragma GCC unroll 8
+      for (int i = 0; i < MR; ++i) {
+        const float* xi = x + i * ldx + 2 * s;
+        acc[i][j] = _mm256_fmadd_ps(_mm256_broadcast_ss(xi), even, acc[i][j]);
+        acc[i][j] = _mm256_fmadd_ps(_mm256_broadcast_ss(xi + 1), odd, acc[i][j]);
+      }
+    }
+  }
+}
+
+// 16 fp32 sums -> 16 bf16, round to nearest even (NaN stays NaN), as torch's conversion.
+inline __m256i to_bf16(__m256 lo, __m256 hi) {
+  auto round = [](__m256 v) {
+    const __m256i bits = _mm256_castps_si256(v);
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+    __m256i r = _mm256_srli_epi32(
+        _mm256_add_epi32(bits, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF))), 16);
+    const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    return _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7FC0), nan);
+  };
+  // packus interleaves 128-bit lanes (lo0 hi0 lo1 hi1); the permute puts them in order.
+  return _mm256_permute4x64_epi64(_mm256_packus_epi32(round(lo), round(hi)), 0xD8);
+}
+
+// MR rows x one 16-column group, over `steps` steps of weights of type W whose rows are
+// `ldw` elements apart (x already offset to the same k, w to the group's first column). As in
+// dense_linear.cpp's tile: the chunk's sum is added to `partial` ([MR] rows `ldp` floats
+// apart) when resuming, and ends in y (rounded to Out, `valid_cols` of the 16 kept) when y is
+// given, else in `partial`. pf_lines cache lines from pf on are prefetched, spread over the
+// steps.
+template <typename W, typename Out, int MR>
+void tile(const float* x, int64_t ldx, const W* w, int64_t ldw, int64_t steps, float* partial,
+          int64_t ldp, bool resume, Out* y, int64_t ldy, int64_t valid_cols, const char* pf,
+          int64_t pf_lines) {
+  __m256 acc[MR][2];
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+  int64_t due = 0;
+  for (int64_t s = 0; s < steps; ++s, w += ldw) {
+    for (due += pf_lines; due >= steps; due -= steps, pf += 64) _mm_prefetch(pf, _MM_HINT_T0);
+    step<W, MR>(acc, x, ldx, s, w);
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) {
+    float* part = partial + i * ldp;
+    if (resume) {
+      acc[i][0] = _mm256_add_ps(acc[i][0], _mm256_loadu_ps(part));
+      acc[i][1] = _mm256_add_ps(acc[i][1], _mm256_loadu_ps(part + 8));
+    }
+    if (y == nullptr) {
+      _mm256_storeu_ps(part, acc[i][0]);
+      _mm256_storeu_ps(part + 8, acc[i][1]);
+      continue;
+    }
+    alignas(32) Out row[kGroup];
+    if constexpr (std::is_same_v<Out, float>) {
+      _mm256_store_ps(row, acc[i][0]);
+      _mm256_store_ps(row + 8, acc[i][1]);
+    } else {
+      _mm256_store_si256(reinterpret_cast<__m256i*>(row), to_bf16(acc[i][0], acc[i][1]));
+    }
+    std::memcpy(y + i * ldy, row, sizeof(Out) * std::clamp<int64_t>(valid_cols, 0, kGroup));
+  }
+}
+
+// `steps` bf16 steps of one 16-column group (rows `ldw` elements apart) widened to fp32 in
+// `out`: [2 * steps][16], k order, the fp32 tile's input. Exact. Prefetches as tile does.
+inline void widen(const c10::BFloat16* w, int64_t ldw, int64_t steps, float* out,
+                  const char* pf, int64_t pf_lines) {
+  const __m256i high = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
+  int64_t due = 0;
+  for (int64_t s = 0; s < steps; ++s, w += ldw, out += 2 * kGroup) {
+    for (due += pf_lines; due >= steps; due -= steps, pf += 64) _mm_prefetch(pf, _MM_HINT_T0);
+#pragma GCC unroll 2
+    for (int j = 0; j < 2; ++j) {
+      const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(w) + j);
+      _mm256_store_ps(out + 8 * j, _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)));
+      _mm256_store_ps(out + kGroup + 8 * j, _mm256_castsi256_ps(_mm256_and_si256(v, high)));
+    }
+  }
+}
+
+template <typename W, typename Out>
+using TileFn = void (*)(const float*, int64_t, const W*, int64_t, int64_t, float*, int64_t, bool,
+                        Out*, int64_t, int64_t, const char*, int64_t);
+
+template <typename W, typename Out, int... Rows>
+constexpr auto make_table(std::integer_sequence<int, Rows...>) {
+  return std::array<TileFn<W, Out>, sizeof...(Rows)>{&tile<W, Out, Rows + 1>...};
+}
+
+// x: fp32 [M, ldx]; packed: [panels, steps, NB] (fp32) or [panels, steps, NB, 2] (bf16).
+//
+// bf16 with one row block runs the bf16 tile straight from the packed weights (the weights
+// are read once either way, and one row is bound by memory). With several, each chunk of a
+// column group is first widened to fp32 in a small per-thread buffer (8 KB, in L1), and every
+// row block runs the fp32 tile over it: the widening is done once per chunk, not once per
+// row block. The sums are the same FMAs in the same order, so a row's result does not depend
+// on how many rows came with it.
+template <typename T>
+void run(const float* x, int64_t M, int64_t ldx, int64_t steps, const T* packed, int64_t panels,
+         int64_t NB, int64_t N, T* y, int nthreads, int64_t chunk_steps, int64_t prefetch_one,
+         int64_t prefetch_many) {
+  constexpr bool bf16 = !std::is_same_v<T, float>;
+  constexpr int MRdirect = max_rows<T>(), MRwide = max_rows<float>();
+  static constexpr auto direct = make_table<T, T>(std::make_integer_sequence<int, MRdirect>{});
+  static constexpr auto wide = make_table<float, T>(std::make_integer_sequence<int, MRwide>{});
+  constexpr int64_t xStep = bf16 ? 2 : 1;  // x elements per step
+  const int64_t ldw = bf16 ? 2 * NB : NB;  // panel elements per step
+  const int64_t groups = NB / kGroup;
+  // Several row blocks of bf16 go through the widened chunk, so they block as fp32 does.
+  const bool widened = bf16 && M > MRdirect;
+  const int MRmax = widened || !bf16 ? MRwide : MRdirect;
+  const int64_t blocks = (M + MRmax - 1) / MRmax;
+  const int64_t base = M / blocks, extra = M % blocks;
+  const int64_t prefetch = blocks == 1 ? prefetch_one : prefetch_many;
+  const int64_t chunk = std::max<int64_t>(1, chunk_steps);
+  std::vector<float> partial(static_cast<size_t>(nthreads) * M * NB);
+  const size_t wide_floats = widened ? static_cast<size_t>(2 * kGroup * chunk) : 0;
+  std::vector<float> wide_buf(static_cast<size_t>(nthreads) * wide_floats + 8);
+  const char* bytes = reinterpret_cast<const char*>(packed);
+  const int64_t total_bytes = panels * steps * ldw * static_cast<int64_t>(sizeof(T));
+  // Where a chunk's prefetches go: spread over its tiles, or over its widenings.
+  const int64_t calls = widened ? groups : blocks * groups;
+
+#pragma omp parallel num_threads(nthreads)
+  {
+    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+    const int64_t p0 = panels * t / nt, p1 = panels * (t + 1) / nt;
+    float* mine = partial.data() + t * M * NB;
+    // 32-byte aligned for the widened rows' aligned loads.
+    float* buf = reinterpret_cast<float*>(
+        (reinterpret_cast<uintptr_t>(wide_buf.data() + t * wide_floats) + 31) & ~uintptr_t{31});
+    for (int64_t p = p0; p < p1; ++p) {
+      const T* panel = packed + p * steps * ldw;
+      const int64_t valid = std::min<int64_t>(NB, N - p * NB);
+      for (int64_t s0 = 0; s0 < steps; s0 += chunk) {
+        const int64_t n = std::min(chunk, steps - s0);
+        const bool last = s0 + n == steps;
+        const int64_t offset = (p * steps + s0) * ldw * static_cast<int64_t>(sizeof(T));
+        const int64_t left = total_bytes - offset - prefetch;
+        const int64_t chunk_lines = n * ldw * static_cast<int64_t>(sizeof(T)) / 64;
+        const int64_t lines = prefetch > 0 ? std::clamp<int64_t>(left / 64, 0, chunk_lines) : 0;
+        const char* ahead = lines > 0 ? bytes + offset + prefetch : bytes;
+        int64_t call = 0;
+        for (int64_t g = 0; g < groups; ++g) {
+          const int64_t col = g * kGroup;
+          const T* w = panel + s0 * ldw + (bf16 ? 2 * col : col);  // the group's first element
+          if constexpr (bf16) {
+            if (widened) {
+              const int64_t l0 = lines * g / calls, l1 = lines * (g + 1) / calls;
+              widen(w, ldw, n, buf, ahead + 64 * l0, l1 - l0);
+            }
+          }
+          int64_t row = 0;
+          for (int64_t b = 0; b < blocks; ++b) {
+            const int64_t rows = base + (b < extra ? 1 : 0);
+            const float* xr = x + row * ldx + s0 * xStep;
+            float* part = mine + row * NB + col;
+            T* out = last ? y + row * N + p * NB + col : nullptr;
+            if (widened) {
+              wide[rows - 1](xr, ldx, buf, kGroup, n * 2, part, NB, s0 > 0, out, N, valid - col,
+                             nullptr, 0);
+            } else {
+              const int64_t l0 = lines * call / calls, l1 = lines * (call + 1) / calls;
+              direct[rows - 1](xr, ldx, w, ldw, n, part, NB, s0 > 0, out, N, valid - col,
+                               ahead + 64 * l0, l1 - l0);
+              ++call;
+            }
+            row += rows;
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+namespace dense_avx2 {
+
+void linear_f32(const float* x, int64_t M, int64_t K, const float* packed, int64_t panels,
+                int64_t NB, int64_t N, float* y, int nthreads, int64_t chunk_steps,
+                int64_t prefetch_one, int64_t prefetch_many) {
+  run<float>(x, M, K, K, packed, panels, NB, N, y, nthreads, chunk_steps, prefetch_one,
+             prefetch_many);
+}
+
+void linear_bf16(const float* x, int64_t M, int64_t ldx, const c10::BFloat16* packed,
+                 int64_t panels, int64_t NB, int64_t N, c10::BFloat16* y, int nthreads,
+                 int64_t chunk_steps, int64_t prefetch_one, int64_t prefetch_many) {
+  run<c10::BFloat16>(x, M, ldx, ldx / 2, packed, panels, NB, N, y, nthreads, chunk_steps,
+                     prefetch_one, prefetch_many);
+}
+
+}  // namespace dense_avx2
