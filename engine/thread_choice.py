@@ -94,9 +94,11 @@ def cache_file() -> Path:
 def cache_key(core: PagedEngineCore, cpu: str | None = None) -> dict[str, object]:
     """What the choice depends on."""
     config, runner = core.config, core.runner
+    from model.cpu_kernel import as_avx2
     from model.prepare import resolve_model_dir
 
-    return {"cpu": cpu or cpu_model_name(), "threads": runner.threads.max_threads,
+    cpu = (cpu or cpu_model_name()) + (" as x86-64-v3" if as_avx2() else "")
+    return {"cpu": cpu, "threads": runner.threads.max_threads,
             "model": str(resolve_model_dir(config.model)), "dtype": config.dtype,
             "weights": config.weights, "attention": runner.attention_backend,
             "matmul": runner.matmul_path, "fused_ops": config.fused_ops,

@@ -6,12 +6,17 @@ source and by this CPU's model and instruction flags: `-march=native` code built
 CPU must not be loaded on another, and two checkouts with different sources must not
 rebuild over each other. If a kernel cannot be built, the caller is told (None) and
 falls back to a PyTorch path, loudly.
+
+NANO_VLLM_CPU=avx2 builds and runs everything as on a CPU with AVX2 and FMA but no AVX-512
+(`-march=x86-64-v3`, the AVX-512 flags hidden, the matmuls' AVX2 paths forced), so a
+machine with AVX-512 can run the suite the way such a CPU (AMD Zen 3, say) does.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import os
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
@@ -23,20 +28,42 @@ log = logging.getLogger("nano_vllm.kernel")
 CSRC = Path(__file__).parent / "csrc"
 # -ffast-math lets exp() vectorize; our kernels never see inf or NaN.
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffast-math"]
+CPU_ENV = "NANO_VLLM_CPU"  # "avx2": behave as a CPU without AVX-512 (module docstring)
 
 
 AVX512 = {"avx512f", "avx512bw", "avx512vl", "avx512dq"}  # what our kernels' code needs
 AVX2 = {"avx2", "fma"}  # the dense kernel's path for CPUs without AVX-512
+AVX2_QUANTIZED = AVX2 | {"f16c"}  # the quantized kernels' (fp16 scales)
+
+
+def as_avx2() -> bool:
+    """Is this process to behave as on a CPU with AVX2 but no AVX-512 ($NANO_VLLM_CPU=avx2)?"""
+    value = os.environ.get(CPU_ENV, "")
+    if value not in ("", "native", "avx2"):
+        raise ValueError(f"{CPU_ENV}={value!r}: expected 'avx2' or 'native'")
+    return value == "avx2"
+
+
+def cflags() -> list[str]:
+    """The compiler flags: CFLAGS, for x86-64-v3 (AVX2, FMA) instead of this CPU under
+    $NANO_VLLM_CPU=avx2."""
+    if not as_avx2():
+        return CFLAGS
+    return [f for f in CFLAGS if f != "-march=native"] + ["-march=x86-64-v3", "-mtune=native"]
 
 
 @cache
 def cpu_flags() -> frozenset[str]:
-    """The CPU's feature flags from /proc/cpuinfo (empty where there is none); read once:
-    every quantized layer asks at load."""
+    """The CPU's feature flags from /proc/cpuinfo (empty where there is none; without the
+    AVX-512 and AMX ones under $NANO_VLLM_CPU=avx2); read once: every quantized layer asks
+    at load."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("flags"):
-                return frozenset(line.split(":", 1)[1].split())
+                flags = line.split(":", 1)[1].split()
+                if as_avx2():
+                    flags = [f for f in flags if not f.startswith(("avx512", "amx"))]
+                return frozenset(flags)
     except OSError:
         pass
     return frozenset()
@@ -60,6 +87,15 @@ def cpu_supports_avx2() -> bool:
     return AVX2.issubset(flags)
 
 
+def cpu_supports_quantized() -> bool:
+    """Can this CPU run our quantized matmuls (AVX-512 F, BW, VL, DQ; or AVX2 with FMA and
+    F16C)? Read from /proc/cpuinfo; where there is none, PyTorch's own probe decides."""
+    flags = cpu_flags()
+    if not flags:
+        return torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512", "AMX")
+    return AVX512.issubset(flags) or AVX2_QUANTIZED.issubset(flags)
+
+
 def cpu_has_vnni() -> bool:
     """Has this CPU AVX512-VNNI (`vpdpbusd`, the int8 dot products of --activations int8)?
     Read from /proc/cpuinfo; where there is none, no."""
@@ -74,7 +110,7 @@ def cpu_identity() -> str:
         import platform
         return platform.processor()
     wanted = [ln for ln in lines if ln.startswith(("model name", "flags"))]
-    return "\n".join(wanted[:2])
+    return "\n".join(wanted[:2] + (["as x86-64-v3"] if as_avx2() else []))
 
 
 @cache
@@ -86,14 +122,19 @@ def build_cpu_kernels() -> tuple[ModuleType | None, str | None]:
         from torch.utils.cpp_extension import load
 
         sources = sorted(CSRC.glob("*.cpp"))
+        headers = sorted(CSRC.glob("*.h"))
         digest = hashlib.sha256()
-        for part in [*(f.read_bytes() for f in sources), cpu_identity().encode(),
-                     *(flag.encode() for flag in CFLAGS)]:
+        for part in [*(f.read_bytes() for f in sources + headers), cpu_identity().encode(),
+                     *(flag.encode() for flag in cflags())]:
             digest.update(part + b"\0")
         log.info("loading the CPU kernels (compiled on first use, about a minute) ...")
-        return load(name=f"nano_vllm_cpu_kernels_{digest.hexdigest()[:12]}",
-                    sources=[str(f) for f in sources], extra_cflags=CFLAGS,
-                    extra_ldflags=["-fopenmp"]), None
+        module = load(name=f"nano_vllm_cpu_kernels_{digest.hexdigest()[:12]}",
+                      sources=[str(f) for f in sources], extra_cflags=cflags(),
+                      extra_ldflags=["-fopenmp"])
+        if as_avx2():
+            module.set_dense_avx2(True)
+            module.set_quantized_avx2(True)
+        return module, None
     except Exception as exc:  # no compiler, no ninja, ...: fall back, loudly
         log.warning("CPU kernels unavailable (%s); using the PyTorch paths", exc)
         return None, f"{type(exc).__name__}: {exc}"

@@ -30,9 +30,10 @@
 #include <immintrin.h>
 #include <omp.h>
 
-// This file's code (and only this file's: it is its own object in the kernels module) may use
-// AVX-512 and AVX512_BF16 even where -march=native lacks them; model/dense_linear.py checks
-// the CPU before calling it.
+// The kernel's code (this file's, up to its entry point: it is its own object in the kernels
+// module) may use AVX-512 and AVX512_BF16 even where -march=native lacks them; the entry
+// point, built for the CPU at hand, checks it before calling either path.
+#pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")
 
 #include <algorithm>
@@ -42,6 +43,8 @@
 #include <type_traits>
 #include <utility>
 #include <vector>
+
+#include "dense_prefetch.h"
 
 namespace {
 
@@ -121,7 +124,7 @@ void tile(const T* x, int64_t ldx, const T* w, int64_t steps, float* partial, bo
     // pf_lines cache lines from pf on, spread evenly over the steps (Bresenham).
     int64_t due = 0;
     for (int64_t s = 0; s < steps; ++s, w += kStep) {
-      for (due += pf_lines; due >= steps; due -= steps, pf += 64) _mm_prefetch(pf, _MM_HINT_T0);
+      dense_prefetch::spread(due, pf, pf_lines, steps);
       step<T, MR, NR>(acc, x, ldx, s, w);
     }
   } else {
@@ -218,16 +221,13 @@ void run(const T* x, int64_t M, int64_t ldx, int64_t steps, const T* packed, int
         // row block l * blocks / lines, so the requests are spread over the whole chunk.
         // (Never past the end of the packed weight: `left` bytes remain after `ahead`.)
         const int64_t offset = ((p * steps + s0) * kStep) * static_cast<int64_t>(sizeof(T));
-        const int64_t left = total_bytes - offset - prefetch;
-        const int64_t lines = prefetch > 0 ? std::clamp<int64_t>(left / 64, 0, n * NR) : 0;
-        const char* ahead = lines > 0 ? bytes + offset + prefetch : bytes;
+        const auto ahead = dense_prefetch::window(bytes, total_bytes, offset, prefetch, n * NR);
         int64_t row = 0;
         for (int64_t b = 0; b < blocks; ++b) {
           const int64_t rows = base + (b < extra ? 1 : 0);
-          const int64_t l0 = lines * b / blocks, l1 = lines * (b + 1) / blocks;
           table[rows - 1](x + row * ldx + s0 * xStep, ldx, panel + s0 * kStep, n,
                           mine + row * NB, s0 > 0, last ? y + row * N + p * NB : nullptr, N,
-                          valid, ahead + 64 * l0, l1 - l0);
+                          valid, ahead.part_start(b, blocks), ahead.part_lines(b, blocks));
           row += rows;
         }
       }
@@ -235,7 +235,31 @@ void run(const T* x, int64_t M, int64_t ldx, int64_t steps, const T* packed, int
   }
 }
 
+// The AVX-512 path's entry points, one per weight dtype: NB picks the panel width.
+void linear_bf16(const c10::BFloat16* x, int64_t M, int64_t ldx, const c10::BFloat16* w,
+                 int64_t panels, int64_t NB, int64_t n, c10::BFloat16* y, int nthreads) {
+  using B = c10::BFloat16;
+  const int64_t steps = ldx / 2;
+  switch (NB) {
+    case 16: return run<B, 1>(x, M, ldx, steps, w, panels, n, y, nthreads);
+    case 32: return run<B, 2>(x, M, ldx, steps, w, panels, n, y, nthreads);
+    case 48: return run<B, 3>(x, M, ldx, steps, w, panels, n, y, nthreads);
+    default: return run<B, 4>(x, M, ldx, steps, w, panels, n, y, nthreads);
+  }
+}
+
+void linear_f32(const float* x, int64_t M, int64_t K, const float* w, int64_t panels,
+                int64_t NB, int64_t n, float* y, int nthreads) {
+  switch (NB) {
+    case 16: return run<float, 1>(x, M, K, K, w, panels, n, y, nthreads);
+    case 32: return run<float, 2>(x, M, K, K, w, panels, n, y, nthreads);
+    case 48: return run<float, 3>(x, M, K, K, w, panels, n, y, nthreads);
+    default: return run<float, 4>(x, M, K, K, w, panels, n, y, nthreads);
+  }
+}
+
 }  // namespace
+#pragma GCC pop_options
 
 // The same product on CPUs with AVX2 and FMA only (dense_linear_avx2.cpp); x in fp32.
 namespace dense_avx2 {
@@ -311,27 +335,11 @@ torch::Tensor dense_linear(torch::Tensor x, torch::Tensor packed, int64_t n, int
     return y;
   }
   if (bf16) {
-    using B = c10::BFloat16;
-    const B* xp = xin.data_ptr<B>();
-    const B* wp = packed.data_ptr<B>();
-    B* yp = y.data_ptr<B>();
-    const int64_t steps = ldx / 2;
-    switch (NB) {
-      case 16: run<B, 1>(xp, M, ldx, steps, wp, panels, n, yp, nthreads); break;
-      case 32: run<B, 2>(xp, M, ldx, steps, wp, panels, n, yp, nthreads); break;
-      case 48: run<B, 3>(xp, M, ldx, steps, wp, panels, n, yp, nthreads); break;
-      default: run<B, 4>(xp, M, ldx, steps, wp, panels, n, yp, nthreads); break;
-    }
+    linear_bf16(xin.data_ptr<c10::BFloat16>(), M, ldx, packed.data_ptr<c10::BFloat16>(), panels,
+                NB, n, y.data_ptr<c10::BFloat16>(), nthreads);
   } else {
-    const float* xp = xin.data_ptr<float>();
-    const float* wp = packed.data_ptr<float>();
-    float* yp = y.data_ptr<float>();
-    switch (NB) {
-      case 16: run<float, 1>(xp, M, K, K, wp, panels, n, yp, nthreads); break;
-      case 32: run<float, 2>(xp, M, K, K, wp, panels, n, yp, nthreads); break;
-      case 48: run<float, 3>(xp, M, K, K, wp, panels, n, yp, nthreads); break;
-      default: run<float, 4>(xp, M, K, K, wp, panels, n, yp, nthreads); break;
-    }
+    linear_f32(xin.data_ptr<float>(), M, K, packed.data_ptr<float>(), panels, NB, n,
+               y.data_ptr<float>(), nthreads);
   }
   return y;
 }

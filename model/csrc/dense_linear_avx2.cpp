@@ -32,6 +32,8 @@
 #include <utility>
 #include <vector>
 
+#include "dense_prefetch.h"
+
 namespace {
 
 constexpr int64_t kGroup = 16;  // outputs per tile: two 8-float registers per row
@@ -102,7 +104,7 @@ void tile(const float* x, int64_t ldx, const W* w, int64_t ldw, int64_t steps, f
   for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
   int64_t due = 0;
   for (int64_t s = 0; s < steps; ++s, w += ldw) {
-    for (due += pf_lines; due >= steps; due -= steps, pf += 64) _mm_prefetch(pf, _MM_HINT_T0);
+    dense_prefetch::spread(due, pf, pf_lines, steps);
     step<W, MR>(acc, x, ldx, s, w);
   }
 #pragma GCC unroll 8
@@ -135,7 +137,7 @@ inline void widen(const c10::BFloat16* w, int64_t ldw, int64_t steps, float* out
   const __m256i high = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
   int64_t due = 0;
   for (int64_t s = 0; s < steps; ++s, w += ldw, out += 2 * kGroup) {
-    for (due += pf_lines; due >= steps; due -= steps, pf += 64) _mm_prefetch(pf, _MM_HINT_T0);
+    dense_prefetch::spread(due, pf, pf_lines, steps);
 #pragma GCC unroll 2
     for (int j = 0; j < 2; ++j) {
       const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(w) + j);
@@ -203,18 +205,16 @@ void run(const float* x, int64_t M, int64_t ldx, int64_t steps, const T* packed,
         const int64_t n = std::min(chunk, steps - s0);
         const bool last = s0 + n == steps;
         const int64_t offset = (p * steps + s0) * ldw * static_cast<int64_t>(sizeof(T));
-        const int64_t left = total_bytes - offset - prefetch;
         const int64_t chunk_lines = n * ldw * static_cast<int64_t>(sizeof(T)) / 64;
-        const int64_t lines = prefetch > 0 ? std::clamp<int64_t>(left / 64, 0, chunk_lines) : 0;
-        const char* ahead = lines > 0 ? bytes + offset + prefetch : bytes;
+        const auto ahead = dense_prefetch::window(bytes, total_bytes, offset, prefetch,
+                                                  chunk_lines);
         int64_t call = 0;
         for (int64_t g = 0; g < groups; ++g) {
           const int64_t col = g * kGroup;
           const T* w = panel + s0 * ldw + (bf16 ? 2 * col : col);  // the group's first element
           if constexpr (bf16) {
             if (widened) {
-              const int64_t l0 = lines * g / calls, l1 = lines * (g + 1) / calls;
-              widen(w, ldw, n, buf, ahead + 64 * l0, l1 - l0);
+              widen(w, ldw, n, buf, ahead.part_start(g, calls), ahead.part_lines(g, calls));
             }
           }
           int64_t row = 0;
@@ -227,9 +227,8 @@ void run(const float* x, int64_t M, int64_t ldx, int64_t steps, const T* packed,
               wide[rows - 1](xr, ldx, buf, kGroup, n * 2, part, NB, s0 > 0, out, N, valid - col,
                              nullptr, 0);
             } else {
-              const int64_t l0 = lines * call / calls, l1 = lines * (call + 1) / calls;
               direct[rows - 1](xr, ldx, w, ldw, n, part, NB, s0 > 0, out, N, valid - col,
-                               ahead + 64 * l0, l1 - l0);
+                               ahead.part_start(call, calls), ahead.part_lines(call, calls));
               ++call;
             }
             row += rows;
