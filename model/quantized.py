@@ -35,6 +35,7 @@ from model.cpu_kernel import (
     cpu_has_vnni,
     cpu_kernels_error,
     cpu_supports,
+    cpu_supports_quantized,
     load_cpu_kernels,
     load_fused_ops,
 )
@@ -55,11 +56,11 @@ def quantized_kernels() -> dict[str, Callable[[Tensor, Tensor, int], Tensor]]:
 
     Raises QuantizedKernelUnavailable naming what is missing (there is no slow fallback: a
     dequantized fp32 model is what the default --weights already runs)."""
-    if not cpu_supports():
+    if not cpu_supports_quantized():
         raise QuantizedKernelUnavailable(
             f"the quantized weights (--weights q4_1, int8) need a CPU with AVX-512 (F, BW, VL, "
-            f"DQ); this one offers {torch.backends.cpu.get_cpu_capability()}. Use the default "
-            "fp32 weights instead.")
+            f"DQ) or AVX2 with FMA and F16C; this one offers "
+            f"{torch.backends.cpu.get_cpu_capability()}. Use the default fp32 weights instead.")
     module = load_cpu_kernels()
     if module is None:  # no compiler, no ninja, a failed build: say which
         raise QuantizedKernelUnavailable(
@@ -78,12 +79,12 @@ def int8_activation_kernels() -> dict[str, Callable[[Tensor, Tensor, int], Tenso
     """{"Q4_1": fn, "Q8_0": fn} of `--activations int8`, each fn(x [M, K] fp32, packed,
     out_features), or QuantizedKernelUnavailable naming what is missing (AVX512-VNNI, or
     the build)."""
-    quantized_kernels()  # AVX-512 and the build first: their own errors
-    if not cpu_has_vnni():
+    quantized_kernels()  # the CPU and the build first: their own errors
+    if not (cpu_supports() and cpu_has_vnni()):
         raise QuantizedKernelUnavailable(
-            "--activations int8 needs a CPU with AVX512-VNNI (avx512_vnni in /proc/cpuinfo) "
-            "for its int8 dot products; this one has none. Drop --activations to run the "
-            "exact q4_1 path.")
+            "--activations int8 needs a CPU with AVX-512 and AVX512-VNNI (avx512_vnni in "
+            "/proc/cpuinfo) for its int8 dot products; this one has none. Drop --activations "
+            "to run the exact q4_1 path.")
     module = load_cpu_kernels()
     return {"Q4_1": module.q4_1_int8act_linear, "Q8_0": module.q8_0_int8act_linear}
 

@@ -13,3 +13,20 @@ def test_ci_turns_a_kernel_skip_into_a_failure_where_the_kernel_can_run():
     assert not fails("no C++ toolchain to build the kernel", False, True, True)
     assert not fails("needs a CPU with AVX512-VNNI", True, True, True, False)
     assert fails("needs a CPU with AVX512-VNNI", True, True, True, True)
+
+
+def test_on_avx2_only_the_kernels_that_need_avx512_may_skip():
+    avx2_only = dict(has_compiler=True, avx512=False, avx512_bf16=False, avx512_vnni=False,
+                     avx2=True)
+    assert not fails("the quantized weights need a CPU with AVX-512 (F, BW, VL, DQ)",
+                     **avx2_only)
+    assert not fails("this CPU runs the AVX2 path natively", **avx2_only)
+    assert fails("the CPU kernels do not run here", **avx2_only)  # a failed build, say
+    assert fails("no bf16 kernel here", **avx2_only)  # the dense kernel's AVX2 path has bf16
+    assert not fails("the CPU kernels do not run here", **{**avx2_only, "avx2": False})
+    assert fails("this CPU runs the AVX2 path natively", True, True, True)
+
+
+def test_an_optional_model_not_fetched_may_skip():
+    reason = "/root/.cache/nano-vllm/gemma-3-270m-q4_k_m.gguf not fetched (benchmarks/...)"
+    assert not fails(reason, True, True, True)

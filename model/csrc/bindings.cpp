@@ -21,6 +21,7 @@ torch::Tensor q8_0_linear(torch::Tensor x, torch::Tensor packed, int64_t out_fea
 torch::Tensor q5_0_linear(torch::Tensor x, torch::Tensor packed, int64_t out_features);
 torch::Tensor q4_k_linear(torch::Tensor x, torch::Tensor packed, int64_t out_features);
 torch::Tensor q6_k_linear(torch::Tensor x, torch::Tensor packed, int64_t out_features);
+void set_quantized_avx2(bool on);
 torch::Tensor q4_1_int8act_linear(torch::Tensor x, torch::Tensor packed, int64_t out_features);
 torch::Tensor q8_0_int8act_linear(torch::Tensor x, torch::Tensor packed, int64_t out_features);
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> quantize_rows_int8(torch::Tensor x);
@@ -49,6 +50,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_chunk_steps", &set_chunk_steps, "dense_linear tuning knob");
   m.def("set_dense_avx2", &set_dense_avx2,
         "dense_linear: use the AVX2 path even where AVX-512 would run (tests, studies)");
+  m.def("set_quantized_avx2", &set_quantized_avx2,
+        "the quantized matmuls: use the AVX2 copy even where AVX-512 would run (tests, studies)");
   m.def("q4_1_linear", &q4_1_linear, "x @ W^T from Q4_1 codes (quantized_linear_cpu.cpp)");
   m.def("q8_0_linear", &q8_0_linear, "x @ W^T from Q8_0 codes (quantized_linear_cpu.cpp)");
   m.def("q5_0_linear", &q5_0_linear, "x @ W^T from Q5_0 codes (quantized_linear_cpu.cpp)");

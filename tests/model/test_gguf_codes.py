@@ -55,7 +55,7 @@ def test_kernel_forms_hold_the_gguf_weights_bit_for_bit(kind):
 
 @pytest.mark.parametrize("kind", ["Q5_0", "Q4_K", "Q6_K"])
 @pytest.mark.parametrize("shape", [(640, 1024), (40, 512)])
-def test_kernels_match_the_dequantized_weights(kind, shape):
+def test_kernels_match_the_dequantized_weights(kind, shape, quantized_path):
     """40 rows: a padded last group of 16."""
     kernel_or_skip()
     weight = block_tensor(kind, torch.from_numpy(random_raw(kind, *shape, seed=shape[0])))

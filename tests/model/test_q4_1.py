@@ -21,7 +21,8 @@ from tests.conftest import LOGITS_ATOL, PROMPTS
 from tests.model import test_paged_attention as paged
 
 torch.set_grad_enabled(False)
-ROWS = [1, 3, 8, 30, 33]  # one row, a partial tile, a full tile, a decode batch, past it
+# One row, partial and full tiles (AVX2: 4 rows, AVX-512: 8), a decode batch, past it.
+ROWS = [1, 3, 4, 5, 8, 30, 33]
 
 
 def kernel_or_skip() -> None:
@@ -73,13 +74,13 @@ def check_against_reference(weight: BlockTensor, label: str, seed: int = 0) -> N
 
 @pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
 @pytest.mark.parametrize("shape", [(960, 576), (1000, 1536), (40, 64)])
-def test_kernel_matches_dequantized_weights_on_random_codes(kind, shape):
+def test_kernel_matches_dequantized_weights_on_random_codes(kind, shape, quantized_path):
     """Row counts that are not a multiple of 16 (1000, 40) test the padded last group."""
     kernel_or_skip()
     check_against_reference(random_blocks(kind, *shape, seed=shape[0]), f"{kind} {shape}")
 
 
-def test_kernel_matches_dequantized_weights_on_real_tensors(gguf):
+def test_kernel_matches_dequantized_weights_on_real_tensors(gguf, quantized_path):
     kernel_or_skip()
     for name in ("layers.0.self_attn.qkv_proj", "layers.5.mlp.gate_up_proj",
                  "layers.29.mlp.down_proj", "embed_tokens"):
@@ -158,15 +159,15 @@ def test_paged_paths_match_hf(q4_1_model, hf_model, tokenizer):
             q4_1_model, hf_model, tokenizer, backend)
 
 
-def test_cpu_without_avx512_gets_a_clear_error(monkeypatch):
-    monkeypatch.setattr(quantized, "cpu_supports", lambda bf16=False: False)
-    with pytest.raises(QuantizedKernelUnavailable, match="AVX-512") as err:
+def test_cpu_without_avx512_or_avx2_gets_a_clear_error(monkeypatch):
+    monkeypatch.setattr(quantized, "cpu_supports_quantized", lambda: False)
+    with pytest.raises(QuantizedKernelUnavailable, match=r"AVX-512.*or AVX2") as err:
         quantized.quantized_kernels()
-    print("no AVX-512:", err.value)
+    print("no AVX-512, no AVX2:", err.value)
 
 
 def test_failed_build_gets_a_clear_error(monkeypatch):
-    monkeypatch.setattr(quantized, "cpu_supports", lambda bf16=False: True)
+    monkeypatch.setattr(quantized, "cpu_supports_quantized", lambda: True)
     monkeypatch.setattr(quantized, "load_cpu_kernels", lambda: None)
     monkeypatch.setattr(quantized, "cpu_kernels_error",
                         lambda: "RuntimeError: c++: command not found")
