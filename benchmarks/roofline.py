@@ -92,11 +92,12 @@ def roofline_cell(path: str, dtype: str, rows: int, seconds: float, flop: int, w
 
 def flop_per_cycle(dtype: str, flags: frozenset[str]) -> int | None:
     """FLOP one FMA unit does per cycle: fp32 FMA lanes x 2, bf16 dot products (VDPBF16PS:
-    two products and their sum per fp32 lane) x 4; None without the instructions."""
-    lanes = 16 if "avx512f" in flags else 8 if {"avx2", "fma"} <= flags else 0
+    two products and their sum per fp32 lane) x 4; without AVX512_BF16, bf16 runs as fp32
+    FMAs after widening (the kernel's AVX2 path, 8 lanes); None without FMA."""
+    avx2 = 8 if {"avx2", "fma"} <= flags else 0
     if dtype == "bfloat16":
-        return 4 * 16 if "avx512_bf16" in flags else None
-    return 2 * lanes or None
+        return 4 * 16 if "avx512_bf16" in flags else 2 * avx2 or None
+    return 2 * (16 if "avx512f" in flags else avx2) or None
 
 
 def max_clock_mhz() -> tuple[float | None, str]:

@@ -71,8 +71,11 @@ def test_theoretical_peak_needs_the_flags_and_a_maximum_clock() -> None:
     assert bf16 == pytest.approx(2 * fp32)
     avx2, _ = theoretical_peak("float32", 1, frozenset({"avx2", "fma"}), (1000.0, "test"))
     assert avx2 == pytest.approx(16.0)
+    # without AVX512_BF16, bf16 is widened and runs the AVX2 path's 8-lane FMAs
+    widened, _ = theoretical_peak("bfloat16", 2, avx512, (2000.0, "test"))
+    assert widened == pytest.approx(fp32 / 2)
     for dtype, flags, clock in [("float32", avx512, (None, "")),
-                                ("bfloat16", avx512, (2000.0, "test"))]:
+                                ("bfloat16", frozenset({"sse2"}), (2000.0, "test"))]:
         value, note = theoretical_peak(dtype, 2, flags, clock)
         print(dtype, note)
         assert value is None and note.startswith("not read")
