@@ -5,8 +5,9 @@ matmuls plus the LM head, each on a fixed input of M rows, with every layer's ow
 (538 MB in fp32) streaming from memory; the figure is the best of several passes, in ms, and
 for M=1 the weight bytes read per second.
 
-Paths: ours (model/dense_linear.py's PackedLinear), `x @ weight_t` (what model/layers.py's
-Linear does), and oneDNN with its weights reordered once
+Paths: ours (model/dense_linear.py's PackedLinear), ours-avx2 (the same, its AVX2 path forced
+where the CPU would run the AVX-512 one), `x @ weight_t` (what model/layers.py's Linear
+does), and oneDNN with its weights reordered once
 (`torch.ops.mkldnn._reorder_linear_weight` + `torch.ops.mkldnn._linear_pointwise`).
 benchmarks/roofline.py sets the same passes against this CPU's measured peaks.
 
@@ -61,13 +62,19 @@ def main() -> None:
         weights = make_weights(dtype)
         nbytes = weight_bytes(weights)
         for path in args.paths:
-            fns = build(path, weights, **kw)
+            try:
+                fns = build("ours" if path == "ours-avx2" else path, weights, **kw)
+            except RuntimeError as exc:  # oneDNN's bf16 reorder needs AVX-512 (or AVX-NE-CONVERT)
+                print(f"| {name} | {path} | not on this CPU: {str(exc).splitlines()[0]} |")
+                continue
             cells, gbs = [], "-"
+            load_dense_linear().set_dense_avx2(path == "ours-avx2")
             for m in args.rows:
                 t = time_pass(fns, pass_inputs(m, dtype), args.repeats)
                 cells.append(f"{t * 1e3:.1f}")
                 if m == 1:
                     gbs = f"{nbytes / t / 1e9:.1f}"
+            load_dense_linear().set_dense_avx2(False)
             print(f"| {name} | {path} | " + " | ".join(cells) + f" | {gbs} |", flush=True)
             del fns
             gc.collect()
