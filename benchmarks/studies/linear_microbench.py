@@ -6,7 +6,8 @@ matmuls plus the LM head, each on a fixed input of M rows, with every layer's ow
 for M=1 the weight bytes read per second.
 
 Paths: ours (model/dense_linear.py's PackedLinear), ours-avx2 (the same, its AVX2 path forced
-where the CPU would run the AVX-512 one), `x @ weight_t` (what model/layers.py's Linear
+where the CPU would run the AVX-512 one), ours-noamx (bf16 without the AMX path, where the CPU
+has AMX), `x @ weight_t` (what model/layers.py's Linear
 does), and oneDNN with its weights reordered once
 (`torch.ops.mkldnn._reorder_linear_weight` + `torch.ops.mkldnn._linear_pointwise`).
 benchmarks/roofline.py sets the same passes against this CPU's measured peaks.
@@ -29,6 +30,7 @@ from benchmarks.model_matmuls import build, make_weights, pass_inputs, time_pass
 from model.dense_linear import load_dense_linear
 
 ROWS = [1, 2, 4, 8, 16, 30, 64]
+AMX_ROWS, AMX_CHUNK = 8, 0  # the kernel's defaults (model/csrc/dense_linear.cpp)
 
 
 def main() -> None:
@@ -63,18 +65,20 @@ def main() -> None:
         nbytes = weight_bytes(weights)
         for path in args.paths:
             try:
-                fns = build("ours" if path == "ours-avx2" else path, weights, **kw)
+                fns = build("ours" if path.startswith("ours") else path, weights, **kw)
             except RuntimeError as exc:  # oneDNN's bf16 reorder needs AVX-512 (or AVX-NE-CONVERT)
                 print(f"| {name} | {path} | not on this CPU: {str(exc).splitlines()[0]} |")
                 continue
             cells, gbs = [], "-"
             load_dense_linear().set_dense_avx2(path == "ours-avx2")
+            load_dense_linear().set_dense_amx(0 if path == "ours-noamx" else AMX_ROWS, AMX_CHUNK)
             for m in args.rows:
                 t = time_pass(fns, pass_inputs(m, dtype), args.repeats)
                 cells.append(f"{t * 1e3:.1f}")
                 if m == 1:
                     gbs = f"{nbytes / t / 1e9:.1f}"
             load_dense_linear().set_dense_avx2(False)
+            load_dense_linear().set_dense_amx(AMX_ROWS, AMX_CHUNK)
             print(f"| {name} | {path} | " + " | ".join(cells) + f" | {gbs} |", flush=True)
             del fns
             gc.collect()

@@ -16,6 +16,8 @@ void set_prefetch_bytes(int64_t bytes);
 void set_prefetch_one_block(int64_t bytes);
 void set_chunk_steps(int64_t steps);
 void set_dense_avx2(bool on);
+void set_dense_amx(int64_t rows, int64_t chunk_steps);
+bool dense_amx_usable();
 torch::Tensor q4_1_linear(torch::Tensor x, torch::Tensor packed, int64_t out_features);
 torch::Tensor q8_0_linear(torch::Tensor x, torch::Tensor packed, int64_t out_features);
 torch::Tensor q5_0_linear(torch::Tensor x, torch::Tensor packed, int64_t out_features);
@@ -50,6 +52,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_chunk_steps", &set_chunk_steps, "dense_linear tuning knob");
   m.def("set_dense_avx2", &set_dense_avx2,
         "dense_linear: use the AVX2 path even where AVX-512 would run (tests, studies)");
+  m.def("set_dense_amx", &set_dense_amx,
+        "dense_linear: bf16 rows from which AMX runs where the CPU has it (0: never), and its "
+        "steps per chunk");
+  m.def("dense_amx_usable", &dense_amx_usable,
+        "dense_linear: does this CPU have AMX (tile, bf16) and may this process use it?");
   m.def("set_quantized_avx2", &set_quantized_avx2,
         "the quantized matmuls: use the AVX2 copy even where AVX-512 would run (tests, studies)");
   m.def("q4_1_linear", &q4_1_linear, "x @ W^T from Q4_1 codes (quantized_linear_cpu.cpp)");

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model.cpu_kernel import cpu_supports, cpu_supports_avx2, load_cpu_kernels
+from model.cpu_kernel import cpu_flags, cpu_supports, cpu_supports_avx2, load_cpu_kernels
 from model.dense_linear import (
     PackedLinear,
     kernel_fn,
@@ -32,6 +32,10 @@ needs_bf16 = pytest.mark.skipif(not BF16_OK, reason="no AVX2 or no C++ toolchain
 # The kernel's paths: the one this CPU picks, and where that is AVX-512 the AVX2 one forced
 # too, so that both are checked on every machine with AVX-512.
 PATHS = ["native"] + (["avx2"] if FP32_OK and cpu_supports() and cpu_supports_avx2() else [])
+# Where the CPU has AMX, bf16 from 8 rows runs on it; "no-amx" keeps the AVX-512 path tested.
+AMX = FP32_OK and cpu_supports(bf16=True) and load_cpu_kernels().dense_amx_usable()
+PATHS += ["no-amx"] if AMX else []
+AMX_ROWS, AMX_CHUNK = 8, 0  # the kernel's defaults (model/csrc/dense_linear.cpp)
 
 
 @pytest.fixture(params=PATHS)
@@ -41,11 +45,23 @@ def path(request):
         yield request.param
         return
     kernels = load_cpu_kernels()
-    kernels.set_dense_avx2(True)
+    kernels.set_dense_avx2(request.param == "avx2")
+    kernels.set_dense_amx(0 if request.param == "no-amx" else AMX_ROWS, AMX_CHUNK)
     try:
         yield request.param
     finally:
         kernels.set_dense_avx2(False)
+        kernels.set_dense_amx(AMX_ROWS, AMX_CHUNK)
+
+
+def test_amx_is_used_where_the_cpu_has_it():
+    """The kernel finds AMX (tile and bf16) exactly where /proc/cpuinfo lists it (and Linux
+    lets the process use it, which it does wherever it lists it)."""
+    if not FP32_OK:
+        pytest.skip("no AVX2 or no C++ toolchain here")
+    listed = {"amx_tile", "amx_bf16"} <= cpu_flags() and cpu_supports(bf16=True)
+    print(f"AMX listed: {listed}, found by the kernel: {AMX}")
+    assert listed == AMX
 
 ROWS = [1, 3, 4, 5, 8, 17, 30, 33, 100]
 # (K, N): the model's shapes (LM head, qkv, down), K and N off every tile size, a tiny odd one.
