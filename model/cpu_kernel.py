@@ -29,6 +29,7 @@ CSRC = Path(__file__).parent / "csrc"
 # -ffast-math lets exp() vectorize; our kernels never see inf or NaN.
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffast-math"]
 CPU_ENV = "NANO_VLLM_CPU"  # "avx2": behave as a CPU without AVX-512 (module docstring)
+AMX_ENV = "NANO_VLLM_AMX"  # "0": bf16 matmuls stay on AVX-512 where the CPU has AMX
 
 
 AVX512 = {"avx512f", "avx512bw", "avx512vl", "avx512dq"}  # what our kernels' code needs
@@ -134,6 +135,8 @@ def build_cpu_kernels() -> tuple[ModuleType | None, str | None]:
         if as_avx2():
             module.set_dense_avx2(True)
             module.set_quantized_avx2(True)
+        if os.environ.get(AMX_ENV, "1") == "0":
+            module.set_dense_amx(0, 0)
         return module, None
     except Exception as exc:  # no compiler, no ninja, ...: fall back, loudly
         log.warning("CPU kernels unavailable (%s); using the PyTorch paths", exc)
