@@ -39,7 +39,7 @@ AVX2_QUANTIZED = AVX2 | {"f16c"}  # the quantized kernels' (fp16 scales)
 
 def as_avx2() -> bool:
     """Is this process to behave as on a CPU with AVX2 but no AVX-512 ($NANO_VLLM_CPU=avx2)?"""
-    value = os.environ.get(CPU_ENV, "")
+    value = os.environ.get(CPU_ENV, "").lower()
     if value not in ("", "native", "avx2"):
         raise ValueError(f"{CPU_ENV}={value!r}: expected 'avx2' or 'native'")
     return value == "avx2"

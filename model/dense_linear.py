@@ -44,7 +44,8 @@ def kernel_support() -> dict[str, bool]:
 
 def kernel_isa(dtype: torch.dtype) -> str:
     """Which of the kernel's paths runs weights of this dtype here: "avx512", "avx2", or
-    "none" (torch matmuls)."""
+    "none" (torch matmuls). ("avx512" for bf16 includes AMX, which takes over from 8 rows
+    where the CPU has it: model/csrc/dense_linear_amx.cpp.)"""
     name = {torch.float32: "float32", torch.bfloat16: "bfloat16"}.get(dtype)
     if name is None or not kernel_support()[name]:
         return "none"

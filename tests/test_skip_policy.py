@@ -18,8 +18,10 @@ def test_ci_turns_a_kernel_skip_into_a_failure_where_the_kernel_can_run():
 def test_on_avx2_only_the_kernels_that_need_avx512_may_skip():
     avx2_only = dict(has_compiler=True, avx512=False, avx512_bf16=False, avx512_vnni=False,
                      avx2=True)
-    assert not fails("the quantized weights need a CPU with AVX-512 (F, BW, VL, DQ)",
-                     **avx2_only)
+    quantized = ("the quantized weights (--weights q4_1, int8) need a CPU with AVX-512 (F, BW, "
+                 "VL, DQ) or AVX2 with FMA and F16C; this one offers AVX2.")
+    assert fails(quantized, **avx2_only)  # they run there: a wrong CPU check, say
+    assert not fails(quantized, **{**avx2_only, "quantized": False})  # no F16C
     assert not fails("this CPU runs the AVX2 path natively", **avx2_only)
     assert fails("the CPU kernels do not run here", **avx2_only)  # a failed build, say
     assert fails("no bf16 kernel here", **avx2_only)  # the dense kernel's AVX2 path has bf16

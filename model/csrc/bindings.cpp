@@ -18,6 +18,7 @@ void set_chunk_steps(int64_t steps);
 void set_dense_avx2(bool on);
 void set_dense_amx(int64_t rows, int64_t chunk_steps);
 bool dense_amx_usable();
+int64_t dense_amx_calls();
 torch::Tensor q4_1_linear(torch::Tensor x, torch::Tensor packed, int64_t out_features);
 torch::Tensor q8_0_linear(torch::Tensor x, torch::Tensor packed, int64_t out_features);
 torch::Tensor q5_0_linear(torch::Tensor x, torch::Tensor packed, int64_t out_features);
@@ -57,6 +58,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "steps per chunk");
   m.def("dense_amx_usable", &dense_amx_usable,
         "dense_linear: does this CPU have AMX (tile, bf16) and may this process use it?");
+  m.def("dense_amx_calls", &dense_amx_calls,
+        "dense_linear: how many products have run on AMX in this process (tests)");
   m.def("set_quantized_avx2", &set_quantized_avx2,
         "the quantized matmuls: use the AVX2 copy even where AVX-512 would run (tests, studies)");
   m.def("q4_1_linear", &q4_1_linear, "x @ W^T from Q4_1 codes (quantized_linear_cpu.cpp)");

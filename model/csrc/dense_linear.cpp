@@ -33,16 +33,17 @@
 // The kernel's code (this file's, up to its entry point: it is its own object in the kernels
 // module) may use AVX-512 and AVX512_BF16 even where -march=native lacks them; the entry
 // point, built for the CPU at hand, checks it before calling either path.
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")
-
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
 #include <utility>
 #include <vector>
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")
 
 #include "dense_prefetch.h"
 
@@ -62,13 +63,15 @@ int64_t g_chunk_steps = 64;
 // The AVX2 path even on a CPU with AVX-512 (set_dense_avx2), so that it is tested there too.
 bool g_force_avx2 = false;
 // bf16 rows from which AMX takes over where the CPU has it (set_dense_amx; 0 = never), and
-// its steps per chunk (0: all of K). The tile unit sums each chunk in fp32; chunks only make
-// the sums' order closer to the AVX-512 path's, which bf16's one final rounding does not
-// need, and each costs a pass of fp32 adds over the row blocks' sums. On an Intel Xeon with
+// its steps per chunk (0: all of K). The tile unit sums each chunk in fp32 in its own order,
+// so even in chunks of 64 steps about 1 output in 10^4 rounds to another bf16 than the
+// AVX-512 path's (measured on random inputs, as with all of K); each chunk costs a pass of
+// fp32 adds over the row blocks' sums. On an Intel Xeon with
 // AMX (family 6 model 167 as its VM reports it; 2 threads; all the model's matmuls at 30
 // rows), chunks of 64, 128 and 256 steps took 20.1, 18.7 and 18.1 ms, all of K 17.4 ms.
 int64_t g_amx_rows = 8;
 int64_t g_amx_chunk_steps = 0;
+std::atomic<int64_t> g_amx_calls{0};  // products run on AMX so far (dense_amx_calls, tests)
 
 inline __mmask16 tail_mask(int64_t valid) {
   return valid >= 16 ? static_cast<__mmask16>(0xFFFF)
@@ -357,6 +360,7 @@ torch::Tensor dense_linear(torch::Tensor x, torch::Tensor packed, int64_t n, int
     return y;
   }
   if (amx) {
+    g_amx_calls.fetch_add(1, std::memory_order_relaxed);
     dense_amx::linear_bf16(xpad.data_ptr<c10::BFloat16>(), M, Mpad, ldx,
                            packed.data_ptr<c10::BFloat16>(), panels, NB, n,
                            y.data_ptr<c10::BFloat16>(), nthreads, g_amx_chunk_steps,
@@ -392,3 +396,5 @@ void set_dense_amx(int64_t rows, int64_t chunk_steps) {
 }
 
 bool dense_amx_usable() { return dense_amx::amx_usable(); }
+
+int64_t dense_amx_calls() { return g_amx_calls.load(std::memory_order_relaxed); }

@@ -20,10 +20,6 @@
 #include <immintrin.h>
 #include <omp.h>
 
-// This file's code (its own object in the kernels module) may use AVX2 and FMA even where
-// -march=native lacks them; dense_linear.cpp checks the CPU before calling it.
-#pragma GCC target("avx2,fma")
-
 #include <algorithm>
 #include <array>
 #include <cstdint>
@@ -31,6 +27,10 @@
 #include <type_traits>
 #include <utility>
 #include <vector>
+
+// This file's code (its own object in the kernels module) may use AVX2 and FMA even where
+// -march=native lacks them; dense_linear.cpp checks the CPU before calling it.
+#pragma GCC target("avx2,fma")
 
 #include "dense_prefetch.h"
 

@@ -6,8 +6,9 @@
 //   kOneChain from how many accumulators per block (rows x groups) a single FMA chain per
 //             accumulator hides the latency (below it, k < 16 and k >= 16 get a chain each),
 // all for its own instruction set: quantized_linear_cpu.cpp for AVX-512 (one register per
-// vector), quantized_linear_avx2.cpp for AVX2 (two). Include it inside a namespace of its own;
-// what it defines has internal linkage, so each file keeps the copy built for its target.
+// vector), quantized_linear_avx2.cpp for AVX2 (two). Include it inside a namespace of its own:
+// its kernels have internal linkage, its entry points (q4_1 ... q6_k) that namespace's name, so
+// each file keeps the copy built for its target.
 //
 // Operations: vzero, vset1(float), vfmadd(a, b, c) = a * b + c, vmul, vadd, vload/vstore
 // (unaligned), vstore_first(p, v, count) (lanes [0, count)), halves(p) (16 fp16 -> fp32),

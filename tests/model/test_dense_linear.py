@@ -4,13 +4,20 @@ whole model with every Linear packed against the unpacked one and Hugging Face."
 from __future__ import annotations
 
 import copy
+import os
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model.cpu_kernel import cpu_flags, cpu_supports, cpu_supports_avx2, load_cpu_kernels
+from model.cpu_kernel import (
+    AMX_ENV,
+    cpu_flags,
+    cpu_supports,
+    cpu_supports_avx2,
+    load_cpu_kernels,
+)
 from model.dense_linear import (
     PackedLinear,
     kernel_fn,
@@ -34,8 +41,13 @@ needs_bf16 = pytest.mark.skipif(not BF16_OK, reason="no AVX2 or no C++ toolchain
 PATHS = ["native"] + (["avx2"] if FP32_OK and cpu_supports() and cpu_supports_avx2() else [])
 # Where the CPU has AMX, bf16 from 8 rows runs on it; "no-amx" keeps the AVX-512 path tested.
 AMX = FP32_OK and cpu_supports(bf16=True) and load_cpu_kernels().dense_amx_usable()
-PATHS += ["no-amx"] if AMX else []
-AMX_ROWS, AMX_CHUNK = 8, 0  # the kernel's defaults (model/csrc/dense_linear.cpp)
+# bf16 tests take every path; fp32 never runs on AMX, so its tests skip "no-amx".
+BF16_PATHS = PATHS + (["no-amx"] if AMX else [])
+DTYPE_PATHS = ([pytest.param(torch.float32, p, id=f"float32-{p}") for p in PATHS]
+               + [pytest.param(torch.bfloat16, p, id=f"bfloat16-{p}") for p in BF16_PATHS])
+# The kernel's defaults (model/csrc/dense_linear.cpp; none under NANO_VLLM_AMX=0).
+AMX_ROWS = 0 if os.environ.get(AMX_ENV, "1") == "0" else 8
+AMX_CHUNK = 0  # all of K
 
 
 @pytest.fixture(params=PATHS)
@@ -55,17 +67,33 @@ def path(request):
 
 
 def test_amx_is_used_where_the_cpu_has_it():
-    """The kernel finds AMX (tile and bf16) exactly where /proc/cpuinfo lists it (and Linux
-    lets the process use it, which it does wherever it lists it)."""
+    """The kernel finds AMX (tile and bf16) exactly where /proc/cpuinfo lists it and Linux
+    lets the process use it (kernels before 5.16 list it without letting), and then runs bf16
+    on it from 8 rows, and not below, nor with AMX turned off."""
     if not FP32_OK:
         pytest.skip("no AVX2 or no C++ toolchain here")
     listed = {"amx_tile", "amx_bf16"} <= cpu_flags() and cpu_supports(bf16=True)
     print(f"AMX listed: {listed}, found by the kernel: {AMX}")
-    assert listed == AMX
+    release = tuple(int(part) for part in os.uname().release.split("-")[0].split(".")[:2])
+    assert listed == AMX or (listed and release < (5, 16))
+    kernels = load_cpu_kernels()
+    x, w = inputs(30, 576, 960, torch.bfloat16)
+    layer = PackedLinear(w)
+    try:
+        for rows, amx_rows, expected in [(8, 8, AMX), (7, 8, False), (30, 0, False)]:
+            kernels.set_dense_amx(amx_rows, AMX_CHUNK)
+            before = kernels.dense_amx_calls()
+            layer(x[:rows])
+            assert (kernels.dense_amx_calls() > before) == expected, (rows, amx_rows)
+        kernels.set_dense_amx(8, 64)  # K in chunks of 64 steps, their sums added after
+        check_bf16(layer(x), x, w)
+    finally:
+        kernels.set_dense_amx(AMX_ROWS, AMX_CHUNK)
 
 ROWS = [1, 3, 4, 5, 8, 17, 30, 33, 100]
-# (K, N): the model's shapes (LM head, qkv, down), K and N off every tile size, a tiny odd one.
-SHAPES = [(576, 49152), (576, 960), (1536, 576), (40, 24), (41, 33), (7, 5)]
+# (K, N): the model's shapes (LM head, qkv, down), K and N off every tile size, a tiny odd one,
+# an odd K whose padded pairs still fill AMX's tiles.
+SHAPES = [(576, 49152), (576, 960), (1536, 576), (40, 24), (41, 33), (7, 5), (31, 40)]
 
 # float32: each output is one fp32 FMA chain over K, in another order than float64's exact
 # sum. Relative to sum_k |x_k w_k| (the scale rounding errors live on), that is ~sqrt(K) *
@@ -124,6 +152,7 @@ def test_fp32_matches_float64(k, n, path):
 
 @needs_bf16
 @pytest.mark.parametrize(("k", "n"), SHAPES)
+@pytest.mark.parametrize("path", BF16_PATHS, indirect=True)
 def test_bf16_is_one_rounding_of_the_exact_product(k, n, path):
     w = inputs(1, k, n, torch.bfloat16)[1]
     layer = PackedLinear(w)
@@ -136,7 +165,7 @@ def test_bf16_is_one_rounding_of_the_exact_product(k, n, path):
 
 
 @needs_fp32
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("dtype", "path"), DTYPE_PATHS, indirect=["path"])
 @pytest.mark.parametrize("panel", [16, 32, 48, 64])
 def test_every_panel_width(dtype, panel, path):
     if dtype == torch.bfloat16 and not BF16_OK:
@@ -149,17 +178,20 @@ def test_every_panel_width(dtype, panel, path):
 
 
 @needs_fp32
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("dtype", "path"), DTYPE_PATHS, indirect=["path"])
 def test_rows_are_batch_invariant_and_threads_do_not_matter(dtype, path):
     """Each output is the same chain of FMAs whatever the row count, row block or thread:
-    a row's result is bit-identical alone or among 30, on 1 thread or 2."""
+    a row's result is bit-identical alone or among 30, on 1 thread or 2. bf16 on AMX (from 8
+    rows) sums in the tile unit's order, so there a row is the same in any batch of 8 or
+    more, and alone only within bf16's rounding (test_bf16_is_one_rounding_...)."""
     if dtype == torch.bfloat16 and not BF16_OK:
         pytest.skip("no bf16 kernel here")
     x, w = inputs(30, 576, 960, dtype)
     layer = PackedLinear(w)
     together = layer(x)
-    for i in [0, 7, 29]:
-        assert torch.equal(layer(x[i:i + 1]), together[i:i + 1])
+    rows = AMX_ROWS if AMX_ROWS and AMX and dtype == torch.bfloat16 and path == "native" else 1
+    for i in [0, 7, 30 - rows]:
+        assert torch.equal(layer(x[i:i + rows]), together[i:i + rows])
     kernel = kernel_fn(dtype)
     for threads in [1, 2, 3]:
         assert torch.equal(kernel(x, layer.packed, 960, threads), together)
@@ -241,19 +273,22 @@ def test_capability_probe_is_consistent():
 def test_the_avx2_path_agrees_with_the_native_one():
     """Both paths sum each output in the same order (chunks of k, FMAs in k order), so on a
     CPU with AVX-512 they agree bit for bit in fp32; bf16 differs only where vdpbf16ps's pair
-    sum rounds differently from two FMAs (well under one bf16 rounding)."""
+    sum rounds differently from two FMAs (well under one bf16 rounding). (AMX off: it has its
+    own order.)"""
     if "avx2" not in PATHS:
         pytest.skip("this CPU runs the AVX2 path natively")
     kernels = load_cpu_kernels()
     for dtype in [torch.float32, torch.bfloat16]:
         x, w = inputs(30, 576, 960, dtype)
         layer = PackedLinear(w)
-        native = layer(x)
-        kernels.set_dense_avx2(True)
+        kernels.set_dense_amx(0, AMX_CHUNK)
         try:
+            native = layer(x)
+            kernels.set_dense_avx2(True)
             forced = layer(x)
         finally:
             kernels.set_dense_avx2(False)
+            kernels.set_dense_amx(AMX_ROWS, AMX_CHUNK)
         if dtype == torch.float32:
             assert torch.equal(native, forced)
         else:
