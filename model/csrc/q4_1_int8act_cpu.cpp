@@ -30,6 +30,8 @@
 // stay in L1 or L2 for its next row tile. Only AVX-512F/BW/VL/DQ and VNNI: no CPU-specific tuning.
 #include <torch/extension.h>
 
+#include "quantized_checks.h"
+
 #include <immintrin.h>
 #include <omp.h>
 
@@ -207,15 +209,8 @@ template <class F>
 torch::Tensor int8act_linear(const torch::Tensor& x, const torch::Tensor& packed, int64_t N,
                              const char* name) {
   check_x(x, name);
-  TORCH_CHECK(packed.dtype() == torch::kUInt8 && packed.dim() == 3 && packed.is_contiguous() &&
-                  packed.size(2) == F::kBytes,
-              name, ": packed weights must be contiguous uint8 [groups, blocks, ", F::kBytes,
-              "]");
+  quantized_checks::check_packed(x, packed, N, F::kBytes, name);
   const int64_t M = x.size(0), K = x.size(1), groups = packed.size(0), blocks = K / kBlock;
-  TORCH_CHECK(blocks == packed.size(1), name, ": x has ", K, " inputs, weights ",
-              packed.size(1) * kBlock);
-  TORCH_CHECK(N > (groups - 1) * kLanes && N <= groups * kLanes, name, ": ", N,
-              " outputs do not fit ", groups, " groups of 16 rows");
   auto y = torch::empty({M, N}, x.options());
   if (M == 0) return y;
   pybind11::gil_scoped_release no_gil;  // pure C++ from here on

@@ -15,7 +15,7 @@
 // u8s(p) / i8s(p) (16 bytes, zero- / sign-extended to int32), iset1, iand, ior, isub,
 // isrli<n>, isrl(v, n) / isll(v, n) (every lane by n bits), iload(p) (16 int32), tofloat.
 // No includes here (this text goes inside a namespace): include <torch/extension.h>, <omp.h>,
-// <immintrin.h>, <algorithm> and <vector> before it.
+// <immintrin.h>, <algorithm>, <vector> and "quantized_checks.h" before it.
 #pragma once
 
 namespace {
@@ -254,15 +254,8 @@ torch::Tensor quantized_linear(const torch::Tensor& x, const torch::Tensor& pack
                                const char* name) {
   TORCH_CHECK(x.dtype() == torch::kFloat32 && x.dim() == 2 && x.is_contiguous(), name,
               ": x must be a contiguous float32 [rows, in] tensor");
-  TORCH_CHECK(packed.dtype() == torch::kUInt8 && packed.dim() == 3 && packed.is_contiguous() &&
-                  packed.size(2) == Format::kBytes,
-              name, ": packed weights must be contiguous uint8 [groups, blocks, ",
-              Format::kBytes, "]");
+  quantized_checks::check_packed(x, packed, N, Format::kBytes, name);
   const int64_t M = x.size(0), K = x.size(1), groups = packed.size(0);
-  TORCH_CHECK(K == packed.size(1) * kBlock, name, ": x has ", K, " inputs, weights ",
-              packed.size(1) * kBlock);
-  TORCH_CHECK(N > (groups - 1) * kLanes && N <= groups * kLanes, name, ": ", N,
-              " outputs do not fit ", groups, " groups of 16 rows");
   auto y = torch::empty({M, N}, x.options());
   if (M == 0) return y;
   pybind11::gil_scoped_release no_gil;  // pure C++ from here on

@@ -13,6 +13,8 @@
 #include <cstring>
 #include <vector>
 
+#include "quantized_checks.h"
+
 // This file's code (its own object in the kernels module) may use AVX2, FMA and F16C even
 // where -march=native lacks them; quantized_linear_cpu.cpp checks the CPU before calling it.
 #pragma GCC target("avx2,fma,f16c")

@@ -35,6 +35,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "quantized_checks.h"
+
 // This region's code may use AVX-512; the entry points below check the CPU before calling it.
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq")
