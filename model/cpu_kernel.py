@@ -97,6 +97,15 @@ def cpu_supports_quantized() -> bool:
     return AVX512.issubset(flags) or AVX2_QUANTIZED.issubset(flags)
 
 
+def cpu_supports_avx2_quantized() -> bool:
+    """Has this CPU AVX2 with FMA and F16C (what the quantized kernels' AVX2 copies need)?
+    Read from /proc/cpuinfo; where there is none, PyTorch's own probe decides."""
+    flags = cpu_flags()
+    if not flags:
+        return torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512", "AMX")
+    return AVX2_QUANTIZED.issubset(flags)
+
+
 def cpu_has_vnni() -> bool:
     """Has this CPU AVX512-VNNI (`vpdpbusd`, the int8 dot products of --activations int8)?
     Read from /proc/cpuinfo; where there is none, no."""

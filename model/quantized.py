@@ -9,7 +9,8 @@ decode step streams ~66 MB of Q4_1 layers and a 30 MB Q8_0 LM head instead of 53
 
 `--activations int8` (opt-in, not exact) multiplies the same Q4_1 codes, and the Q8_0 LM head's,
 by activations rounded to int8 per block of 32, with integer dot products (AVX512-VNNI,
-model/csrc/q4_1_int8act_cpu.cpp); its error against this exact path is measured in
+model/csrc/q4_1_int8act_cpu.cpp, or AVX2's pair products, q4_1_int8act_avx2.cpp, with the
+same results); its error against this exact path is measured in
 tests/model/test_q4_1_int8act.py.
 
 `Q4_1Weights` is this weight format on the one loading path (model/loader.py): the folder's
@@ -35,6 +36,7 @@ from model.cpu_kernel import (
     cpu_has_vnni,
     cpu_kernels_error,
     cpu_supports,
+    cpu_supports_avx2_quantized,
     cpu_supports_quantized,
     load_cpu_kernels,
     load_fused_ops,
@@ -77,14 +79,14 @@ INT8_ACTIVATION_KINDS = ("Q4_1", "Q8_0")  # the block types with an int8-activat
 
 def int8_activation_kernels() -> dict[str, Callable[[Tensor, Tensor, int], Tensor]]:
     """{"Q4_1": fn, "Q8_0": fn} of `--activations int8`, each fn(x [M, K] fp32, packed,
-    out_features), or QuantizedKernelUnavailable naming what is missing (AVX512-VNNI, or
-    the build)."""
+    out_features), or QuantizedKernelUnavailable naming what is missing (AVX512-VNNI or
+    AVX2, or the build)."""
     quantized_kernels()  # the CPU and the build first: their own errors
-    if not (cpu_supports() and cpu_has_vnni()):
+    if not ((cpu_supports() and cpu_has_vnni()) or cpu_supports_avx2_quantized()):
         raise QuantizedKernelUnavailable(
             "--activations int8 needs a CPU with AVX-512 and AVX512-VNNI (avx512_vnni in "
-            "/proc/cpuinfo) for its int8 dot products; this one has none. Drop --activations "
-            "to run the exact q4_1 path.")
+            "/proc/cpuinfo), or AVX2 with FMA and F16C, for its int8 dot products; this one "
+            "has neither. Drop --activations to run the exact q4_1 path.")
     module = load_cpu_kernels()
     return {"Q4_1": module.q4_1_int8act_linear, "Q8_0": module.q8_0_int8act_linear}
 

@@ -41,24 +41,23 @@ def thread_choices(tmp_path_factory) -> Path:
 
 
 def kernel_skip_is_a_failure(reason: str, has_compiler: bool, avx512: bool,
-                             avx512_bf16: bool, avx512_vnni: bool = True,
-                             avx2: bool = True, quantized: bool = True) -> bool:
+                             avx512_bf16: bool, avx2: bool = True,
+                             quantized: bool = True) -> bool:
     """Under CI, a kernel test (tests/model/) may skip only for a reason this machine really
     has: no C++ compiler, neither AVX-512 nor AVX2 (no kernel of ours runs), neither AVX-512
-    nor AVX2 with FMA and F16C (the quantized weights), no AVX-512 (for the kernels that need
-    it, which say so; and the dense kernel's forced AVX2 path, which then runs natively), no
-    AVX512_BF16 or no AVX512-VNNI (the tests that need them); or an optional model file that
-    was not fetched (Gemma 3's GGUF: an extra download, not CI's).
+    nor AVX2 with FMA and F16C (the quantized weights, and their int8 activations, which take
+    AVX512-VNNI or else AVX2), no AVX-512 (for the kernels that need it, which say so; and the
+    dense kernel's forced AVX2 path, which then runs natively), no AVX512_BF16 (the tests that
+    need it); or an optional model file that was not fetched (Gemma 3's GGUF: an extra
+    download, not CI's).
     Anything else, e.g. a kernel that failed to build on a machine that could build it, is a
     failure."""
     text = reason.lower()
     if not has_compiler or not (avx512 or avx2) or "not fetched" in text:
         return False
-    if "the quantized weights" in text:  # they run on AVX-512, or AVX2 with FMA and F16C
-        return quantized
+    if "the quantized weights" in text or "--activations int8" in text:
+        return quantized  # they run on AVX-512 (with VNNI), or AVX2 with FMA and F16C
     if not avx512 and ("avx-512" in text or "natively" in text):
-        return False
-    if "vnni" in text and not avx512_vnni:
         return False
     return not ("avx512_bf16" in text and not avx512_bf16)
 
@@ -70,16 +69,11 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     if not (report.skipped and os.environ.get("CI") == "true"
             and "tests/model/" in item.nodeid.replace("\\", "/")):
         return
-    from model.cpu_kernel import (
-        cpu_has_vnni,
-        cpu_supports,
-        cpu_supports_avx2,
-        cpu_supports_quantized,
-    )
+    from model.cpu_kernel import cpu_supports, cpu_supports_avx2, cpu_supports_quantized
 
     reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
     if kernel_skip_is_a_failure(reason, shutil.which("c++") is not None, cpu_supports(),
-                                cpu_supports(bf16=True), cpu_has_vnni(), cpu_supports_avx2(),
+                                cpu_supports(bf16=True), cpu_supports_avx2(),
                                 cpu_supports_quantized()):
         report.outcome = "failed"
         report.longrepr = (f"CI=true: this machine has a C++ compiler and AVX2 or AVX-512, so "

@@ -28,6 +28,8 @@
 // registers that all its rows reuse (8 vpdpbusd per row and block, each taking its 4
 // activation bytes as a broadcast memory operand). A group's codes (15 KB at 1536 inputs)
 // stay in L1 or L2 for its next row tile. Only AVX-512F/BW/VL/DQ and VNNI: no CPU-specific tuning.
+// The parts that do not depend on the instruction set are in int8act_kernel.h; CPUs without
+// VNNI run the AVX2 copy (q4_1_int8act_avx2.cpp), chosen at run time.
 #include <torch/extension.h>
 
 #include "quantized_checks.h"
@@ -35,35 +37,30 @@
 #include <immintrin.h>
 #include <omp.h>
 
-// This file's code is AVX-512 with VNNI; model/quantized.py checks the CPU before calling it.
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")
-
 #include <algorithm>
 #include <cstring>
 #include <tuple>
 #include <vector>
 
+// This region's code is AVX-512 with VNNI; the entry points below check the CPU before
+// calling it.
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")
+namespace int8act_avx512 {
+
+#include "int8act_blocks.h"
+
 namespace {
-constexpr int64_t kLanes = 16;   // output rows per group
-constexpr int64_t kBlock = 32;   // inputs per block
-constexpr int64_t kAhead = 8;    // blocks to prefetch ahead, as in the exact kernel
-constexpr int kRows = 8;         // rows of x per register tile
+constexpr int kRows = 8;  // 8 code registers, 8 sums and the scales: well inside 32 registers
+using V = __m512;
+inline V vzero() { return _mm512_setzero_ps(); }
+inline void vstore_first(float* p, V v, int64_t count) {
+  _mm512_mask_storeu_ps(p, static_cast<__mmask16>((1u << count) - 1), v);
+}
+
 // Explicit rounding: these intrinsics are opaque to -ffast-math, so the quantization is
 // exactly IEEE division and multiplication, which the tests reproduce in PyTorch bit for bit.
 constexpr int kNearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-// A block whose largest |x| is below this quantizes to zeros with scale 0: near fp32's
-// smallest normals, 1 / dx would overflow to inf.
-constexpr float kTiniest = 1e-30f;
-
-// x quantized per block: codes [M][K] (stored as int32 words: 4 codes each), and per block
-// the scale dx, dx * sum(xq) (Q4_1's min term's factor) and sum(xq) itself (Q8_0's).
-struct QuantizedX {
-  int32_t* words;
-  float* scale;
-  float* scaled_sum;
-  int32_t* sum;
-};
-
 inline float divide(float a, float b) {
   return _mm_cvtss_f32(_mm_div_round_ss(_mm_set_ss(a), _mm_set_ss(b), kNearest));
 }
@@ -89,24 +86,12 @@ inline void quantize_block(const float* x, int8_t* codes, float* scale, float* s
   *scaled_sum = dx * static_cast<float>(*sum);
 }
 
-// Blocks [begin, end) of the M x (K / 32) blocks of x (row-major).
-void quantize_blocks(const float* x, int64_t begin, int64_t end, const QuantizedX& out) {
-  for (int64_t i = begin; i < end; ++i)
-    quantize_block(x + i * kBlock, reinterpret_cast<int8_t*>(out.words + i * (kBlock / 4)),
-                   out.scale + i, out.scaled_sum + i, out.sum + i);
-}
-
 // One group's block, unpacked: c[i] holds each row's 4 codes that pair with words[i] of a
 // block of x (inputs 4i .. 4i + 3).
 struct Codes {
   __m512i c[8];
   __m512 d, m;  // m: Q4_1's minimums (unused for Q8_0)
 };
-
-inline void prefetch_ahead(const uint8_t* p, int64_t bytes) {
-  for (int64_t line = 0; line < bytes; line += 64)
-    _mm_prefetch(reinterpret_cast<const char*>(p + kAhead * bytes + line), _MM_HINT_T0);
-}
 
 inline __m512 halves(const uint8_t* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
@@ -115,8 +100,7 @@ inline __m512 halves(const uint8_t* p) {
 // The two code formats: bytes per group and block, unpacking, and a block's contribution.
 struct Q4_1 {
   static constexpr int64_t kBytes = 320;
-  static void load(const uint8_t* p, bool prefetch, Codes& c) {
-    if (prefetch) prefetch_ahead(p, kBytes);
+  static void load(const uint8_t* p, Codes& c) {
     c.d = halves(p);
     c.m = halves(p + 32);
     const __m512i nibble = _mm512_set1_epi8(0x0F);
@@ -137,8 +121,7 @@ struct Q4_1 {
 
 struct Q8_0 {
   static constexpr int64_t kBytes = 544;
-  static void load(const uint8_t* p, bool prefetch, Codes& c) {
-    if (prefetch) prefetch_ahead(p, kBytes);
+  static void load(const uint8_t* p, Codes& c) {
     c.d = halves(p);
     for (int i = 0; i < 8; ++i) c.c[i] = _mm512_loadu_si512(p + 32 + 64 * i);
   }
@@ -161,101 +144,44 @@ inline __m512 block_product(const Codes& c, const QuantizedX& xq, int64_t i, __m
   return F::add(c, acc, xq.scale[i], xq.scaled_sum[i], xq.sum[i], total);
 }
 
-// R rows of x from row m0 against one group (outputs n0 .. n0 + 15), over all blocks.
-// R = 8 keeps 8 code registers, 8 sums and the scales well inside AVX-512's 32 registers.
-template <class F, int R>
-void tile(const QuantizedX& xq, int64_t blocks, const uint8_t* w, int64_t m0, float* y,
-          int64_t N, int64_t n0) {
-  __m512 total[R];
-  for (int r = 0; r < R; ++r) total[r] = _mm512_setzero_ps();
-  const bool prefetch = m0 == 0;  // later row tiles find the group's codes in L1
-  for (int64_t b = 0; b < blocks; ++b) {
-    Codes codes;
-    F::load(w + b * F::kBytes, prefetch, codes);
-    for (int r = 0; r < R; ++r)
-      total[r] = block_product<F>(codes, xq, (m0 + r) * blocks + b, total[r]);
-  }
-  const __mmask16 mask = n0 + kLanes <= N ? 0xFFFF : (__mmask16)((1u << (N - n0)) - 1);
-  for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(y + (m0 + r) * N + n0, mask, total[r]);
-}
+}  // namespace
 
-// The last rows < R rows from m0, as one tile of exactly that many.
-template <class F, int R>
-void last_rows(int64_t rows, const QuantizedX& xq, int64_t blocks, const uint8_t* w,
-               int64_t m0, float* y, int64_t N, int64_t n0) {
-  if constexpr (R > 0) {
-    if (rows == R) return tile<F, R>(xq, blocks, w, m0, y, N, n0);
-    last_rows<F, R - 1>(rows, xq, blocks, w, m0, y, N, n0);
-  }
-}
+#include "int8act_kernel.h"
 
-// All M rows of x against group g (its codes at w).
-template <class F>
-void group(int64_t M, const QuantizedX& xq, int64_t blocks, const uint8_t* w, float* y,
-           int64_t N, int64_t g) {
-  int64_t m0 = 0;
-  for (; m0 + kRows <= M; m0 += kRows) tile<F, kRows>(xq, blocks, w, m0, y, N, g * kLanes);
-  last_rows<F, kRows - 1>(M - m0, xq, blocks, w, m0, y, N, g * kLanes);
-}
+}  // namespace int8act_avx512
+#pragma GCC pop_options
 
-void check_x(const torch::Tensor& x, const char* name) {
-  TORCH_CHECK(x.dtype() == torch::kFloat32 && x.dim() == 2 && x.is_contiguous(), name,
-              ": x must be a contiguous float32 [rows, in] tensor");
-  TORCH_CHECK(x.size(1) % kBlock == 0, name, ": x's ", x.size(1), " inputs are not blocks of ",
-              kBlock);
-}
+// The AVX2 copy (q4_1_int8act_avx2.cpp).
+namespace int8act_avx2 {
+torch::Tensor q4_1(const torch::Tensor& x, const torch::Tensor& packed, int64_t n);
+torch::Tensor q8_0(const torch::Tensor& x, const torch::Tensor& packed, int64_t n);
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> quantize_rows(const torch::Tensor& x);
+}  // namespace int8act_avx2
 
-template <class F>
-torch::Tensor int8act_linear(const torch::Tensor& x, const torch::Tensor& packed, int64_t N,
-                             const char* name) {
-  check_x(x, name);
-  quantized_checks::check_packed(x, packed, N, F::kBytes, name);
-  const int64_t M = x.size(0), K = x.size(1), groups = packed.size(0), blocks = K / kBlock;
-  auto y = torch::empty({M, N}, x.options());
-  if (M == 0) return y;
-  pybind11::gil_scoped_release no_gil;  // pure C++ from here on
-  // Everything is allocated here: nothing may throw inside the OpenMP region.
-  std::vector<int32_t> words(M * K / 4), sum(M * blocks);
-  std::vector<float> scale(M * blocks), scaled_sum(M * blocks);
-  const QuantizedX xq{words.data(), scale.data(), scaled_sum.data(), sum.data()};
-  const float* xp = x.data_ptr<float>();
-  const uint8_t* wp = packed.data_ptr<uint8_t>();
-  float* yp = y.data_ptr<float>();
-  const int64_t group_bytes = blocks * F::kBytes;
-#pragma omp parallel
-  {
-    const int64_t threads = omp_get_num_threads(), me = omp_get_thread_num();
-    const int64_t all = M * blocks;
-    quantize_blocks(xp, all * me / threads, all * (me + 1) / threads, xq);
-#pragma omp barrier
-#pragma omp for schedule(static)
-    for (int64_t g = 0; g < groups; ++g)
-      group<F>(M, xq, blocks, wp + g * group_bytes, yp, N, g);
-  }
-  return y;
+bool quantized_avx2_forced();  // quantized_linear_cpu.cpp: set_quantized_avx2
+
+namespace {
+// AVX-512 with VNNI where the CPU has it (and the AVX2 copies are not forced), else AVX2 with
+// FMA and F16C.
+bool use_vnni() {
+  const bool vnni = !quantized_avx2_forced() && __builtin_cpu_supports("avx512f") &&
+                    __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+                    __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vnni");
+  TORCH_CHECK(vnni || (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                       __builtin_cpu_supports("f16c")),
+              "int8act_linear: this CPU has neither AVX512-VNNI nor AVX2 with FMA and F16C");
+  return vnni;
 }
 }  // namespace
 
 torch::Tensor q4_1_int8act_linear(torch::Tensor x, torch::Tensor packed, int64_t N) {
-  return int8act_linear<Q4_1>(x, packed, N, "q4_1_int8act_linear");
+  return use_vnni() ? int8act_avx512::q4_1(x, packed, N) : int8act_avx2::q4_1(x, packed, N);
 }
 
 torch::Tensor q8_0_int8act_linear(torch::Tensor x, torch::Tensor packed, int64_t N) {
-  return int8act_linear<Q8_0>(x, packed, N, "q8_0_int8act_linear");
+  return use_vnni() ? int8act_avx512::q8_0(x, packed, N) : int8act_avx2::q8_0(x, packed, N);
 }
 
-// x's int8 codes [M, K], scales [M, K / 32] and scaled sums [M, K / 32], exactly as
-// q4_1_int8act_linear computes them (for the tests).
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> quantize_rows_int8(torch::Tensor x) {
-  check_x(x, "quantize_rows_int8");
-  const int64_t M = x.size(0), K = x.size(1), blocks = K / kBlock;
-  auto codes = torch::empty({M, K}, x.options().dtype(torch::kInt8));
-  auto scale = torch::empty({M, blocks}, x.options());
-  auto scaled_sum = torch::empty({M, blocks}, x.options());
-  std::vector<int32_t> words(M * K / 4), sum(M * blocks);
-  const QuantizedX xq{words.data(), scale.data_ptr<float>(), scaled_sum.data_ptr<float>(),
-                      sum.data()};
-  quantize_blocks(x.data_ptr<float>(), 0, M * blocks, xq);
-  std::memcpy(codes.data_ptr<int8_t>(), words.data(), M * K);
-  return {codes, scale, scaled_sum};
+  return use_vnni() ? int8act_avx512::quantize_rows(x) : int8act_avx2::quantize_rows(x);
 }

@@ -131,3 +131,6 @@ torch::Tensor q6_k_linear(torch::Tensor x, torch::Tensor packed, int64_t out_fea
 }
 
 void set_quantized_avx2(bool on) { g_force_avx2 = on; }
+// Also read by the int8-activation matmuls (q4_1_int8act_cpu.cpp): one switch for every
+// quantized kernel's AVX2 copy.
+bool quantized_avx2_forced() { return g_force_avx2; }

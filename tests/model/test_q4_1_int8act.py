@@ -1,4 +1,5 @@
-"""`--weights q4_1 --activations int8`: the Q4_1 codes times int8 activations (VNNI kernel).
+"""`--weights q4_1 --activations int8`: the Q4_1 codes times int8 activations (the VNNI
+kernel, or its AVX2 copy; on CPUs with VNNI both are checked, `quantized_path`).
 
 The kernel's integer math is checked exactly; the mode's error is then measured like bf16's
 (tests/model/test_bf16.py): distributions, pooled over every position of
@@ -29,11 +30,12 @@ from benchmarks.studies.quant_accuracy import EVAL_TEXT
 from benchmarks.studies.quant_accuracy import PROMPTS as MORE_PROMPTS
 from engine.config import EngineConfig
 from model import quantized
-from model.cpu_kernel import load_cpu_kernels
+from model.cpu_kernel import cpu_has_vnni, load_cpu_kernels
 from model.gguf_weights import BlockTensor
 from model.llama import LlamaModel, causal_attention
 from model.quantized import QuantizedKernelUnavailable, QuantizedLinear, load_q4_1_model
 from tests.conftest import PROMPTS
+from tests.model.conftest import quantized_paths
 from tests.model.test_q4_1 import random_blocks
 
 torch.set_grad_enabled(False)
@@ -69,7 +71,7 @@ def reference_linear(codes: Tensor, dx: Tensor, weight: BlockTensor) -> Tensor:
     return (dx.double()[:, None] * (d * dot + m * codes.double().sum(-1)[:, None])).sum(-1)
 
 
-def test_activation_codes_match_the_reference_bit_for_bit():
+def test_activation_codes_match_the_reference_bit_for_bit(quantized_path):
     kernel_or_skip()
     g = torch.Generator().manual_seed(0)
     x = torch.randn(9, 256, generator=g) * torch.logspace(-3, 2, 9)[:, None]
@@ -106,7 +108,8 @@ def exact_case(rows: int, cols: int, batch: int, seed: int,
 
 @pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
 @pytest.mark.parametrize("shape", [(1000, 1536), (40, 64), (576, 576)])
-def test_kernel_equals_the_integer_math_exactly_where_fp32_is_exact(shape, kind):
+def test_kernel_equals_the_integer_math_exactly_where_fp32_is_exact(shape, kind,
+                                                                    quantized_path):
     """1000 and 40 rows are not multiples of 16 or 32: the padded group and a lone group."""
     kernel_or_skip()
     for batch in ROWS:
@@ -120,7 +123,7 @@ def test_kernel_equals_the_integer_math_exactly_where_fp32_is_exact(shape, kind)
 
 @pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
 @pytest.mark.parametrize("shape", [(960, 576), (1000, 1536)])
-def test_kernel_matches_the_integer_math_on_random_inputs(shape, kind):
+def test_kernel_matches_the_integer_math_on_random_inputs(shape, kind, quantized_path):
     """Real-size random scales: only fp32's rounding of the scaled sums may differ."""
     kernel_or_skip()
     weight = random_blocks(kind, *shape, seed=shape[0])
@@ -131,6 +134,28 @@ def test_kernel_matches_the_integer_math_on_random_inputs(shape, kind):
         error = ((layer(x).double() - truth).abs().max() / truth.abs().max()).item()
         print(f"{shape} x {batch:2d} rows: relative error {error:.1e}")
         assert error < 2e-6
+
+
+@pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
+def test_the_avx2_copy_gives_the_vnni_copys_results_bit_for_bit(kind):
+    """Same codes, same integer sums, same fp32 operations in the same order: the two copies
+    must agree exactly, on real-size random scales too."""
+    kernel_or_skip()
+    if not cpu_has_vnni() or quantized_paths()[-1] == "native":
+        pytest.skip("this CPU runs the AVX2 copy natively (no AVX-512 with VNNI beside it)")
+    kernels = load_cpu_kernels()
+    weight, g = random_blocks(kind, 1000, 1536, seed=7), torch.Generator().manual_seed(2)
+    layer = QuantizedLinear(weight, "int8")
+    for batch in ROWS:
+        x = torch.randn(batch, 1536, generator=g) * 3
+        vnni, vnni_codes = layer(x), kernels.quantize_rows_int8(x)
+        kernels.set_quantized_avx2(True)
+        try:
+            avx2, avx2_codes = layer(x), kernels.quantize_rows_int8(x)
+        finally:
+            kernels.set_quantized_avx2(False)
+        assert torch.equal(avx2, vnni)
+        assert all(torch.equal(a, b) for a, b in zip(avx2_codes, vnni_codes, strict=True))
 
 
 class FakeQuantizedLinear(torch.nn.Module):
@@ -220,12 +245,13 @@ def test_broken_variants_fail_the_tolerance(models, model_dir, sequences):
     assert kl > KL_TOLERANCE
 
 
-def test_cpu_without_vnni_gets_a_clear_error(monkeypatch, model_dir, capsys):
+def test_cpu_without_vnni_or_avx2_gets_a_clear_error(monkeypatch, model_dir, capsys):
     monkeypatch.setattr(quantized, "cpu_has_vnni", lambda: False)
+    monkeypatch.setattr(quantized, "cpu_supports_avx2_quantized", lambda: False)
     monkeypatch.setattr(quantized, "quantized_kernels", lambda: {})
     with pytest.raises(QuantizedKernelUnavailable, match="AVX512-VNNI") as err:
         load_q4_1_model(model_dir, activations="int8")
-    print("no VNNI:", err.value)
+    print("neither VNNI nor AVX2:", err.value)
     import server
 
     # In-process: the patched CPU check does not reach a core process.
