@@ -89,6 +89,29 @@ inline __m256i to_bf16(__m256 lo, __m256 hi) {
   return _mm256_permute4x64_epi64(_mm256_packus_epi32(round(lo), round(hi)), 0xD8);
 }
 
+// A tile row's 16 sums of one chunk: added to `partial` when resuming, then kept there, or
+// with y given (the last chunk) rounded to Out into y's first `valid_cols` of the 16.
+template <typename Out>
+inline void finish(__m256 (&acc)[2], float* part, bool resume, Out* y, int64_t valid_cols) {
+  if (resume) {
+    acc[0] = _mm256_add_ps(acc[0], _mm256_loadu_ps(part));
+    acc[1] = _mm256_add_ps(acc[1], _mm256_loadu_ps(part + 8));
+  }
+  if (y == nullptr) {
+    _mm256_storeu_ps(part, acc[0]);
+    _mm256_storeu_ps(part + 8, acc[1]);
+    return;
+  }
+  alignas(32) Out row[kGroup];
+  if constexpr (std::is_same_v<Out, float>) {
+    _mm256_store_ps(row, acc[0]);
+    _mm256_store_ps(row + 8, acc[1]);
+  } else {
+    _mm256_store_si256(reinterpret_cast<__m256i*>(row), to_bf16(acc[0], acc[1]));
+  }
+  std::memcpy(y, row, sizeof(Out) * std::clamp<int64_t>(valid_cols, 0, kGroup));
+}
+
 // MR rows x one 16-column group, over `steps` steps of weights of type W whose rows are
 // `ldw` elements apart (x already offset to the same k, w to the group's first column). As in
 // dense_linear.cpp's tile: the chunk's sum is added to `partial` ([MR] rows `ldp` floats
@@ -108,26 +131,31 @@ void tile(const float* x, int64_t ldx, const W* w, int64_t ldw, int64_t steps, f
     step<W, MR>(acc, x, ldx, s, w);
   }
 #pragma GCC unroll 8
-  for (int i = 0; i < MR; ++i) {
-    float* part = partial + i * ldp;
-    if (resume) {
-      acc[i][0] = _mm256_add_ps(acc[i][0], _mm256_loadu_ps(part));
-      acc[i][1] = _mm256_add_ps(acc[i][1], _mm256_loadu_ps(part + 8));
-    }
-    if (y == nullptr) {
-      _mm256_storeu_ps(part, acc[i][0]);
-      _mm256_storeu_ps(part + 8, acc[i][1]);
-      continue;
-    }
-    alignas(32) Out row[kGroup];
-    if constexpr (std::is_same_v<Out, float>) {
-      _mm256_store_ps(row, acc[i][0]);
-      _mm256_store_ps(row + 8, acc[i][1]);
-    } else {
-      _mm256_store_si256(reinterpret_cast<__m256i*>(row), to_bf16(acc[i][0], acc[i][1]));
-    }
-    std::memcpy(y + i * ldy, row, sizeof(Out) * std::clamp<int64_t>(valid_cols, 0, kGroup));
+  for (int i = 0; i < MR; ++i)
+    finish(acc[i], partial + i * ldp, resume, y == nullptr ? nullptr : y + i * ldy, valid_cols);
+}
+
+// One row of x against every group of a panel (G groups of 16 columns): each step's G * 16
+// columns are read at once, so the chunk streams in order, where one-group tiles would read it
+// G times over at a stride. Each column's FMAs are the tile's, in the same order: the same
+// sums. As tile() otherwise (w at the panel's first column of the chunk).
+template <typename W, typename Out, int G>
+void row_tile(const float* x, const W* w, int64_t ldw, int64_t steps, float* partial,
+              bool resume, Out* y, int64_t valid_cols, const char* pf, int64_t pf_lines) {
+  constexpr int64_t group_elems = std::is_same_v<W, float> ? kGroup : 2 * kGroup;
+  __m256 acc[G][1][2];
+#pragma GCC unroll 4
+  for (int g = 0; g < G; ++g) acc[g][0][0] = acc[g][0][1] = _mm256_setzero_ps();
+  int64_t due = 0;
+  for (int64_t s = 0; s < steps; ++s, w += ldw) {
+    dense_prefetch::spread(due, pf, pf_lines, steps);
+#pragma GCC unroll 4
+    for (int g = 0; g < G; ++g) step<W, 1>(acc[g], x, 0, s, w + g * group_elems);
   }
+#pragma GCC unroll 4
+  for (int g = 0; g < G; ++g)
+    finish(acc[g][0], partial + g * kGroup, resume, y == nullptr ? nullptr : y + g * kGroup,
+           valid_cols - g * kGroup);
 }
 
 // `steps` bf16 steps of one 16-column group (rows `ldw` elements apart) widened to fp32 in
@@ -156,6 +184,16 @@ constexpr auto make_table(std::integer_sequence<int, Rows...>) {
   return std::array<TileFn<W, Out>, sizeof...(Rows)>{&tile<W, Out, Rows + 1>...};
 }
 
+template <typename W, typename Out>
+using RowTileFn = void (*)(const float*, const W*, int64_t, int64_t, float*, bool, Out*, int64_t,
+                           const char*, int64_t);
+constexpr int kMaxGroups = 4;  // panels are 16 to 64 columns wide
+
+template <typename T, int... Groups>
+constexpr auto make_row_table(std::integer_sequence<int, Groups...>) {
+  return std::array<RowTileFn<T, T>, sizeof...(Groups)>{&row_tile<T, T, Groups + 1>...};
+}
+
 // x: fp32 [M, ldx]; packed: [panels, steps, NB] (fp32) or [panels, steps, NB, 2] (bf16).
 //
 // bf16 with one row block runs the bf16 tile straight from the packed weights (the weights
@@ -172,6 +210,7 @@ void run(const float* x, int64_t M, int64_t ldx, int64_t steps, const T* packed,
   constexpr int MRdirect = max_rows<T>(), MRwide = max_rows<float>();
   static constexpr auto direct = make_table<T, T>(std::make_integer_sequence<int, MRdirect>{});
   static constexpr auto wide = make_table<float, T>(std::make_integer_sequence<int, MRwide>{});
+  static constexpr auto one_row = make_row_table<T>(std::make_integer_sequence<int, kMaxGroups>{});
   constexpr int64_t xStep = bf16 ? 2 : 1;  // x elements per step
   const int64_t ldw = bf16 ? 2 * NB : NB;  // panel elements per step
   const int64_t groups = NB / kGroup;
@@ -208,6 +247,11 @@ void run(const float* x, int64_t M, int64_t ldx, int64_t steps, const T* packed,
         const int64_t chunk_lines = n * ldw * static_cast<int64_t>(sizeof(T)) / 64;
         const auto ahead = dense_prefetch::window(bytes, total_bytes, offset, prefetch,
                                                   chunk_lines);
+        if (M == 1) {  // one row: the whole panel's steps in order
+          one_row[groups - 1](x + s0 * xStep, panel + s0 * ldw, ldw, n, mine, s0 > 0,
+                              last ? y + p * NB : nullptr, valid, ahead.start, ahead.lines);
+          continue;
+        }
         int64_t call = 0;
         for (int64_t g = 0; g < groups; ++g) {
           const int64_t col = g * kGroup;
