@@ -33,7 +33,7 @@ class EngineConfig:
     # "again" (measure anew), "no" (use single_thread_below); engine/thread_choice.py.
     measure_threads: str = "no"
     weights: str = "default"  # "default" (the folder's, in --dtype), "q4_1" or "int8" (CPU)
-    activations: str = "float32"  # q4_1's layers: "float32" (exact) or "int8" (VNNI, faster)
+    activations: str = "float32"  # q4_1's layers: "float32" (exact) or "int8" (faster)
     lm_head: str = "default"  # "q8_0": the default weights' LM head on the Q8_0 kernel (CPU)
     max_waiting: int = 256  # beyond this, new requests are refused with 429
     request_timeout: float | None = None  # seconds from arrival; None = no limit
@@ -97,12 +97,12 @@ class EngineConfig:
                                  "--model FILE.gguf that file's own codes where a kernel takes "
                                  "their type (Q4_1, Q8_0, Q5_0, Q4_K, Q6_K; exact to the fp32 "
                                  "model); int8: per-channel int8 made at load; both CPU, "
-                                 "float32 activations, AVX-512")
+                                 "float32 activations, AVX-512 or AVX2")
         parser.add_argument("--activations", default=d.activations, choices=["float32", "int8"],
                             help="with --weights q4_1: int8 rounds each layer's input to 8 "
-                                 "bits per block of 32 for integer dot products (AVX512-VNNI; "
-                                 "faster with many sequences, not exact: docs/performance.md); "
-                                 "float32 (default) is exact")
+                                 "bits per block of 32 for integer dot products (AVX512-VNNI "
+                                 "or AVX2; faster with many sequences, not exact: "
+                                 "docs/performance.md); float32 (default) is exact")
         parser.add_argument("--lm-head", default=d.lm_head, choices=["default", "q8_0"],
                             help="q8_0: the LM head on the Q8_0 kernel (CPU, float32): a GGUF "
                                  "file's own Q8_0 head or tied embedding codes (exact up to "

@@ -3,7 +3,7 @@
 All 30 layers' shapes (qkv 576->960, o 576->576, gate_up 576->3072, down 1536->576) with the
 default model's real weights, plus the LM head (576->49152), at 1, 8, 30 and 64 rows of x:
 fp32, q4_1 (the GGUF's codes; its LM head is Q8_0), q4_1-int8act (the same codes times int8
-activations, `--activations int8`; where the CPU has AVX512-VNNI; its Q8_0 LM head too) and
+activations, `--activations int8`, its Q8_0 LM head too; AVX512-VNNI or AVX2) and
 int8 (per output channel), in one run.
 Usage: `python3 -m benchmarks.studies.quantized_microbench [--repeats 30] [--rows 1 30]`.
 """
