@@ -91,10 +91,7 @@ def cpu_supports_avx2() -> bool:
 def cpu_supports_quantized() -> bool:
     """Can this CPU run our quantized matmuls (AVX-512 F, BW, VL, DQ; or AVX2 with FMA and
     F16C)? Read from /proc/cpuinfo; where there is none, PyTorch's own probe decides."""
-    flags = cpu_flags()
-    if not flags:
-        return torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512", "AMX")
-    return AVX512.issubset(flags) or AVX2_QUANTIZED.issubset(flags)
+    return cpu_supports() or cpu_supports_avx2_quantized()
 
 
 def cpu_supports_avx2_quantized() -> bool:
