@@ -30,6 +30,9 @@ CSRC = Path(__file__).parent / "csrc"
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffast-math"]
 CPU_ENV = "NANO_VLLM_CPU"  # "avx2": behave as a CPU without AVX-512 (module docstring)
 AMX_ENV = "NANO_VLLM_AMX"  # "0": bf16 matmuls stay on AVX-512 where the CPU has AMX
+# "0": the AVX-512 path computes bf16 by vdpbf16ps, "1": by FMAs on widened weights, "N": by
+# FMAs from N row blocks; unset: as chosen for this CPU (model/csrc/dense_linear.cpp).
+BF16_FMA_ENV = "NANO_VLLM_BF16_FMA"
 
 
 AVX512 = {"avx512f", "avx512bw", "avx512vl", "avx512dq"}  # what our kernels' code needs
@@ -143,6 +146,8 @@ def build_cpu_kernels() -> tuple[ModuleType | None, str | None]:
             module.set_quantized_avx2(True)
         if os.environ.get(AMX_ENV, "1") == "0":
             module.set_dense_amx(0, 0)
+        if os.environ.get(BF16_FMA_ENV, "").isdigit():
+            module.set_dense_bf16_fma(int(os.environ[BF16_FMA_ENV]))
         return module, None
     except Exception as exc:  # no compiler, no ninja, ...: fall back, loudly
         log.warning("CPU kernels unavailable (%s); using the PyTorch paths", exc)

@@ -9,9 +9,12 @@ pass over the weights from memory, not 30 (benchmarks/studies/linear_microbench.
 
 `PackedLinear` replaces `model.layers.Linear` module for module; `pack_model_linears`
 does it for a whole loaded model. The kernel has two paths over the same packed weights: AVX-512
-(bf16 through AVX512_BF16's dot products) and, on CPUs without those, AVX2 with FMA
-(model/csrc/dense_linear_avx2.cpp; bf16 weights widened to fp32 in registers). Without either
-(no compiler, no AVX2, not a CPU tensor) it falls back to plain torch matmuls.
+and, on CPUs without it, AVX2 with FMA (model/csrc/dense_linear_avx2.cpp; bf16 weights widened
+to fp32 in registers). The AVX-512 path computes bf16 by AVX512_BF16's dot products, or where
+those run at half the FMAs' rate (Intel's cores, measured at first use) by FMAs on widened
+weights for many rows, and on AMX from 8 rows where the CPU has it (`bf16_arithmetic` says
+which). Without either path (no compiler, no AVX2, not a CPU tensor) it falls back to plain
+torch matmuls.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from model.cpu_kernel import cpu_supports, cpu_supports_avx2, load_cpu_kernels
+from model.cpu_kernel import AMX_ENV, cpu_supports, cpu_supports_avx2, load_cpu_kernels
 
 log = logging.getLogger("nano_vllm.kernel")
 
@@ -50,6 +53,20 @@ def kernel_isa(dtype: torch.dtype) -> str:
     if name is None or not kernel_support()[name]:
         return "none"
     return "avx512" if cpu_supports(bf16=dtype == torch.bfloat16) else "avx2"
+
+
+def bf16_arithmetic() -> str:
+    """How the kernel computes bf16 matmuls on this CPU, in words (for the start-up log)."""
+    isa = kernel_isa(torch.bfloat16)
+    if isa != "avx512":
+        return {"avx2": "FMAs on weights widened to fp32 (AVX2)", "none": "torch"}[isa]
+    kernels = load_dense_linear()
+    blocks = kernels.dense_bf16_fma_blocks()
+    way = ("vdpbf16ps" if blocks == 0 else "FMAs on weights widened to fp32" if blocks == 1
+           else f"vdpbf16ps, FMAs on weights widened to fp32 from {blocks} row blocks")
+    way += f" (vdpbf16ps at {kernels.bf16_dot_rate():.2f}x the FMAs' rate here)"
+    amx = kernels.dense_amx_usable() and os.environ.get(AMX_ENV, "1") != "0"
+    return way + (", AMX from 8 rows" if amx else "")
 
 
 def load_dense_linear() -> object | None:
@@ -180,3 +197,6 @@ def pack_model_linears(model: nn.Module, use_kernel: bool = True) -> None:
         else:
             packed = PackedLinear.from_linear(module, use_kernel=use_kernel)
         setattr(parent, attr, packed)
+    if any(isinstance(m, PackedLinear) and m.uses_kernel and m.packed.dtype == torch.bfloat16
+           for m in model.modules()):
+        log.info("bf16 matmuls: %s", bf16_arithmetic())

@@ -7,7 +7,8 @@ for M=1 the weight bytes read per second.
 
 Paths: ours (model/dense_linear.py's PackedLinear), ours-avx2 (the same, its AVX2 path forced
 where the CPU would run the AVX-512 one), ours-noamx (bf16 without the AMX path, where the CPU
-has AMX), `x @ weight_t` (what model/layers.py's Linear
+has AMX), ours-dot and ours-fma (bf16 without AMX, by vdpbf16ps and by FMAs on widened weights,
+whichever this CPU would pick), `x @ weight_t` (what model/layers.py's Linear
 does), and oneDNN with its weights reordered once
 (`torch.ops.mkldnn._reorder_linear_weight` + `torch.ops.mkldnn._linear_pointwise`).
 benchmarks/roofline.py sets the same passes against this CPU's measured peaks.
@@ -31,6 +32,18 @@ from model.dense_linear import load_dense_linear
 
 ROWS = [1, 2, 4, 8, 16, 30, 64]
 AMX_ROWS, AMX_CHUNK = 8, 0  # the kernel's defaults (model/csrc/dense_linear.cpp)
+# Our paths' kernel settings: (AVX2 forced, AMX from rows, bf16 by FMAs: 1, 0, or -1 as chosen).
+OUR_PATHS = {"ours": (False, AMX_ROWS, -1), "ours-avx2": (True, AMX_ROWS, -1),
+             "ours-noamx": (False, 0, -1), "ours-dot": (False, 0, 0), "ours-fma": (False, 0, 1)}
+
+
+def set_path(path: str) -> None:
+    """The kernel's knobs for one of OUR_PATHS (the defaults for any other path)."""
+    avx2, amx_rows, bf16_fma = OUR_PATHS.get(path, OUR_PATHS["ours"])
+    kernels = load_dense_linear()
+    kernels.set_dense_avx2(avx2)
+    kernels.set_dense_amx(amx_rows, AMX_CHUNK)
+    kernels.set_dense_bf16_fma(bf16_fma)
 
 
 def main() -> None:
@@ -70,15 +83,13 @@ def main() -> None:
                 print(f"| {name} | {path} | not on this CPU: {str(exc).splitlines()[0]} |")
                 continue
             cells, gbs = [], "-"
-            load_dense_linear().set_dense_avx2(path == "ours-avx2")
-            load_dense_linear().set_dense_amx(0 if path == "ours-noamx" else AMX_ROWS, AMX_CHUNK)
+            set_path(path)
             for m in args.rows:
                 t = time_pass(fns, pass_inputs(m, dtype), args.repeats)
                 cells.append(f"{t * 1e3:.1f}")
                 if m == 1:
                     gbs = f"{nbytes / t / 1e9:.1f}"
-            load_dense_linear().set_dense_avx2(False)
-            load_dense_linear().set_dense_amx(AMX_ROWS, AMX_CHUNK)
+            set_path("ours")
             print(f"| {name} | {path} | " + " | ".join(cells) + f" | {gbs} |", flush=True)
             del fns
             gc.collect()

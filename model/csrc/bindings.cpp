@@ -19,6 +19,10 @@ void set_dense_avx2(bool on);
 void set_dense_amx(int64_t rows, int64_t chunk_steps);
 bool dense_amx_usable();
 int64_t dense_amx_calls();
+int64_t dense_bf16_fma_blocks();
+void set_dense_bf16_fma(int64_t blocks);
+double bf16_dot_rate();
+bool dense_bf16_dot_is_two_fmas();
 torch::Tensor q4_1_linear(torch::Tensor x, torch::Tensor packed, int64_t out_features);
 torch::Tensor q8_0_linear(torch::Tensor x, torch::Tensor packed, int64_t out_features);
 torch::Tensor q5_0_linear(torch::Tensor x, torch::Tensor packed, int64_t out_features);
@@ -60,6 +64,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "dense_linear: does this CPU have AMX (tile, bf16) and may this process use it?");
   m.def("dense_amx_calls", &dense_amx_calls,
         "dense_linear: how many products have run on AMX in this process (tests)");
+  m.def("dense_bf16_fma_blocks", &dense_bf16_fma_blocks,
+        "dense_linear: from how many row blocks the AVX-512 path computes bf16 by FMAs on "
+        "widened weights (0: never; else by vdpbf16ps)");
+  m.def("set_dense_bf16_fma", &set_dense_bf16_fma,
+        "dense_linear: bf16 by FMAs from this many row blocks (1: always, 0: never, -1: as "
+        "chosen for this CPU)");
+  m.def("bf16_dot_rate", &bf16_dot_rate,
+        "vdpbf16ps's multiply-adds per second over FMAs' on this CPU (0: no AVX512_BF16)");
+  m.def("dense_bf16_dot_is_two_fmas", &dense_bf16_dot_is_two_fmas,
+        "does this CPU's vdpbf16ps sum a pair as two fp32 FMAs, k+1 first (Intel's definition)?");
   m.def("set_quantized_avx2", &set_quantized_avx2,
         "the quantized matmuls: use the AVX2 copy even where AVX-512 would run (tests, studies)");
   m.def("q4_1_linear", &q4_1_linear, "x @ W^T from Q4_1 codes (quantized_linear_cpu.cpp)");

@@ -1,5 +1,5 @@
 // y[M, N] = x[M, K] @ W for a few rows (a decode step), with W packed once at load
-// (CPU, AVX-512; fp32, or bf16 with fp32 accumulation through AVX512_BF16).
+// (CPU, AVX-512; fp32, or bf16 with fp32 accumulation).
 //
 // Packed layout. W is cut into column panels of NB = 16 * NR outputs (the last one zero
 // padded). A panel is stored K-major, so streaming through it is one sequential read:
@@ -20,10 +20,12 @@
 // the requests spread over all its row blocks, so memory keeps streaming while the rows
 // are computed (30 rows: 19 ms instead of 25 ms for the whole model's matmuls).
 //
-// Arithmetic. fp32: one FMA per multiply-add, in k order per output (exact fp32, summed
-// in a different order from MKL). bf16: vdpbf16ps adds two exact bf16 x bf16 products to
-// an fp32 accumulator per step; the sum is rounded to bf16 once, at the end
-// (round-to-nearest-even, as torch's bf16 matmul does).
+// Arithmetic (the micro-kernels are in dense_tile_avx512.h). fp32: one FMA per multiply-add,
+// in k order per output (exact fp32, summed in a different order from MKL). bf16: vdpbf16ps
+// adds two exact bf16 x bf16 products to an fp32 accumulator per step, or, where that
+// instruction is slow (Intel's cores: half the FMAs' multiply-adds per second), FMAs do the
+// same sums on weights widened to fp32 for the rows that are compute bound; the sum is
+// rounded to bf16 once, at the end (round-to-nearest-even, as torch's bf16 matmul does).
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
 
@@ -36,6 +38,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -45,7 +48,10 @@
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")
 
+#include "bf16_pairs.h"
 #include "dense_prefetch.h"
+#include "dense_scratch.h"
+#include "dense_tile_avx512.h"
 
 namespace {
 
@@ -73,146 +79,46 @@ int64_t g_amx_rows = 8;
 int64_t g_amx_chunk_steps = 0;
 std::atomic<int64_t> g_amx_calls{0};  // products run on AMX so far (dense_amx_calls, tests)
 
-inline __mmask16 tail_mask(int64_t valid) {
-  return valid >= 16 ? static_cast<__mmask16>(0xFFFF)
-                     : static_cast<__mmask16>((1u << std::max<int64_t>(valid, 0)) - 1u);
-}
+// How the AVX-512 path computes bf16 (set_dense_bf16_fma): by FMAs on weights widened to fp32
+// (dense_tile_avx512.h) for rows that need at least this many row blocks, else by vdpbf16ps
+// (0: never by FMAs; -1: as chosen for this CPU, dense_bf16_fma_blocks()).
+int64_t g_bf16_fma_blocks = -1;
+// From this many row blocks on, the first block keeps the chunk it widens for the others
+// (with fewer, each widening again in registers was faster: measured on an Intel Xeon, family
+// 6 model 167, all the model's matmuls at 8 and 12 rows).
+constexpr int64_t kStagedBlocks = 3;
 
+using dense_tile::BF16;
 
-// ---- micro-kernel ----------------------------------------------------------------
-// A "step" is one k (fp32) or one k pair (bf16): 4 * NB bytes of the panel either way.
-inline __m512i broadcast_pair(const c10::BFloat16* p) {
-  int32_t bits;
-  std::memcpy(&bits, p, sizeof(bits));
-  return _mm512_set1_epi32(bits);
-}
-
-template <typename T, int MR, int NR>
-inline void step(__m512 (&acc)[MR][NR], const T* x, int64_t ldx, int64_t s, const T* w) {
-  if constexpr (std::is_same_v<T, float>) {
-    __m512 b[NR];
-#pragma GCC unroll 16
-    for (int j = 0; j < NR; ++j) b[j] = _mm512_load_ps(w + 16 * j);
-#pragma GCC unroll 16
-    for (int i = 0; i < MR; ++i) {
-      const __m512 a = _mm512_set1_ps(x[i * ldx + s]);
-#pragma GCC unroll 16
-      for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(a, b[j], acc[i][j]);
-    }
-  } else {
-    __m512i b[NR];
-#pragma GCC unroll 16
-    for (int j = 0; j < NR; ++j) b[j] = _mm512_load_si512(w + 32 * j);
-#pragma GCC unroll 16
-    for (int i = 0; i < MR; ++i) {
-      const __m512i a = broadcast_pair(x + i * ldx + 2 * s);
-#pragma GCC unroll 16
-      for (int j = 0; j < NR; ++j)
-        acc[i][j] = _mm512_dpbf16_ps(acc[i][j], (__m512bh)a, (__m512bh)b[j]);
-    }
-  }
-}
-
-// MR rows x NB = 16 * NR columns, over `steps` steps of one panel starting at w (x already
-// offset to the same k). The accumulators start at zero; with `resume` the sum so far in
-// `partial` ([MR][NB] floats) is added at the end, so each chunk of k is summed on its own
-// and the chunks' sums are summed after: rounding error grows with chunk + K / chunk terms,
-// not with K (sequential fp32 sums over K = 1536 were 2.4x further from float64 than MKL's).
-// The result ends in y (rounded to T) when y is given, else in `partial`.
-template <typename T, int MR, int NR>
-void tile(const T* x, int64_t ldx, const T* w, int64_t steps, float* partial, bool resume,
-          T* y, int64_t ldy, int64_t valid_cols, const char* pf, int64_t pf_lines) {
-  constexpr int64_t NB = 16 * NR;
-  constexpr int64_t kStep = 4 * NB / sizeof(T);  // elements of w per step
-  __m512 acc[MR][NR];
-#pragma GCC unroll 16
-  for (int i = 0; i < MR; ++i)
-#pragma GCC unroll 16
-    for (int j = 0; j < NR; ++j)
-      acc[i][j] = _mm512_setzero_ps();
-
-  if (pf_lines > 0) {
-    // pf_lines cache lines from pf on, spread evenly over the steps (Bresenham).
-    int64_t due = 0;
-    for (int64_t s = 0; s < steps; ++s, w += kStep) {
-      dense_prefetch::spread(due, pf, pf_lines, steps);
-      step<T, MR, NR>(acc, x, ldx, s, w);
-    }
-  } else {
-#pragma GCC unroll 2
-    for (int64_t s = 0; s < steps; ++s, w += kStep) step<T, MR, NR>(acc, x, ldx, s, w);
-  }
-
-  if (resume) {
-#pragma GCC unroll 16
-    for (int i = 0; i < MR; ++i)
-#pragma GCC unroll 16
-      for (int j = 0; j < NR; ++j)
-        acc[i][j] = _mm512_add_ps(acc[i][j], _mm512_loadu_ps(partial + i * NB + 16 * j));
-  }
-  if (y == nullptr) {
-#pragma GCC unroll 16
-    for (int i = 0; i < MR; ++i)
-#pragma GCC unroll 16
-      for (int j = 0; j < NR; ++j) _mm512_storeu_ps(partial + i * NB + 16 * j, acc[i][j]);
-    return;
-  }
-#pragma GCC unroll 16
-  for (int i = 0; i < MR; ++i)
-#pragma GCC unroll 16
-    for (int j = 0; j < NR; ++j) {
-      const int64_t valid = valid_cols - 16 * j;
-      T* out = y + i * ldy + 16 * j;
-      if constexpr (std::is_same_v<T, float>) {
-        if (valid >= 16)
-          _mm512_storeu_ps(out, acc[i][j]);
-        else if (valid > 0)
-          _mm512_mask_storeu_ps(out, tail_mask(valid), acc[i][j]);
-      } else {
-        const __m256i packed = (__m256i)_mm512_cvtneps_pbh(acc[i][j]);  // nearest even
-        if (valid >= 16)
-          _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), packed);
-        else if (valid > 0)
-          _mm256_mask_storeu_epi16(out, tail_mask(valid), packed);
-      }
-    }
-}
-
-// ---- dispatch ------------------------------------------------------------------------
-template <typename T>
-using TileFn = void (*)(const T*, int64_t, const T*, int64_t, float*, bool, T*, int64_t,
-                        int64_t, const char*, int64_t);
-
-// Largest row block per panel width: MR * NR accumulators plus NR weight vectors must fit
-// the 32 vector registers.
-template <int NR>
-constexpr int max_rows() {
-  return NR <= 2 ? 12 : NR == 3 ? 8 : 6;
-}
-
-template <typename T, int NR, int... Rows>
-constexpr auto make_table(std::integer_sequence<int, Rows...>) {
-  return std::array<TileFn<T>, sizeof...(Rows)>{&tile<T, Rows + 1, NR>...};
-}
-
-// x: [M, ldx] (ldx = K, or K + 1 for an odd K in bf16); steps = K or ldx / 2.
+// Where the panel loops below run which tile: T is the packed weight's type; bf16 by FMAs
+// from `fma_blocks` row blocks (0: never).
 template <typename T, int NR>
 void run(const T* x, int64_t M, int64_t ldx, int64_t steps, const T* packed, int64_t panels,
-         int64_t N, T* y, int nthreads) {
+         int64_t N, T* y, int nthreads, int64_t fma_blocks) {
+  constexpr bool bf16 = std::is_same_v<T, BF16>;
   constexpr int64_t NB = 16 * NR;
   constexpr int64_t kStep = 4 * NB / sizeof(T);   // panel elements per step
-  constexpr int64_t xStep = sizeof(float) / sizeof(T);  // x elements per step
-  constexpr int MRmax = max_rows<NR>();
-  static constexpr auto table = make_table<T, NR>(std::make_integer_sequence<int, MRmax>{});
+  constexpr int64_t xStep = sizeof(float) / sizeof(T);  // x elements per step (x as T)
+  constexpr int MRmax = dense_tile::max_rows<NR>();
+  static constexpr auto direct = dense_tile::tiles<T, T, T, NR>();
   // Row blocks of near-equal size (8 rows -> 4 + 4, not 6 + 2).
   const int64_t blocks = (M + MRmax - 1) / MRmax;
   const int64_t base = M / blocks, extra = M % blocks;
   const int64_t prefetch = blocks == 1 ? g_prefetch_one_block : g_prefetch_bytes;
+  // bf16 by FMAs: x in fp32, its pairs swapped (bf16_pairs.h). Each row block widens every
+  // step in registers; from kStagedBlocks blocks, the first keeps the chunk it widens in a
+  // per-thread buffer (in L1), which the others read as fp32 weights.
+  const bool fma = bf16 && fma_blocks > 0 && blocks >= fma_blocks;
+  const bool staged = fma && blocks >= kStagedBlocks;
+  float* xf = fma ? dense_scratch::floats(dense_scratch::kX, M * ldx) : nullptr;
+  if (fma) bf16_pairs::to_fp32_swapped(reinterpret_cast<const BF16*>(x), M * ldx / 2, xf);
   // Every row block walks the panel a chunk of steps at a time: the chunk is read from
   // memory once and from L1 by the other blocks, the demand on memory is spread evenly over
   // the compute, and each chunk is summed on its own (see `tile`; sums parked in `partial`).
   const int64_t chunk = std::max<int64_t>(1, g_chunk_steps);
-  std::vector<float> partial(static_cast<size_t>(nthreads) * M * NB);
+  float* partial = dense_scratch::floats(dense_scratch::kPartial, nthreads * M * NB);
+  const int64_t wide_floats = staged ? 2 * NB * chunk : 0;  // a multiple of 16: aligned
+  float* wide = dense_scratch::floats(dense_scratch::kWide, nthreads * wide_floats);
   const char* bytes = reinterpret_cast<const char*>(packed);
   const int64_t total_bytes = panels * steps * kStep * static_cast<int64_t>(sizeof(T));
 
@@ -220,7 +126,8 @@ void run(const T* x, int64_t M, int64_t ldx, int64_t steps, const T* packed, int
   {
     const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
     const int64_t p0 = panels * t / nt, p1 = panels * (t + 1) / nt;
-    float* mine = partial.data() + t * M * NB;
+    float* mine = partial + t * M * NB;
+    float* buf = wide + t * wide_floats;
     for (int64_t p = p0; p < p1; ++p) {
       const T* panel = packed + p * steps * kStep;
       const int64_t valid = std::min<int64_t>(NB, N - p * NB);
@@ -230,15 +137,30 @@ void run(const T* x, int64_t M, int64_t ldx, int64_t steps, const T* packed, int
         // The chunk's weights, `prefetch` bytes further on in this thread's stream (its
         // panels are contiguous), are prefetched while it is computed: line l of them by
         // row block l * blocks / lines, so the requests are spread over the whole chunk.
-        // (Never past the end of the packed weight: `left` bytes remain after `ahead`.)
+        // (Never past the end of the packed weight.)
         const int64_t offset = ((p * steps + s0) * kStep) * static_cast<int64_t>(sizeof(T));
         const auto ahead = dense_prefetch::window(bytes, total_bytes, offset, prefetch, n * NR);
         int64_t row = 0;
         for (int64_t b = 0; b < blocks; ++b) {
           const int64_t rows = base + (b < extra ? 1 : 0);
-          table[rows - 1](x + row * ldx + s0 * xStep, ldx, panel + s0 * kStep, n,
-                          mine + row * NB, s0 > 0, last ? y + row * N + p * NB : nullptr, N,
-                          valid, ahead.part_start(b, blocks), ahead.part_lines(b, blocks));
+          float* part = mine + row * NB;
+          T* out = last ? y + row * N + p * NB : nullptr;
+          const char* pf = ahead.part_start(b, blocks);
+          const int64_t pf_lines = ahead.part_lines(b, blocks);
+          if (!fma) {
+            direct[rows - 1](x + row * ldx + s0 * xStep, ldx, panel + s0 * kStep, n, part,
+                             s0 > 0, out, N, valid, pf, pf_lines, nullptr);
+          } else if constexpr (bf16) {
+            static constexpr auto in_registers = dense_tile::tiles<float, BF16, BF16, NR>();
+            static constexpr auto from_buffer = dense_tile::tiles<float, float, BF16, NR>();
+            const float* xr = xf + row * ldx + 2 * s0;
+            if (!staged || b == 0)  // widens in registers (keeping the chunk when staged)
+              in_registers[rows - 1](xr, ldx, panel + s0 * kStep, n, part, s0 > 0, out, N,
+                                     valid, pf, pf_lines, staged ? buf : nullptr);
+            else
+              from_buffer[rows - 1](xr, ldx, buf, 2 * n, part, s0 > 0, out, N, valid, pf,
+                                    pf_lines, nullptr);
+          }
           row += rows;
         }
       }
@@ -247,40 +169,130 @@ void run(const T* x, int64_t M, int64_t ldx, int64_t steps, const T* packed, int
 }
 
 // The AVX-512 path's entry points, one per weight dtype: NB picks the panel width.
-void linear_bf16(const c10::BFloat16* x, int64_t M, int64_t ldx, const c10::BFloat16* w,
-                 int64_t panels, int64_t NB, int64_t n, c10::BFloat16* y, int nthreads) {
-  using B = c10::BFloat16;
+void linear_bf16(const BF16* x, int64_t M, int64_t ldx, const BF16* w, int64_t panels,
+                 int64_t NB, int64_t n, BF16* y, int nthreads, int64_t fma_blocks) {
   const int64_t steps = ldx / 2;
   switch (NB) {
-    case 16: return run<B, 1>(x, M, ldx, steps, w, panels, n, y, nthreads);
-    case 32: return run<B, 2>(x, M, ldx, steps, w, panels, n, y, nthreads);
-    case 48: return run<B, 3>(x, M, ldx, steps, w, panels, n, y, nthreads);
-    default: return run<B, 4>(x, M, ldx, steps, w, panels, n, y, nthreads);
+    case 16: return run<BF16, 1>(x, M, ldx, steps, w, panels, n, y, nthreads, fma_blocks);
+    case 32: return run<BF16, 2>(x, M, ldx, steps, w, panels, n, y, nthreads, fma_blocks);
+    case 48: return run<BF16, 3>(x, M, ldx, steps, w, panels, n, y, nthreads, fma_blocks);
+    default: return run<BF16, 4>(x, M, ldx, steps, w, panels, n, y, nthreads, fma_blocks);
   }
 }
 
 void linear_f32(const float* x, int64_t M, int64_t K, const float* w, int64_t panels,
                 int64_t NB, int64_t n, float* y, int nthreads) {
   switch (NB) {
-    case 16: return run<float, 1>(x, M, K, K, w, panels, n, y, nthreads);
-    case 32: return run<float, 2>(x, M, K, K, w, panels, n, y, nthreads);
-    case 48: return run<float, 3>(x, M, K, K, w, panels, n, y, nthreads);
-    default: return run<float, 4>(x, M, K, K, w, panels, n, y, nthreads);
+    case 16: return run<float, 1>(x, M, K, K, w, panels, n, y, nthreads, 0);
+    case 32: return run<float, 2>(x, M, K, K, w, panels, n, y, nthreads, 0);
+    case 48: return run<float, 3>(x, M, K, K, w, panels, n, y, nthreads, 0);
+    default: return run<float, 4>(x, M, K, K, w, panels, n, y, nthreads, 0);
   }
+}
+
+// Multiply-adds per second of vdpbf16ps over those of FMAs on one core, from two loops of
+// independent accumulators (register work only: about a millisecond).
+double bf16_dot_relative_rate() {
+  constexpr int kAcc = 24;
+  constexpr int64_t kIters = 20000;
+  auto time_loop = [](bool dot) {
+    __m512 acc[kAcc];
+    for (int i = 0; i < kAcc; ++i) acc[i] = _mm512_set1_ps(1e-3f * i);
+    __m512 a = _mm512_set1_ps(1e-7f), b = _mm512_set1_ps(1e-7f);
+    const auto start = std::chrono::steady_clock::now();
+    for (int64_t it = 0; it < kIters; ++it) {
+#pragma GCC unroll 24
+      for (int i = 0; i < kAcc; ++i)
+        acc[i] = dot ? _mm512_dpbf16_ps(acc[i], (__m512bh)_mm512_castps_si512(a),
+                                        (__m512bh)_mm512_castps_si512(b))
+                     : _mm512_fmadd_ps(a, b, acc[i]);
+      asm volatile("" : "+v"(a), "+v"(b));  // keeps the loop from being folded
+    }
+    const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
+    __m512 sum = acc[0];
+    for (int i = 1; i < kAcc; ++i) sum = _mm512_add_ps(sum, acc[i]);
+    volatile float sink = _mm512_reduce_add_ps(sum);
+    (void)sink;
+    return took.count();
+  };
+  double dot = 1e30, fma = 1e30;
+  for (int round = 0; round < 5; ++round) {  // in turns, best of each
+    dot = std::min(dot, time_loop(true));
+    fma = std::min(fma, time_loop(false));
+  }
+  return 2.0 * fma / dot;  // vdpbf16ps does two multiply-adds per lane, an FMA one
+}
+
+// Does this CPU's vdpbf16ps give, bit for bit, the sums of the FMA paths (the k+1 product
+// added first, then the k product, each rounded in fp32: Intel's definition)? Random
+// normal inputs, 16,384 sums.
+bool bf16_dot_is_two_fmas() {
+  uint32_t state = 12345;
+  auto next = [&state] {  // a small LCG: values near a normal spread, exact in bf16
+    state = state * 1664525u + 1013904223u;
+    return static_cast<float>(static_cast<int32_t>(state >> 8) - (1 << 23)) / (1 << 22);
+  };
+  for (int round = 0; round < 1024; ++round) {
+    alignas(64) BF16 a[32], b[32];
+    alignas(64) float acc[16], out[16];
+    for (int i = 0; i < 32; ++i) a[i] = BF16(next()), b[i] = BF16(next());
+    for (int i = 0; i < 16; ++i) acc[i] = next() * 4;
+    _mm512_store_ps(out, _mm512_dpbf16_ps(_mm512_load_ps(acc), (__m512bh)_mm512_load_si512(a),
+                                          (__m512bh)_mm512_load_si512(b)));
+    for (int i = 0; i < 16; ++i) {
+      volatile float sum = acc[i] + float(a[2 * i + 1]) * float(b[2 * i + 1]);
+      if (sum + float(a[2 * i]) * float(b[2 * i]) != out[i]) return false;
+    }
+  }
+  return true;
 }
 
 }  // namespace
 #pragma GCC pop_options
 
-// The same product on CPUs with AVX2 and FMA only (dense_linear_avx2.cpp); x in fp32.
+// The same product on CPUs with AVX2 and FMA only (dense_linear_avx2.cpp); bf16 by FMAs.
 namespace dense_avx2 {
 void linear_f32(const float* x, int64_t M, int64_t K, const float* packed, int64_t panels,
                 int64_t NB, int64_t N, float* y, int nthreads, int64_t chunk_steps,
                 int64_t prefetch_one, int64_t prefetch_many);
-void linear_bf16(const float* x, int64_t M, int64_t ldx, const c10::BFloat16* packed,
+void linear_bf16(const c10::BFloat16* x, int64_t M, int64_t ldx, const c10::BFloat16* packed,
                  int64_t panels, int64_t NB, int64_t N, c10::BFloat16* y, int nthreads,
                  int64_t chunk_steps, int64_t prefetch_one, int64_t prefetch_many);
 }  // namespace dense_avx2
+
+// Does this CPU run the AVX-512 path's bf16 (AVX512_BF16 and the AVX-512 our code needs)?
+static bool cpu_has_avx512_bf16() {
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+         __builtin_cpu_supports("avx512bf16");
+}
+
+// vdpbf16ps's multiply-adds per second over FMAs' on this CPU (0 where it has none),
+// measured once.
+double bf16_dot_rate() {
+  static const double rate = cpu_has_avx512_bf16() ? bf16_dot_relative_rate() : 0.0;
+  return rate;
+}
+
+bool dense_bf16_dot_is_two_fmas() { return cpu_has_avx512_bf16() && bf16_dot_is_two_fmas(); }
+
+// vdpbf16ps unless it is slow here: on Intel's cores it does half the multiply-adds per second
+// of the two FMA units (measured: 0.50), on AMD Zen 5 as many or more, where it stays (half
+// the loads, no widening). Where it is slow, FMAs take the rows that need several row blocks
+// (compute bound; with fewer, vdpbf16ps keeps up with memory and was a few percent faster),
+// if vdpbf16ps gives the FMAs' very sums, so a row's result still does not depend on its batch;
+// else FMAs take every row count.
+static constexpr double kDotRateForFma = 0.75;
+
+int64_t dense_bf16_fma_blocks() {
+  if (g_bf16_fma_blocks >= 0) return g_bf16_fma_blocks;
+  static const int64_t chosen = bf16_dot_rate() >= kDotRateForFma ? 0
+                                : dense_bf16_dot_is_two_fmas()   ? kStagedBlocks
+                                                                 : 1;
+  return chosen;
+}
+
+void set_dense_bf16_fma(int64_t blocks) { g_bf16_fma_blocks = std::max<int64_t>(-1, blocks); }
 
 // The bf16 product on CPUs with AMX, for many rows (dense_linear_amx.cpp).
 namespace dense_amx {
@@ -304,9 +316,9 @@ torch::Tensor dense_linear(torch::Tensor x, torch::Tensor packed, int64_t n, int
               "dense_linear: the packed weight must be contiguous and 64-byte aligned");
   const bool bf16 = x.dtype() == torch::kBFloat16;
   // AVX-512 (with AVX512_BF16 for bf16) where the CPU has it, else AVX2 with FMA.
-  const bool avx512 = !g_force_avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-                      (!bf16 || __builtin_cpu_supports("avx512bf16"));
+  const bool avx512 = !g_force_avx2 && __builtin_cpu_supports("avx512f") &&
+                      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+                      __builtin_cpu_supports("avx512dq") && (!bf16 || cpu_has_avx512_bf16());
   TORCH_CHECK(avx512 || (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")),
               "dense_linear: this CPU has neither AVX-512", bf16 ? " with AVX512_BF16" : "",
               " nor AVX2 with FMA");
@@ -336,24 +348,24 @@ torch::Tensor dense_linear(torch::Tensor x, torch::Tensor packed, int64_t n, int
   torch::Tensor xin = (bf16 && (K & 1)) ? torch::constant_pad_nd(x2, {0, 1}) : x2;
   const int64_t ldx = xin.size(1);
   const int nthreads = threads > 0 ? static_cast<int>(threads) : at::get_num_threads();
-  // The AVX2 kernel reads x in fp32 (exact for bf16).
-  torch::Tensor xf = (!avx512 && bf16) ? xin.to(torch::kFloat32) : xin;
   // AMX for bf16 from g_amx_rows rows, where its tiles fit the shape: x gets zero rows up to
   // a multiple of 16 (an A tile's), and K pairs must come in whole B tiles of 16.
   const bool amx = avx512 && bf16 && g_amx_rows > 0 && M >= g_amx_rows && (ldx / 2) % 16 == 0 &&
                    dense_amx::amx_usable();
   const int64_t Mpad = (M + 15) / 16 * 16;
+  const int64_t fma_blocks = bf16 && avx512 ? dense_bf16_fma_blocks() : 0;  // with the GIL
   torch::Tensor xpad = amx && Mpad != M ? torch::constant_pad_nd(xin, {0, 0, 0, Mpad - M}) : xin;
 
   // Pure C++ from here on (every check done above: nothing may throw inside OpenMP).
   pybind11::gil_scoped_release no_gil;
   if (!avx512) {
     if (bf16) {
-      dense_avx2::linear_bf16(xf.data_ptr<float>(), M, ldx, packed.data_ptr<c10::BFloat16>(),
-                              panels, NB, n, y.data_ptr<c10::BFloat16>(), nthreads,
+      dense_avx2::linear_bf16(xin.data_ptr<c10::BFloat16>(), M, ldx,
+                              packed.data_ptr<c10::BFloat16>(), panels, NB, n,
+                              y.data_ptr<c10::BFloat16>(), nthreads,
                               g_chunk_steps, g_prefetch_one_block, g_prefetch_bytes);
     } else {
-      dense_avx2::linear_f32(xf.data_ptr<float>(), M, K, packed.data_ptr<float>(), panels, NB, n,
+      dense_avx2::linear_f32(xin.data_ptr<float>(), M, K, packed.data_ptr<float>(), panels, NB, n,
                              y.data_ptr<float>(), nthreads, g_chunk_steps, g_prefetch_one_block,
                              g_prefetch_bytes);
     }
@@ -367,7 +379,7 @@ torch::Tensor dense_linear(torch::Tensor x, torch::Tensor packed, int64_t n, int
                            g_prefetch_bytes);
   } else if (bf16) {
     linear_bf16(xin.data_ptr<c10::BFloat16>(), M, ldx, packed.data_ptr<c10::BFloat16>(), panels,
-                NB, n, y.data_ptr<c10::BFloat16>(), nthreads);
+                NB, n, y.data_ptr<c10::BFloat16>(), nthreads, fma_blocks);
   } else {
     linear_f32(xin.data_ptr<float>(), M, K, packed.data_ptr<float>(), panels, NB, n,
                y.data_ptr<float>(), nthreads);

@@ -9,11 +9,12 @@
 //   panel is still read from memory once, and with several the other blocks find the chunk
 //   in L1.
 // - No bf16 dot-product instruction: a bf16 pair (k, k+1) of a column is one 32-bit word, and
-//   its two weights become fp32 exactly by a shift (k) and a mask (k+1); each is then one FMA
-//   against x, which is converted to fp32 once per call (exact). Products of two bf16 values
-//   are exact in fp32, so the only rounding is the fp32 sum, as in the fp32 path. With more
-//   rows than one block holds, each chunk is widened once into L1 and the fp32 tile runs
-//   over it (see run()).
+//   its two weights become fp32 exactly by a mask (k+1) and a shift (k); each is then one FMA
+//   against x, which is converted to fp32 once per call (exact), k+1 first: the order of
+//   the AVX-512 path's FMAs and of Intel's vdpbf16ps (bf16_pairs.h), so that all three give
+//   the same sums there. Products of two bf16 values are exact in fp32, so the only rounding
+//   is the fp32 sum, as in the fp32 path. With more rows than one block holds, each chunk is
+//   widened once into L1 and the fp32 tile runs over it (see run()).
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
 
@@ -32,7 +33,9 @@
 // -march=native lacks them; dense_linear.cpp checks the CPU before calling it.
 #pragma GCC target("avx2,fma")
 
+#include "bf16_pairs.h"
 #include "dense_prefetch.h"
+#include "dense_scratch.h"
 
 namespace {
 
@@ -45,8 +48,9 @@ constexpr int max_rows() {
   return std::is_same_v<T, float> ? 6 : 5;
 }
 
-// One step (a k in fp32, a k pair in bf16) of an MR x 16 tile. x is fp32 in both cases;
-// w points at the group's 16 columns of this step.
+// One step (a k in fp32, a k pair in bf16) of an MR x 16 tile. x is fp32 in both cases (in
+// bf16, each pair swapped: k+1's value first); w points at the group's 16 columns of this
+// step.
 template <typename T, int MR>
 inline void step(__m256 (&acc)[MR][2], const float* x, int64_t ldx, int64_t s, const T* w) {
   if constexpr (std::is_same_v<T, float>) {
@@ -63,13 +67,13 @@ inline void step(__m256 (&acc)[MR][2], const float* x, int64_t ldx, int64_t s, c
     for (int j = 0; j < 2; ++j) {
       // Eight words: column c's pair (W[2s, c], W[2s+1, c]), the k-even weight in the low half.
       const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(w) + j);
-      const __m256 even = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
       const __m256 odd = _mm256_castsi256_ps(_mm256_and_si256(v, high));
+      const __m256 even = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
 #pragma GCC unroll 8
       for (int i = 0; i < MR; ++i) {
         const float* xi = x + i * ldx + 2 * s;
-        acc[i][j] = _mm256_fmadd_ps(_mm256_broadcast_ss(xi), even, acc[i][j]);
-        acc[i][j] = _mm256_fmadd_ps(_mm256_broadcast_ss(xi + 1), odd, acc[i][j]);
+        acc[i][j] = _mm256_fmadd_ps(_mm256_broadcast_ss(xi), odd, acc[i][j]);
+        acc[i][j] = _mm256_fmadd_ps(_mm256_broadcast_ss(xi + 1), even, acc[i][j]);
       }
     }
   }
@@ -159,7 +163,8 @@ void row_tile(const float* x, const W* w, int64_t ldw, int64_t steps, float* par
 }
 
 // `steps` bf16 steps of one 16-column group (rows `ldw` elements apart) widened to fp32 in
-// `out`: [2 * steps][16], k order, the fp32 tile's input. Exact. Prefetches as tile does.
+// `out`: [2 * steps][16], each pair's k+1 row first (as x's pairs are swapped), the fp32
+// tile's input. Exact. Prefetches as tile does.
 inline void widen(const c10::BFloat16* w, int64_t ldw, int64_t steps, float* out,
                   const char* pf, int64_t pf_lines) {
   const __m256i high = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
@@ -169,8 +174,8 @@ inline void widen(const c10::BFloat16* w, int64_t ldw, int64_t steps, float* out
 #pragma GCC unroll 2
     for (int j = 0; j < 2; ++j) {
       const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(w) + j);
-      _mm256_store_ps(out + 8 * j, _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)));
-      _mm256_store_ps(out + kGroup + 8 * j, _mm256_castsi256_ps(_mm256_and_si256(v, high)));
+      _mm256_store_ps(out + 8 * j, _mm256_castsi256_ps(_mm256_and_si256(v, high)));
+      _mm256_store_ps(out + kGroup + 8 * j, _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)));
     }
   }
 }
@@ -194,7 +199,8 @@ constexpr auto make_row_table(std::integer_sequence<int, Groups...>) {
   return std::array<RowTileFn<T, T>, sizeof...(Groups)>{&row_tile<T, T, Groups + 1>...};
 }
 
-// x: fp32 [M, ldx]; packed: [panels, steps, NB] (fp32) or [panels, steps, NB, 2] (bf16).
+// x: fp32 [M, ldx] (from bf16: each pair swapped); packed: [panels, steps, NB] (fp32) or
+// [panels, steps, NB, 2] (bf16).
 //
 // bf16 with one row block runs the bf16 tile straight from the packed weights (the weights
 // are read once either way, and one row is bound by memory). With several, each chunk of a
@@ -221,9 +227,9 @@ void run(const float* x, int64_t M, int64_t ldx, int64_t steps, const T* packed,
   const int64_t base = M / blocks, extra = M % blocks;
   const int64_t prefetch = blocks == 1 ? prefetch_one : prefetch_many;
   const int64_t chunk = std::max<int64_t>(1, chunk_steps);
-  std::vector<float> partial(static_cast<size_t>(nthreads) * M * NB);
-  const size_t wide_floats = widened ? static_cast<size_t>(2 * kGroup * chunk) : 0;
-  std::vector<float> wide_buf(static_cast<size_t>(nthreads) * wide_floats + 8);
+  float* partial = dense_scratch::floats(dense_scratch::kPartial, nthreads * M * NB);
+  const int64_t wide_floats = widened ? 2 * kGroup * chunk : 0;  // a multiple of 8: aligned
+  float* wide_buf = dense_scratch::floats(dense_scratch::kWide, nthreads * wide_floats);
   const char* bytes = reinterpret_cast<const char*>(packed);
   const int64_t total_bytes = panels * steps * ldw * static_cast<int64_t>(sizeof(T));
   // Where a chunk's prefetches go: spread over its tiles, or over its widenings.
@@ -233,10 +239,8 @@ void run(const float* x, int64_t M, int64_t ldx, int64_t steps, const T* packed,
   {
     const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
     const int64_t p0 = panels * t / nt, p1 = panels * (t + 1) / nt;
-    float* mine = partial.data() + t * M * NB;
-    // 32-byte aligned for the widened rows' aligned loads.
-    float* buf = reinterpret_cast<float*>(
-        (reinterpret_cast<uintptr_t>(wide_buf.data() + t * wide_floats) + 31) & ~uintptr_t{31});
+    float* mine = partial + t * M * NB;
+    float* buf = wide_buf + t * wide_floats;
     for (int64_t p = p0; p < p1; ++p) {
       const T* panel = packed + p * steps * ldw;
       const int64_t valid = std::min<int64_t>(NB, N - p * NB);
@@ -294,11 +298,14 @@ void linear_f32(const float* x, int64_t M, int64_t K, const float* packed, int64
              prefetch_many);
 }
 
-void linear_bf16(const float* x, int64_t M, int64_t ldx, const c10::BFloat16* packed,
+// x in bf16, converted here (each pair swapped).
+void linear_bf16(const c10::BFloat16* x, int64_t M, int64_t ldx, const c10::BFloat16* packed,
                  int64_t panels, int64_t NB, int64_t N, c10::BFloat16* y, int nthreads,
                  int64_t chunk_steps, int64_t prefetch_one, int64_t prefetch_many) {
-  run<c10::BFloat16>(x, M, ldx, ldx / 2, packed, panels, NB, N, y, nthreads, chunk_steps,
-                     prefetch_one, prefetch_many);
+  float* xf = dense_scratch::floats(dense_scratch::kX, M * ldx);
+  bf16_pairs::to_fp32_swapped(x, M * ldx / 2, xf);
+  run<c10::BFloat16>(xf, M, ldx, ldx / 2, packed, panels, NB, N, y, nthreads,
+                     chunk_steps, prefetch_one, prefetch_many);
 }
 
 }  // namespace dense_avx2

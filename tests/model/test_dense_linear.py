@@ -41,13 +41,18 @@ needs_bf16 = pytest.mark.skipif(not BF16_OK, reason="no AVX2 or no C++ toolchain
 PATHS = ["native"] + (["avx2"] if FP32_OK and cpu_supports() and cpu_supports_avx2() else [])
 # Where the CPU has AMX, bf16 from 8 rows runs on it; "no-amx" keeps the AVX-512 path tested.
 AMX = FP32_OK and cpu_supports(bf16=True) and load_cpu_kernels().dense_amx_usable()
-# bf16 tests take every path; fp32 never runs on AMX, so its tests skip "no-amx".
-BF16_PATHS = PATHS + (["no-amx"] if AMX else [])
+# The AVX-512 path computes bf16 by vdpbf16ps or by FMAs on widened weights, as chosen for the
+# CPU; "dot" and "fma" force each for every row count (AMX off), so both are tested anywhere.
+BF16_AVX512 = FP32_OK and cpu_supports(bf16=True)
+# bf16 tests take every path; fp32 never runs on AMX nor on bf16's two ways, so its tests skip
+# those.
+BF16_PATHS = PATHS + (["no-amx"] if AMX else []) + (["dot", "fma"] if BF16_AVX512 else [])
 DTYPE_PATHS = ([pytest.param(torch.float32, p, id=f"float32-{p}") for p in PATHS]
                + [pytest.param(torch.bfloat16, p, id=f"bfloat16-{p}") for p in BF16_PATHS])
 # The kernel's defaults (model/csrc/dense_linear.cpp; none under NANO_VLLM_AMX=0).
 AMX_ROWS = 0 if os.environ.get(AMX_ENV, "1") == "0" else 8
 AMX_CHUNK = 0  # all of K
+BF16_FMA = {"dot": 0, "fma": 1}  # set_dense_bf16_fma's blocks for those paths (else -1)
 
 
 @pytest.fixture(params=PATHS)
@@ -58,12 +63,14 @@ def path(request):
         return
     kernels = load_cpu_kernels()
     kernels.set_dense_avx2(request.param == "avx2")
-    kernels.set_dense_amx(0 if request.param == "no-amx" else AMX_ROWS, AMX_CHUNK)
+    kernels.set_dense_amx(AMX_ROWS if request.param == "avx2" else 0, AMX_CHUNK)
+    kernels.set_dense_bf16_fma(BF16_FMA.get(request.param, -1))
     try:
         yield request.param
     finally:
         kernels.set_dense_avx2(False)
         kernels.set_dense_amx(AMX_ROWS, AMX_CHUNK)
+        kernels.set_dense_bf16_fma(-1)
 
 
 def test_amx_is_used_where_the_cpu_has_it():
@@ -269,30 +276,82 @@ def test_capability_probe_is_consistent():
         assert support == {"float32": True, "bfloat16": True}
 
 
+def kernel_outputs(layer: PackedLinear, x: torch.Tensor, *, avx2: bool = False,
+                   bf16_fma: int = -1) -> torch.Tensor:
+    """layer(x) with the AVX2 path forced or not and bf16's way set (AMX off: it has its own
+    order), the kernel's settings restored after."""
+    kernels = load_cpu_kernels()
+    kernels.set_dense_amx(0, AMX_CHUNK)
+    kernels.set_dense_avx2(avx2)
+    kernels.set_dense_bf16_fma(bf16_fma)
+    try:
+        return layer(x)
+    finally:
+        kernels.set_dense_avx2(False)
+        kernels.set_dense_amx(AMX_ROWS, AMX_CHUNK)
+        kernels.set_dense_bf16_fma(-1)
+
+
 @needs_fp32
 def test_the_avx2_path_agrees_with_the_native_one():
     """Both paths sum each output in the same order (chunks of k, FMAs in k order), so on a
-    CPU with AVX-512 they agree bit for bit in fp32; bf16 differs only where vdpbf16ps's pair
-    sum rounds differently from two FMAs (well under one bf16 rounding). (AMX off: it has its
-    own order.)"""
+    CPU with AVX-512 they agree bit for bit in fp32; in bf16 the AVX2 path's FMAs sum each k
+    pair as vdpbf16ps does where the CPU follows Intel's definition of it (k+1 first), and
+    elsewhere differ only where the instruction's pair sum rounds otherwise."""
     if "avx2" not in PATHS:
         pytest.skip("this CPU runs the AVX2 path natively")
-    kernels = load_cpu_kernels()
+    two_fmas = load_cpu_kernels().dense_bf16_dot_is_two_fmas()
     for dtype in [torch.float32, torch.bfloat16]:
         x, w = inputs(30, 576, 960, dtype)
         layer = PackedLinear(w)
-        kernels.set_dense_amx(0, AMX_CHUNK)
-        try:
-            native = layer(x)
-            kernels.set_dense_avx2(True)
-            forced = layer(x)
-        finally:
-            kernels.set_dense_avx2(False)
-            kernels.set_dense_amx(AMX_ROWS, AMX_CHUNK)
-        if dtype == torch.float32:
-            assert torch.equal(native, forced)
+        native = kernel_outputs(layer, x, bf16_fma=0)
+        forced = kernel_outputs(layer, x, avx2=True)
+        differ = (native != forced).double().mean().item()
+        print(f"{dtype}: {differ:.2%} of outputs differ (vdpbf16ps as two FMAs: {two_fmas})")
+        if dtype == torch.float32 or two_fmas:
+            assert differ == 0
         else:
-            assert (native != forced).double().mean().item() < 0.01
+            assert differ < 0.01
+
+
+@needs_bf16
+def test_bf16_by_fmas_is_the_avx2_paths_arithmetic():
+    """The AVX-512 path's bf16 by FMAs and the AVX2 path run the same FMAs in the same order
+    and chunks (one row block widening in registers, several reading the chunk the first one
+    widened), so they agree bit for bit at every row count, on any CPU."""
+    if "avx2" not in PATHS:
+        pytest.skip("this CPU runs the AVX2 path natively")
+    w = inputs(1, 1536, 960, torch.bfloat16)[1]
+    layer = PackedLinear(w)
+    for m in [1, 5, 8, 9, 17, 30, 64]:
+        x = inputs(m, 1536, 960, torch.bfloat16, seed=m)[0]
+        assert torch.equal(kernel_outputs(layer, x, bf16_fma=1),
+                           kernel_outputs(layer, x, avx2=True)), m
+
+
+@needs_bf16
+def test_bf16_takes_the_faster_way_with_the_same_sums():
+    """bf16 runs by vdpbf16ps unless the CPU's vdpbf16ps does under 3/4 of its FMAs'
+    multiply-adds per second (Intel's cores: 1/2); then FMAs take the rows that need 3 or more
+    row blocks where vdpbf16ps gives their very sums (so a row alone and in a batch still agree),
+    and every row count where it does not. Checked: the rule, a plausible measured rate, and
+    equal sums on a CPU that claims them."""
+    if not BF16_AVX512:
+        pytest.skip("no AVX512_BF16 here")
+    kernels = load_cpu_kernels()
+    rate, two_fmas = kernels.bf16_dot_rate(), kernels.dense_bf16_dot_is_two_fmas()
+    blocks = kernels.dense_bf16_fma_blocks()
+    print(f"vdpbf16ps: {rate:.2f}x the FMAs' multiply-adds per second, two FMAs: {two_fmas}; "
+          f"bf16 by FMAs from {blocks} row blocks (0: never)")
+    assert 0.2 < rate < 8
+    assert blocks == (0 if rate >= 0.75 else 3 if two_fmas else 1)
+    w = inputs(1, 576, 960, torch.bfloat16)[1]
+    layer = PackedLinear(w)
+    for m in [1, 8, 30]:
+        x = inputs(m, 576, 960, torch.bfloat16, seed=m)[0]
+        dot, fma = kernel_outputs(layer, x, bf16_fma=0), kernel_outputs(layer, x, bf16_fma=1)
+        differ = (dot != fma).double().mean().item()
+        assert differ == 0 if two_fmas else differ < 0.01, (m, differ)
 
 
 # ---- the whole model -------------------------------------------------------------------

@@ -1,0 +1,196 @@
+// The AVX-512 micro-kernels of the dense GEMM (dense_linear.cpp, read its header first): one
+// MR x NB block of outputs over a run of steps of one packed panel, with its accumulators in
+// registers. Included by dense_linear.cpp only, inside its AVX-512 target region.
+//
+// Three ways to compute a step, by the types the tile reads (x, w):
+//   (float, float)        fp32: one FMA per multiply-add;
+//   (BFloat16, BFloat16)  bf16 by vdpbf16ps: a k pair of each column per instruction;
+//   (float, BFloat16)     bf16 by FMAs: each pair's two weights widened to fp32 in registers
+//                         (a mask and a shift), then one FMA each, k+1 first, against x in
+//                         fp32 with each pair's two values swapped (bf16_pairs.h).
+// Products of two bf16 values are exact in fp32. Intel defines vdpbf16ps as the k+1 product
+// added to the accumulator, then the k product, each rounded in fp32: so the FMA order above
+// gives the instruction's own sums (where a CPU does as Intel defines: checked by
+// bf16_dot_is_two_fmas()), and a CPU whose vdpbf16ps has half the FMA units' throughput
+// (Intel's cores, measured) gets fp32's compute rate in bf16 with the same results.
+#pragma once
+
+#include <c10/util/BFloat16.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <utility>
+
+#include "dense_prefetch.h"
+
+namespace dense_tile {
+namespace {
+
+using BF16 = c10::BFloat16;
+
+inline __mmask16 tail_mask(int64_t valid) {
+  return valid >= 16 ? static_cast<__mmask16>(0xFFFF)
+                     : static_cast<__mmask16>((1u << std::max<int64_t>(valid, 0)) - 1u);
+}
+
+inline __m512i broadcast_pair(const BF16* p) {
+  int32_t bits;
+  std::memcpy(&bits, p, sizeof(bits));
+  return _mm512_set1_epi32(bits);
+}
+
+// A panel row of pairs as two fp32 vectors of 16 columns: the k+1 weights (the high halves,
+// masked) and the k weights (the low halves, shifted up).
+inline void widen_pairs(__m512i v, __m512& odd, __m512& even) {
+  odd = _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
+  even = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+}
+
+// One step: a k (w fp32) or a k pair (w bf16) for MR rows x 16 * NR columns.
+// With `keep` (FMA step only), the step's widened weights are also stored there for the
+// row blocks after this one: [2 * s][NB] is the k+1 row, [2 * s + 1][NB] the k row.
+template <typename X, typename W, int MR, int NR>
+inline void step(__m512 (&acc)[MR][NR], const X* x, int64_t ldx, int64_t s, const W* w,
+                 float* keep) {
+  if constexpr (std::is_same_v<W, float>) {
+    static_assert(std::is_same_v<X, float>);
+    __m512 b[NR];
+#pragma GCC unroll 16
+    for (int j = 0; j < NR; ++j) b[j] = _mm512_load_ps(w + 16 * j);
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+      const __m512 a = _mm512_set1_ps(x[i * ldx + s]);
+#pragma GCC unroll 16
+      for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(a, b[j], acc[i][j]);
+    }
+  } else if constexpr (std::is_same_v<X, BF16>) {
+    __m512i b[NR];
+#pragma GCC unroll 16
+    for (int j = 0; j < NR; ++j) b[j] = _mm512_load_si512(w + 32 * j);
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+      const __m512i a = broadcast_pair(x + i * ldx + 2 * s);
+#pragma GCC unroll 16
+      for (int j = 0; j < NR; ++j)
+        acc[i][j] = _mm512_dpbf16_ps(acc[i][j], (__m512bh)a, (__m512bh)b[j]);
+    }
+  } else {
+    // Every column group's two widened vectors, then each row's two broadcasts against all
+    // of them (x's pair is swapped: xi[0] is k+1's value, xi[1] k's).
+    __m512 odd[NR], even[NR];
+#pragma GCC unroll 16
+    for (int j = 0; j < NR; ++j) {
+      widen_pairs(_mm512_load_si512(w + 32 * j), odd[j], even[j]);
+      if (keep != nullptr) {
+        _mm512_store_ps(keep + 32 * NR * s + 16 * j, odd[j]);
+        _mm512_store_ps(keep + 32 * NR * s + 16 * NR + 16 * j, even[j]);
+      }
+    }
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+      const float* xi = x + i * ldx + 2 * s;
+      const __m512 a_odd = _mm512_set1_ps(xi[0]), a_even = _mm512_set1_ps(xi[1]);
+#pragma GCC unroll 16
+      for (int j = 0; j < NR; ++j) {
+        acc[i][j] = _mm512_fmadd_ps(a_odd, odd[j], acc[i][j]);
+        acc[i][j] = _mm512_fmadd_ps(a_even, even[j], acc[i][j]);
+      }
+    }
+  }
+}
+
+// MR rows x NB = 16 * NR columns, over `steps` steps of one panel starting at w (x already
+// offset to the same k). The accumulators start at zero; with `resume` the sum so far in
+// `partial` ([MR][NB] floats) is added at the end, so each chunk of k is summed on its own
+// and the chunks' sums are summed after: rounding error grows with chunk + K / chunk terms,
+// not with K (sequential fp32 sums over K = 1536 were 2.4x further from float64 than MKL's).
+// The result ends in y (rounded to Out) when y is given, else in `partial`. pf_lines cache
+// lines from pf on are prefetched, spread over the steps. `keep`: as step()'s.
+template <typename X, typename W, typename Out, int MR, int NR>
+void tile(const X* x, int64_t ldx, const W* w, int64_t steps, float* partial, bool resume,
+          Out* y, int64_t ldy, int64_t valid_cols, const char* pf, int64_t pf_lines,
+          float* keep) {
+  constexpr int64_t NB = 16 * NR;
+  constexpr int64_t kStep = 4 * NB / sizeof(W);  // elements of w per step
+  __m512 acc[MR][NR];
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 16
+    for (int j = 0; j < NR; ++j)
+      acc[i][j] = _mm512_setzero_ps();
+
+  if (pf_lines > 0) {
+    // pf_lines cache lines from pf on, spread evenly over the steps (Bresenham).
+    int64_t due = 0;
+    for (int64_t s = 0; s < steps; ++s, w += kStep) {
+      dense_prefetch::spread(due, pf, pf_lines, steps);
+      step<X, W, MR, NR>(acc, x, ldx, s, w, keep);
+    }
+  } else {
+#pragma GCC unroll 2
+    for (int64_t s = 0; s < steps; ++s, w += kStep) step<X, W, MR, NR>(acc, x, ldx, s, w, keep);
+  }
+
+  if (resume) {
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 16
+      for (int j = 0; j < NR; ++j)
+        acc[i][j] = _mm512_add_ps(acc[i][j], _mm512_loadu_ps(partial + i * NB + 16 * j));
+  }
+  if (y == nullptr) {
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 16
+      for (int j = 0; j < NR; ++j) _mm512_storeu_ps(partial + i * NB + 16 * j, acc[i][j]);
+    return;
+  }
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 16
+    for (int j = 0; j < NR; ++j) {
+      const int64_t valid = valid_cols - 16 * j;
+      Out* out = y + i * ldy + 16 * j;
+      if constexpr (std::is_same_v<Out, float>) {
+        if (valid >= 16)
+          _mm512_storeu_ps(out, acc[i][j]);
+        else if (valid > 0)
+          _mm512_mask_storeu_ps(out, tail_mask(valid), acc[i][j]);
+      } else {
+        const __m256i packed = (__m256i)_mm512_cvtneps_pbh(acc[i][j]);  // nearest even
+        if (valid >= 16)
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), packed);
+        else if (valid > 0)
+          _mm256_mask_storeu_epi16(out, tail_mask(valid), packed);
+      }
+    }
+}
+
+template <typename X, typename W, typename Out>
+using TileFn = void (*)(const X*, int64_t, const W*, int64_t, float*, bool, Out*, int64_t,
+                        int64_t, const char*, int64_t, float*);
+
+// Largest row block per panel width: MR * NR accumulators plus NR weight vectors (or the two
+// widened vectors and two broadcasts of the FMA step) must fit the 32 vector registers.
+template <int NR>
+constexpr int max_rows() {
+  return NR <= 2 ? 12 : NR == 3 ? 8 : 6;
+}
+
+template <typename X, typename W, typename Out, int NR, int... Rows>
+constexpr auto make_table(std::integer_sequence<int, Rows...>) {
+  return std::array<TileFn<X, W, Out>, sizeof...(Rows)>{&tile<X, W, Out, Rows + 1, NR>...};
+}
+
+// tile<X, W, Out, MR, NR> for MR = 1 .. max_rows<NR>(), indexed by MR - 1.
+template <typename X, typename W, typename Out, int NR>
+constexpr auto tiles() {
+  return make_table<X, W, Out, NR>(std::make_integer_sequence<int, max_rows<NR>()>{});
+}
+
+}  // namespace
+}  // namespace dense_tile
