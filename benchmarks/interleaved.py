@@ -16,11 +16,19 @@ FLAGS (default: --users 1 --max-tokens 100), saved as OUT/LABEL-TURN.json, and e
 turn's figures in OUT/interleaved.json. Printed: each server's median over the turns, and
 its median ratio to the first server within a turn, the statistic the drift cancels out
 of. Run nothing else meanwhile.
+
+How memory was handed out matters too. On an Intel Xeon VM (family 6, model 167), after runs
+that had filled the page cache, the server started first streamed one user's fp32 tokens
+12% slower than identical servers started after it, whatever its place in a turn; with the
+page cache dropped first, three identical servers agreed within 1%. --drop-caches (root
+only) writes the page cache back and drops it before the servers start; swapping the
+servers' order in a second run shows what is left of a start-order effect.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import statistics
 import subprocess
@@ -57,6 +65,15 @@ def run_turn(label: str, url: str, out: Path, bench_flags: list[str]) -> BenchRu
     return BenchRun.load(result_path(out, label))
 
 
+def drop_caches() -> None:
+    """Write dirty pages back and drop the page cache, dentries and inodes (needs root)."""
+    os.sync()
+    try:
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    except OSError as exc:
+        sys.exit(f"--drop-caches: cannot write /proc/sys/vm/drop_caches ({exc}); run as root")
+
+
 def main(argv: list[str] | None = None) -> int:
     ours, bench_flags = split_commands(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
@@ -65,7 +82,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out", type=Path, help="where bench.py saves LABEL-TURN.json")
     parser.add_argument("servers", nargs="+", type=server_arg, metavar="LABEL=COMMAND")
     parser.add_argument("--turns", type=int, default=10)
+    parser.add_argument("--drop-caches", action="store_true",
+                        help="drop the page cache before the servers start (root only)")
     args = parser.parse_args(ours)
+    if args.drop_caches:
+        drop_caches()
     bench_flags = bench_flags or DEFAULT_LOAD
     run = InterleavedRun(Machine.this_one(), time.strftime("%Y-%m-%dT%H:%M:%S"), bench_flags,
                          {label: shlex.join(command) for label, command in args.servers},
