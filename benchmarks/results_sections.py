@@ -87,6 +87,71 @@ def interleaved_section(title: str, intro: str, subdir: str, bench_flags: str) -
         partial(one_user_interleaved, subdir))
 
 
+def turns_table(path: str, folder: Path) -> list[str]:
+    """Each server of one interleaved run: its throughput per turn, its ITL p50 (median of the
+    turns) and its ITL over the first server's within each turn (median, range)."""
+    run = InterleavedRun.load(folder / path)
+    first = next(iter(run.itl_p50_ms))
+    rows = []
+    for label, itl in run.itl_p50_ms.items():
+        ratios = run.ratios(label, first)
+        rows.append((f"`{label}`", [
+            ", ".join(f"{t:.0f}" for t in run.throughput_tok_s[label]),
+            f"{statistics.median(itl):.1f}",
+            "1" if label == first else
+            f"{statistics.median(ratios):.3f} ({min(ratios):.3f}-{max(ratios):.3f})"]))
+    return markdown_table("server", ["throughput per turn (tok/s)",
+                                     "ITL p50, median of turns (ms)",
+                                     f"ITL over `{first}`'s per turn, median (range)"], rows)
+
+
+ORDERS = ("nano-first", "llama-first")
+NO_REPACK = {"q4_1": " --no-repack"}  # llama-server's Q4_1 load crashed on that CPU without it
+
+
+def both_orders(folder: Path) -> list[str]:
+    rows = []
+    for precision in INTERLEAVED:
+        for order in ORDERS:
+            run = InterleavedRun.load(folder / f"one-user-both-orders/{precision}/{order}/"
+                                               "interleaved.json")
+            ratios = run.ratios("nano-vllm", "llama-cpp")
+            rows.append((f"{precision}, {order.replace('-', ' started ')}", [
+                f"{statistics.median(run.itl_p50_ms['nano-vllm']):.2f}",
+                f"{statistics.median(run.itl_p50_ms['llama-cpp']):.2f}",
+                f"{statistics.median(ratios):.3f}", f"{min(ratios):.3f}-{max(ratios):.3f}"]))
+    return markdown_table("precision, order", ["nano-vLLM ITL p50 (ms)", "llama.cpp ITL p50 (ms)",
+                                               "nano-vLLM / llama.cpp per turn, median",
+                                               "range"], rows)
+
+
+def both_orders_commands() -> list[str]:
+    commands = []
+    for p in INTERLEAVED:
+        ours = f'"nano-vllm=python3 server.py --port {{port}}{OUR_FLAGS[p]}"'
+        theirs = (f'"llama-cpp=bash benchmarks/llama_cpp.sh serve {LLAMA_KIND[p]} {{port}}'
+                  f'{NO_REPACK.get(p, "")}"')
+        for order, servers in zip(ORDERS, (f"{ours} {theirs}", f"{theirs} {ours}"), strict=True):
+            commands.append(f"python3 benchmarks/interleaved.py results/one-user-both-orders/"
+                            f"{p}/{order} --drop-caches {servers} --turns 8")
+    return commands
+
+
+VS_LLAMA_30 = {"fp32": "f32", "bf16": "bf16", "q4_1": "q4_1"}  # precision: results subfolder
+
+
+def thirty_users_vs_llama(folder: Path) -> list[str]:
+    rows = []
+    for precision, sub in VS_LLAMA_30.items():
+        run = InterleavedRun.load(folder / f"vs-llama-cpp-30-users/{sub}/interleaved.json")
+        rows.append((precision, [
+            ", ".join(f"{t:.0f}" for t in run.throughput_tok_s["nano-vllm"]),
+            ", ".join(f"{t:.0f}" for t in run.throughput_tok_s["llama-cpp"]),
+            f"{statistics.median(run.ratios('llama-cpp', 'nano-vllm')):.2f}"]))
+    return markdown_table("precision", ["nano-vLLM tok/s per turn", "llama.cpp tok/s per turn",
+                                        "their ITL p50 over ours, per turn (median)"], rows)
+
+
 def new_sections(folder: Path) -> list[Section]:
     return [
         interleaved_section(
@@ -162,6 +227,53 @@ def new_sections(folder: Path) -> list[Section]:
                    "gemma/llama-cpp-gemma-3-270m"),
                   ("Gemma 3 270M, `--weights q4_1` (the file's own codes)",
                    "gemma/nano-vllm-gemma-codes", "gemma/llama-cpp-gemma-3-270m"))),
+        Section(
+            "bf16 without AMX: FMAs where vdpbf16ps is slow",
+            "30 users x 100 tokens, four servers up at once and given the load in turns: fp32; "
+            "bf16 with AMX off (as on a CPU without it) computed by `vdpbf16ps` at every row "
+            "count (`NANO_VLLM_BF16_FMA=0`, the kernel's only way before); bf16 with AMX off "
+            "as the kernel now chooses on this CPU, whose `vdpbf16ps` does half the FMA units' "
+            "multiply-adds per second (FMAs on weights widened to fp32 from 3 row blocks, the "
+            "same sums); bf16 with AMX (the default here). The page cache was dropped before "
+            "the servers started.",
+            ["python3 benchmarks/interleaved.py results/bf16-without-amx --drop-caches "
+             '"fp32=python3 server.py --port {port}" "bf16-dot=env NANO_VLLM_AMX=0 '
+             'NANO_VLLM_BF16_FMA=0 python3 server.py --port {port} --dtype bfloat16" '
+             '"bf16=env NANO_VLLM_AMX=0 python3 server.py --port {port} --dtype bfloat16" '
+             '"bf16-amx=python3 server.py --port {port} --dtype bfloat16" --turns 4 -- '
+             "--users 30 --max-tokens 100 --rounds 2"],
+            ["bf16-without-amx/interleaved.json"],
+            partial(turns_table, "bf16-without-amx/interleaved.json")),
+        Section(
+            "One user against llama.cpp, each server started first in turn",
+            "As in [One user against llama.cpp, interleaved](#one-user-against-llamacpp-"
+            "interleaved), one user and 100 tokens to each in turn, eight turns, but each "
+            "comparison twice: once with nano-vLLM started first, once with llama.cpp "
+            "started first, the page cache dropped before each (`--drop-caches`: on this "
+            "VM the server started first after runs that had filled the page cache streamed "
+            "12% slower than identical servers started after it). llama.cpp serves the Q4_1 "
+            "file with `--no-repack`: its weight repacking crashed (SIGSEGV) while loading "
+            "that file on this CPU. Below 1.000, nano-vLLM streams faster.",
+            both_orders_commands(),
+            [f"one-user-both-orders/{p}/{o}/interleaved.json" for p in INTERLEAVED
+             for o in ORDERS], both_orders),
+        Section(
+            "30 users against llama.cpp, interleaved",
+            "Both servers up at once, 30 users x 100 tokens to each in turn, three turns. "
+            "llama.cpp serves the Q4_1 file with `--no-repack` (as in the section above).",
+            ["python3 benchmarks/interleaved.py results/vs-llama-cpp-30-users/f32 "
+             '"nano-vllm=python3 server.py --port {port}" "llama-cpp=bash '
+             'benchmarks/llama_cpp.sh serve f32 {port}" --turns 3 -- --users 30 --max-tokens 100',
+             "python3 benchmarks/interleaved.py results/vs-llama-cpp-30-users/bf16 "
+             '"nano-vllm=python3 server.py --port {port} --dtype bfloat16" "llama-cpp=bash '
+             'benchmarks/llama_cpp.sh serve bf16 {port}" --turns 3 -- --users 30 '
+             "--max-tokens 100",
+             "python3 benchmarks/interleaved.py results/vs-llama-cpp-30-users/q4_1 "
+             '--drop-caches "nano-vllm=python3 server.py --port {port} --weights q4_1" '
+             '"llama-cpp=bash benchmarks/llama_cpp.sh serve q4_1 {port} --no-repack" '
+             "--turns 3 -- --users 30 --max-tokens 100"],
+            [f"vs-llama-cpp-30-users/{sub}/interleaved.json" for sub in VS_LLAMA_30.values()],
+            thirty_users_vs_llama),
     ]
 
 

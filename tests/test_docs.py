@@ -27,7 +27,7 @@ FOREIGN_FLAGS = {
     "--fail", "--silent", "--show-error", "--data", "--header", "--request", "--no-buffer",
     "--url", "--checks", "--phases", "--max-examples", "--workers", "--num-cpus",
     "--disable-usage-stats", "--address", "--head", "--dashboard-host", "--include-dashboard",
-    "--serve-app-name",
+    "--serve-app-name", "--no-repack",
 }
 
 # Our commands, as the docs invoke them: the way to ask each for --help.
