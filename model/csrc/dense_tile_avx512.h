@@ -50,6 +50,13 @@ inline void widen_pairs(__m512i v, __m512& odd, __m512& even) {
   even = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
 }
 
+// Column groups whose widened weights the FMA step holds at once (see step()).
+constexpr int fma_groups(int MR, int NR) {
+  for (int g = NR; g > 1; --g)
+    if (NR % g == 0 && MR * NR + 2 * g + 3 <= 32) return g;
+  return 1;
+}
+
 // One step: a k (w fp32) or a k pair (w bf16) for MR rows x 16 * NR columns.
 // With `keep` (FMA step only), the step's widened weights are also stored there for the
 // row blocks after this one: [2 * s][NB] is the k+1 row, [2 * s + 1][NB] the k row.
@@ -79,25 +86,35 @@ inline void step(__m512 (&acc)[MR][NR], const X* x, int64_t ldx, int64_t s, cons
         acc[i][j] = _mm512_dpbf16_ps(acc[i][j], (__m512bh)a, (__m512bh)b[j]);
     }
   } else {
-    // Every column group's two widened vectors, then each row's two broadcasts against all
-    // of them (x's pair is swapped: xi[0] is k+1's value, xi[1] k's).
-    __m512 odd[NR], even[NR];
-#pragma GCC unroll 16
-    for (int j = 0; j < NR; ++j) {
-      widen_pairs(_mm512_load_si512(w + 32 * j), odd[j], even[j]);
-      if (keep != nullptr) {
-        _mm512_store_ps(keep + 32 * NR * s + 16 * j, odd[j]);
-        _mm512_store_ps(keep + 32 * NR * s + 16 * NR + 16 * j, even[j]);
+    // G column groups at a time: their two widened vectors each, then each row's two
+    // broadcasts against all of them (x's pair is swapped: xi[0] is k+1's value, xi[1] k's).
+    // G is all NR groups where the accumulators, the widened vectors, the two broadcasts and
+    // the mask fit the 32 registers, else fewer (the rows' broadcasts are then loaded again
+    // for each G groups: cheaper than the spills).
+    constexpr int G = fma_groups(MR, NR);
+#pragma GCC unroll 4
+    for (int j0 = 0; j0 < NR; j0 += G) {
+      // Loads x again after this point: kept from the groups before, the broadcasts would
+      // take the registers that G < NR frees.
+      if (j0 > 0) asm volatile("" ::: "memory");
+      __m512 odd[G], even[G];
+#pragma GCC unroll 4
+      for (int j = 0; j < G; ++j) {
+        widen_pairs(_mm512_load_si512(w + 32 * (j0 + j)), odd[j], even[j]);
+        if (keep != nullptr) {
+          _mm512_store_ps(keep + 32 * NR * s + 16 * (j0 + j), odd[j]);
+          _mm512_store_ps(keep + 32 * NR * s + 16 * NR + 16 * (j0 + j), even[j]);
+        }
       }
-    }
 #pragma GCC unroll 16
-    for (int i = 0; i < MR; ++i) {
-      const float* xi = x + i * ldx + 2 * s;
-      const __m512 a_odd = _mm512_set1_ps(xi[0]), a_even = _mm512_set1_ps(xi[1]);
-#pragma GCC unroll 16
-      for (int j = 0; j < NR; ++j) {
-        acc[i][j] = _mm512_fmadd_ps(a_odd, odd[j], acc[i][j]);
-        acc[i][j] = _mm512_fmadd_ps(a_even, even[j], acc[i][j]);
+      for (int i = 0; i < MR; ++i) {
+        const float* xi = x + i * ldx + 2 * s;
+        const __m512 a_odd = _mm512_set1_ps(xi[0]), a_even = _mm512_set1_ps(xi[1]);
+#pragma GCC unroll 4
+        for (int j = 0; j < G; ++j) {
+          acc[i][j0 + j] = _mm512_fmadd_ps(a_odd, odd[j], acc[i][j0 + j]);
+          acc[i][j0 + j] = _mm512_fmadd_ps(a_even, even[j], acc[i][j0 + j]);
+        }
       }
     }
   }
@@ -174,8 +191,8 @@ template <typename X, typename W, typename Out>
 using TileFn = void (*)(const X*, int64_t, const W*, int64_t, float*, bool, Out*, int64_t,
                         int64_t, const char*, int64_t, float*);
 
-// Largest row block per panel width: MR * NR accumulators plus NR weight vectors (or the two
-// widened vectors and two broadcasts of the FMA step) must fit the 32 vector registers.
+// Largest row block per panel width: MR * NR accumulators plus NR weight vectors and a
+// broadcast must fit the 32 vector registers (the FMA step fits itself: fma_groups).
 template <int NR>
 constexpr int max_rows() {
   return NR <= 2 ? 12 : NR == 3 ? 8 : 6;
