@@ -70,7 +70,10 @@ void configure() {
     cfg.rows[t] = 16;
     cfg.colsb[t] = 64;
   }
-  _tile_loadconfig(&cfg);
+  // Not _tile_loadconfig: GCC 12's asm there names only the configuration's first 8 bytes as
+  // its input, so the compiler may drop the stores to the rest (a test program of ours faulted
+  // that way at -O3). This asm takes all 64 bytes.
+  asm volatile("ldtilecfg %0" : : "m"(cfg));
 }
 
 // One chunk (`n` steps from w, a multiple of kSub) of one row block against G groups of 16
