@@ -88,19 +88,24 @@ def interleaved_section(title: str, intro: str, subdir: str, bench_flags: str) -
 
 
 def turns_table(path: str, folder: Path) -> list[str]:
-    """Each server of one interleaved run: its throughput per turn, its ITL p50 (median of the
-    turns) and its ITL over the first server's within each turn (median, range)."""
+    """Each server of one interleaved run: its throughput per turn and over the first
+    server's in each turn, its ITL p50 (median of the turns) and its ITL over the first
+    server's within each turn (median, range)."""
     run = InterleavedRun.load(folder / path)
     first = next(iter(run.itl_p50_ms))
     rows = []
     for label, itl in run.itl_p50_ms.items():
         ratios = run.ratios(label, first)
+        speedups = [ours / theirs for ours, theirs in
+                    zip(run.throughput_tok_s[label], run.throughput_tok_s[first], strict=True)]
         rows.append((f"`{label}`", [
             ", ".join(f"{t:.0f}" for t in run.throughput_tok_s[label]),
+            "1" if label == first else ", ".join(f"{s:.2f}" for s in speedups),
             f"{statistics.median(itl):.1f}",
             "1" if label == first else
             f"{statistics.median(ratios):.3f} ({min(ratios):.3f}-{max(ratios):.3f})"]))
     return markdown_table("server", ["throughput per turn (tok/s)",
+                                     f"throughput over `{first}`'s per turn",
                                      "ITL p50, median of turns (ms)",
                                      f"ITL over `{first}`'s per turn, median (range)"], rows)
 
@@ -191,6 +196,17 @@ def new_sections(folder: Path) -> list[Section]:
              'q4_1" "int8act=server.py --weights q4_1 --activations int8" --turns 2 -- '
              "--users 1 30 --max-tokens 100"],
             [f"int8act/{k}-{t}.json" for k in ("q4_1", "int8act") for t in (1, 2)], int8act),
+        Section(
+            "int8 activations at 30 users on an Intel Xeon",
+            "`--weights q4_1` (exact) and `--weights q4_1 --activations int8`, both servers "
+            "up at once and given 30 users x 100 tokens in turns, the page cache dropped "
+            "before they started.",
+            ["python3 benchmarks/interleaved.py results/int8act-intel --drop-caches "
+             '"q4_1=python3 server.py --port {port} --weights q4_1" "int8act=python3 '
+             'server.py --port {port} --weights q4_1 --activations int8" --turns 4 -- '
+             "--users 30 --max-tokens 100"],
+            ["int8act-intel/interleaved.json"],
+            partial(turns_table, "int8act-intel/interleaved.json")),
         Section(
             "Against vLLM's CPU build on the same weights",
             "nano-vLLM (its defaults: the engine core in its own process) and vLLM's own CPU "
