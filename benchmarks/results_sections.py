@@ -233,6 +233,20 @@ def new_sections(folder: Path) -> list[Section]:
             pairs(("fp32", "vs-vllm/nano-vllm-fp32", "vs-vllm/vllm-cpu-f32"),
                   ("bf16", "vs-vllm/nano-vllm-bf16", "vs-vllm/vllm-cpu-bf16"))),
         Section(
+            "Against vLLM's CPU build on an Intel Xeon",
+            "As in the section above, on an Intel Xeon with AMX (ours runs bf16 matmuls of 8 "
+            "rows or more on it; which kernels vLLM's build ran was not looked into), the page "
+            "cache dropped before the first server started.",
+            ['python3 benchmarks/side_by_side.py results/vs-vllm-intel "nano-vllm-fp32=server.py" '
+             '"nano-vllm-bf16=server.py --dtype bfloat16" -- --users 1 30 --max-tokens 100 '
+             "--rounds 2",
+             "bash benchmarks/vllm_cpu.sh install",
+             'USERS="1 30" ROUNDS=2 bash benchmarks/vllm_cpu.sh bench results/vs-vllm-intel'],
+            [f"vs-vllm-intel/{n}.json" for n in ("nano-vllm-fp32", "vllm-cpu-f32",
+                                                  "nano-vllm-bf16", "vllm-cpu-bf16")],
+            pairs(("fp32", "vs-vllm-intel/nano-vllm-fp32", "vs-vllm-intel/vllm-cpu-f32"),
+                  ("bf16", "vs-vllm-intel/nano-vllm-bf16", "vs-vllm-intel/vllm-cpu-bf16"))),
+        Section(
             "Gemma 3 270M against llama.cpp on the same GGUF",
             "`server.py --model gemma-3-270m` (the Q4_K_M GGUF, dequantized to fp32 at load), "
             "the same with `--lm-head q8_0` (the tied embedding's own Q8_0 codes as the LM "
