@@ -260,11 +260,15 @@ void linear_bf16(const c10::BFloat16* x, int64_t M, int64_t ldx, const c10::BFlo
                  int64_t chunk_steps, int64_t prefetch_one, int64_t prefetch_many);
 }  // namespace dense_avx2
 
-// Does this CPU run the AVX-512 path's bf16 (AVX512_BF16 and the AVX-512 our code needs)?
-static bool cpu_has_avx512_bf16() {
+// Does this CPU have the AVX-512 our code needs (F, BW, VL, DQ), and for the AVX-512 path's
+// bf16 also AVX512_BF16?
+static bool cpu_has_avx512() {
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-         __builtin_cpu_supports("avx512bf16");
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+}
+
+static bool cpu_has_avx512_bf16() {
+  return cpu_has_avx512() && __builtin_cpu_supports("avx512bf16");
 }
 
 // vdpbf16ps's multiply-adds per second over FMAs' on this CPU (0 where it has none),
@@ -316,9 +320,7 @@ torch::Tensor dense_linear(torch::Tensor x, torch::Tensor packed, int64_t n, int
               "dense_linear: the packed weight must be contiguous and 64-byte aligned");
   const bool bf16 = x.dtype() == torch::kBFloat16;
   // AVX-512 (with AVX512_BF16 for bf16) where the CPU has it, else AVX2 with FMA.
-  const bool avx512 = !g_force_avx2 && __builtin_cpu_supports("avx512f") &&
-                      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-                      __builtin_cpu_supports("avx512dq") && (!bf16 || cpu_has_avx512_bf16());
+  const bool avx512 = !g_force_avx2 && (bf16 ? cpu_has_avx512_bf16() : cpu_has_avx512());
   TORCH_CHECK(avx512 || (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")),
               "dense_linear: this CPU has neither AVX-512", bf16 ? " with AVX512_BF16" : "",
               " nor AVX2 with FMA");
