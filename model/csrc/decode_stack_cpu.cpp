@@ -147,7 +147,7 @@ class DecodeStack {
                   "decode stack: QKV rows must be contiguous, in the activations' dtype");
       write_slots(layer.k_slots, qkv, q_width, kv_width, slots, tokens);
       write_slots(layer.v_slots, qkv, q_width + kv_width, kv_width, slots, tokens);
-      torch::Tensor q = qkv.narrow(1, 0, q_width).contiguous().view({tokens, heads_, head_dim_});
+      torch::Tensor q = qkv.narrow(1, 0, q_width).view({tokens, heads_, head_dim_});
       torch::Tensor attended = paged_decode_attention(q, layer.k_cache, layer.v_cache,
                                                       block_tables, context_lens, scale, 0);
       out = layer.o(attended.view({tokens, q_width}));

@@ -3,7 +3,8 @@
 //
 // One query token per sequence. Nothing is gathered, padded or copied: each slot of
 // the pool ([kv_heads, dim] side by side) is read once, for every query head that
-// attends to it.
+// attends to it. q may be a view with rows apart (the Q part of a QKV output); each task
+// widens its sequence's query to floats, and the output is written in q's dtype.
 //
 // Work is split like flash-decoding: a sequence's tokens are cut into parts of
 // kPart tokens, and each (sequence, part) is a task that any core can take. A task
@@ -291,17 +292,18 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_ca
   TORCH_CHECK(window >= 0, "paged_decode_attention: window must be >= 0");
   TORCH_CHECK(block_tables.dtype() == torch::kInt64 && context_lens.dtype() == torch::kInt64,
               "paged_decode_attention: int64 block tables and lengths");
-  TORCH_CHECK(q.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous() &&
+  TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1 && q.stride(1) == q.size(2) &&
+                  k_cache.is_contiguous() && v_cache.is_contiguous() &&
                   block_tables.is_contiguous() && context_lens.is_contiguous(),
-              "paged_decode_attention: contiguous tensors expected");
+              "paged_decode_attention: contiguous tensors expected (q: contiguous rows)");
   const int64_t batch = q.size(0), heads = q.size(1), dim = q.size(2);
   const int64_t block_size = k_cache.size(1), kv_heads = k_cache.size(2);
   const int64_t group = heads / kv_heads, max_blocks = block_tables.size(1);
   TORCH_CHECK(k_cache.size(3) == dim && heads % kv_heads == 0 && v_cache.sizes() == k_cache.sizes(),
               "paged_decode_attention: shapes");
 
-  const auto q_float = q.to(torch::kFloat32);  // small: one row per sequence
-  const float* qp = q_float.data_ptr<float>();
+  const T* qp = q.data_ptr<T>();
+  const int64_t q_stride = q.stride(0);
   const T* kp = k_cache.data_ptr<T>();
   const T* vp = v_cache.data_ptr<T>();
   const int64_t* tables = block_tables.data_ptr<int64_t>();
@@ -338,7 +340,7 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_ca
     const int64_t* table = tables + b * max_blocks;
     // Nothing may throw in here (an exception cannot leave an OpenMP region): every check
     // is done above.
-    thread_local std::vector<float> scores;
+    thread_local std::vector<float> scores, query;
     thread_local std::vector<int64_t> slots;
     scores.resize(heads * kPart);
     slots.resize(kPart);
@@ -346,22 +348,26 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_ca
       const int64_t t = start + i;
       slots[i] = table[t / block_size] * block_size + t % block_size;
     }
+    query.resize(heads * dim);
+    const float* q_row = as_float(qp + b * q_stride, heads * dim, query.data());
     attend(shape, kp, vp,
-           Task{qp + b * heads * dim, slots.data(), n, scores.data(),
+           Task{q_row, slots.data(), n, scores.data(),
                 part_acc.data() + task * heads * dim, part_max.data() + task * heads,
                 part_sum.data() + task * heads});
   }
 
-  auto out = torch::empty_like(q_float);
-  float* op = out.data_ptr<float>();
+  auto out = torch::empty({batch, heads, dim}, q.options());
+  T* op = out.data_ptr<T>();
 #pragma omp parallel for
   for (int64_t b = 0; b < batch; ++b) {
+    thread_local std::vector<float> merged;
+    merged.resize(dim);
+    float* o = merged.data();
     for (int64_t h = 0; h < heads; ++h) {
       float peak = part_max[first_task[b] * heads + h];
       for (int64_t task = first_task[b] + 1; task < first_task[b + 1]; ++task)
         peak = std::max(peak, part_max[task * heads + h]);
       float total = 0.0f;
-      float* o = op + (b * heads + h) * dim;
       std::fill(o, o + dim, 0.0f);
       for (int64_t task = first_task[b]; task < first_task[b + 1]; ++task) {
         const float w = std::exp(part_max[task * heads + h] - peak);
@@ -371,9 +377,9 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_ca
         for (int64_t d = 0; d < dim; ++d) o[d] += w * a[d];
       }
       const float inv = 1.0f / total;
-#pragma omp simd
-      for (int64_t d = 0; d < dim; ++d) o[d] *= inv;
+      T* dst = op + (b * heads + h) * dim;
+      for (int64_t d = 0; d < dim; ++d) dst[d] = static_cast<T>(o[d] * inv);
     }
   }
-  return out.to(q.scalar_type());
+  return out;
 }
