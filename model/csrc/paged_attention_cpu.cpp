@@ -19,13 +19,15 @@
 // A task has two bodies. With AVX-512 and a head dim of 64, 128 or 256, the query heads that
 // share a K/V head go together (attend_heads): each K and V row is loaded once for all of
 // them, the 16 dot products of 16 tokens are reduced together, the V sums stay in registers,
-// and the first pass asks for whole rows a few tokens ahead. Any other shape runs the plain
-// loop (attend_generic). Both sum in fp32; they differ only in the order of the sums.
+// and the first pass asks for whole rows a few tokens ahead; bf16 rows are widened 32 values
+// at a time, as their even and odd values (load16). Any other shape runs the plain loop
+// (attend_generic). Both sum in fp32; they differ only in the order of the sums.
 #include <torch/extension.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
@@ -134,10 +136,16 @@ void attend_generic(const Shape& shape, const T* kp, const T* vp, const Task& ta
 // a K/V head are done together, GH at a time, so each K and V row is loaded once for all of
 // them, and the running sums stay in registers.
 
-inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load16(const c10::BFloat16* p) {  // exact: a bf16 is the top half of a float
-  const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+// Vector v (16 floats) of a K or V row. fp32: values 16v .. 16v + 15. bf16: the row is read
+// 32 values at a time, and vector v holds the even (v even) or odd (v odd) values of its 32
+// (32 (v / 2) + 2i + v % 2 in lane i), each widened by one AND or one shift instead of a
+// widening shuffle; exact, as a bf16 is the top half of a float. Queries and outputs take the
+// same order (split_pairs, unsplit_pairs), so only the order of each dot product's sum moves.
+inline __m512 load16(const float* row, int v) { return _mm512_loadu_ps(row + 16 * v); }
+inline __m512 load16(const c10::BFloat16* row, int v) {
+  const __m512i pairs = _mm512_loadu_si512(row + 32 * (v / 2));
+  return _mm512_castsi512_ps(v % 2 ? _mm512_and_si512(pairs, _mm512_set1_epi32(-65536))
+                                   : _mm512_slli_epi32(pairs, 16));
 }
 
 // r[0..16) -> one vector whose lane i is the sum of r[i]'s 16 lanes (a transpose and add,
@@ -199,9 +207,9 @@ void attend_heads(const Shape& shape, const T* kp, const T* vp, const Task& task
         }
         const T* key = kp + task.slots[i0 + i] * shape.slot_stride + kv_offset;
         for (int v = 0; v < DV; ++v) {
-          const __m512 k = load16(key + 16 * v);
+          const __m512 k = load16(key, v);
           for (int j = 0; j < GH; ++j)
-            a[j] = _mm512_fmadd_ps(load16(q + j * dim + 16 * v), k, a[j]);
+            a[j] = _mm512_fmadd_ps(_mm512_loadu_ps(q + j * dim + 16 * v), k, a[j]);
         }
       }
       for (int j = 0; j < GH; ++j) partial[j][i] = a[j];
@@ -221,7 +229,7 @@ void attend_heads(const Shape& shape, const T* kp, const T* vp, const Task& task
     __m512 p[GH];
     for (int j = 0; j < GH; ++j) p[j] = _mm512_set1_ps(task.scores[(h0 + j) * kPart + i]);
     for (int v = 0; v < DV; ++v) {
-      const __m512 x = load16(value + 16 * v);
+      const __m512 x = load16(value, v);
       for (int j = 0; j < GH; ++j) acc[j][v] = _mm512_fmadd_ps(p[j], x, acc[j][v]);
     }
   }
@@ -247,6 +255,29 @@ void attend_simd(const Shape& shape, const T* kp, const T* vp, const Task& task)
   }
 }
 #endif
+
+// Does the task body for this head dim keep a bf16 row's values in load16's even/odd order?
+template <typename T>
+bool splits_pairs(int64_t dim) {
+#if defined(__AVX512F__)
+  return std::is_same_v<T, c10::BFloat16> && (dim == 64 || dim == 128 || dim == 256);
+#else
+  (void)dim;
+  return false;
+#endif
+}
+
+// A sequence's query [heads * dim] as floats, in the order its task body reads K and V in.
+inline const float* query_floats(const float* row, int64_t, int64_t, float*) { return row; }
+inline const float* query_floats(const c10::BFloat16* row, int64_t n, int64_t dim,
+                                 float* buffer) {
+  if (!splits_pairs<c10::BFloat16>(dim)) return as_float(row, n, buffer);
+  for (int64_t c = 0; c < n; c += 32)  // value c + 2i + s to c + 16s + i
+    for (int64_t i = 0; i < 16; ++i)
+      for (int64_t s = 0; s < 2; ++s)
+        buffer[c + 16 * s + i] = static_cast<float>(row[c + 2 * i + s]);
+  return buffer;
+}
 
 // The task on the fastest body this build has for its head dim.
 template <typename T>
@@ -349,13 +380,14 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_ca
       slots[i] = table[t / block_size] * block_size + t % block_size;
     }
     query.resize(heads * dim);
-    const float* q_row = as_float(qp + b * q_stride, heads * dim, query.data());
+    const float* q_row = query_floats(qp + b * q_stride, heads * dim, dim, query.data());
     attend(shape, kp, vp,
            Task{q_row, slots.data(), n, scores.data(),
                 part_acc.data() + task * heads * dim, part_max.data() + task * heads,
                 part_sum.data() + task * heads});
   }
 
+  const bool split = splits_pairs<T>(dim);  // the sums below are in even/odd order
   auto out = torch::empty({batch, heads, dim}, q.options());
   T* op = out.data_ptr<T>();
 #pragma omp parallel for
@@ -378,7 +410,14 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_ca
       }
       const float inv = 1.0f / total;
       T* dst = op + (b * heads + h) * dim;
-      for (int64_t d = 0; d < dim; ++d) dst[d] = static_cast<T>(o[d] * inv);
+      if (split) {
+        for (int64_t c = 0; c < dim; c += 32)
+          for (int64_t i = 0; i < 16; ++i)
+            for (int64_t s = 0; s < 2; ++s)
+              dst[c + 2 * i + s] = static_cast<T>(o[c + 16 * s + i] * inv);
+      } else {
+        for (int64_t d = 0; d < dim; ++d) dst[d] = static_cast<T>(o[d] * inv);
+      }
     }
   }
   return out;
