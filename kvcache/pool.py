@@ -8,7 +8,6 @@ import re
 import torch
 
 from kvcache.groups import KVCacheGroups
-from model import huge_pages
 
 BLOCK_SIZE = 16  # tokens per block
 DUMMY_BLOCK = 0  # never handed out; pads short block tables
@@ -48,12 +47,8 @@ class KVCachePool:
         self.layer_group = self.groups.layer_group()
         shape = (num_blocks, BLOCK_SIZE, num_kv_heads, head_dim)
         size = self.groups.group_size
-        if torch.device(device).type == "cpu":  # one mapping on 2 MB pages (model/huge_pages.py)
-            tensors = huge_pages.zeros([shape] * (2 * size), dtype)
-            self._k, self._v = tensors[:size], tensors[size:]
-        else:
-            self._k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(size)]
-            self._v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(size)]
+        self._k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(size)]
+        self._v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(size)]
         slot = self.groups.layer_slot()
         self.k = [self._k[slot[layer]] for layer in range(num_layers)]
         self.v = [self._v[slot[layer]] for layer in range(num_layers)]

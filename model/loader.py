@@ -26,7 +26,6 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from model import huge_pages
 from model.checkpoint import Checkpoint, WeightFormat, build_model, read_checkpoint
 from model.config import ModelConfig
 from model.cpu_kernel import load_fused_ops
@@ -164,9 +163,7 @@ def load_path(path: Path, fmt: WeightFormat) -> nn.Module:
     checkpoint = fmt.read(path)
     arch = architecture(checkpoint.config.model_type)
     fmt.check(checkpoint.config)
-    model = fmt.finish(build_model(checkpoint, arch, fmt))
-    huge_pages.move_packed_weights(model)  # the kernels' weights on 2 MB pages
-    return model
+    return fmt.finish(build_model(checkpoint, arch, fmt))
 
 
 @dataclass
