@@ -7,6 +7,11 @@ requests decode together and the figure is the first one's ITL: one batched step
 With --compare-decode-stack it loads the engine twice, with decode steps in one C++ call for
 every layer (the default) and layer by layer from Python (--no-decode-stack), and runs the
 rounds in turns, so the two are measured side by side.
+
+With --as-served the engine takes the thread and prefetch choices the server's engine core
+takes at start (engine/thread_choice.py: this machine's cached measurement, made now if there
+is none), instead of --single-thread-below and the kernel's default prefetch distance; what
+benchmarks/served_overhead.py compares with the server.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from engine.config import EngineConfig
 from engine.load import load_engine
 from engine.request import Request, SamplingParams
+from engine.thread_choice import choose_threads
 
 
 def main() -> None:
@@ -38,12 +44,18 @@ def main() -> None:
     parser.add_argument("--activations", default="float32")
     parser.add_argument("--compare-decode-stack", action="store_true",
                         help="also the layer-by-layer path, in turns with the default")
+    parser.add_argument("--as-served", action="store_true",
+                        help="the server's cached thread and prefetch choices")
     args = parser.parse_args()
     stacks = [True, False] if args.compare_decode_stack else [True]
     engines = {stack: load_engine(EngineConfig(
         model=args.model, dtype=args.dtype, weights=args.weights, activations=args.activations,
         lm_head=args.lm_head, single_thread_below=args.single_thread_below, decode_stack=stack))
         for stack in stacks}
+    if args.as_served:
+        for engine in engines.values():
+            chosen = choose_threads(engine.core)
+            args.single_thread_below = args.single_thread_below if chosen is None else chosen
     for round_ in range(args.rounds):
         for stack, engine in engines.items():
             p50 = itl_p50(engine, f"r{round_}", args.tokens, args.users)

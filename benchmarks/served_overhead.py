@@ -4,8 +4,9 @@ turns, in one run.
     python3 benchmarks/served_overhead.py results/served-overhead \\
         "fp32=" "bf16=--dtype bfloat16" "q4_1=--weights q4_1" --turns 2
 
-For each LABEL=SERVER_FLAGS and each turn, the engine alone (benchmarks/engine_loop.py: the
-engine stepped in one process, no HTTP, no second process) streams one greedy request of
+For each LABEL=SERVER_FLAGS and each turn, the engine alone (benchmarks/engine_loop.py
+--as-served: the engine stepped in one process, no HTTP, no second process, with the thread
+and prefetch choices the server's core takes) streams one greedy request of
 --tokens tokens, then server.py with the same flags serves one user the same number of
 tokens to benchmarks/bench.py. Saved: bench.py's LABEL-TURN.json, and overhead.json with
 each turn's two ITL p50s and their difference.
@@ -36,7 +37,7 @@ def engine_alone_itl(flags: list[str], tokens: int) -> float:
     kept = [f for i, f in enumerate(flags) if f in ENGINE_FLAGS or
             (i > 0 and flags[i - 1] in ENGINE_FLAGS)]
     out = subprocess.run([sys.executable, "benchmarks/engine_loop.py", *kept,
-                          "--single-thread-below", "0", "--tokens", str(tokens),
+                          "--as-served", "--tokens", str(tokens),
                           "--rounds", "2"], cwd=ROOT, check=True, capture_output=True,
                          text=True).stdout
     values = [float(v) for v in re.findall(r"ITL p50 ([0-9.]+) ms", out)]
