@@ -50,7 +50,7 @@ def result_kind(path: Path) -> type | None:
         return SpecDecodeRun
     if path.parent.name == "roofline":
         return RooflineRun
-    if path.parent.name == "served-overhead" and path.stem == "overhead":
+    if path.parent.name.startswith("served-overhead") and path.stem == "overhead":
         return ServedOverheadRun
     if path.stem == "interleaved":
         return InterleavedRun
