@@ -322,8 +322,8 @@ def sections(folder: Path) -> list[Section]:
         Section(
             "Against llama.cpp, on the same weights",
             "llama.cpp's `llama-server` serves the same model in the same three forms (built "
-            "and run as [performance.md](performance.md) describes); both servers see the "
-            "same load.",
+            "and run as [peers.md](peers.md#llamacpp-how-it-was-built-and-run) describes); "
+            "both servers see the same load.",
             [f"{SERVER}                  & {BENCH} --label nano-vllm      --users 1 30 "
              "--max-tokens 100 --rounds 2",
              f"{SERVER} --dtype bfloat16 & {BENCH} --label nano-vllm-bf16 --users 1 30 "

@@ -170,7 +170,7 @@ def new_sections(folder: Path) -> list[Section]:
             "One user against llama.cpp, interleaved, through a lighter load generator",
             "The same, with bench.py streaming through aiohttp on uvloop (`--client "
             "aiohttp`) instead of httpx: about half the load generator's CPU per streamed "
-            "token ([performance.md](performance.md#the-load-generators-share)), which both "
+            "token ([engine-process.md](engine-process.md#the-load-generators-share)), which both "
             "servers lose on the same 2 cores.", "one-user-interleaved-aiohttp",
             " -- --users 1 --max-tokens 100 --client aiohttp"),
         Section(

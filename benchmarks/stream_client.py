@@ -6,7 +6,7 @@ Two clients, chosen with bench.py's `--client`:
 - `aiohttp`, on uvloop: the same requests and the same parsing, with less CPU per streamed
   token (its HTTP parser is C, its event loop libuv). On a 2-core machine whatever the load
   generator spends is taken from the server it measures, and a one-user stream is where
-  that shows: see docs/performance.md, "The load generator's share".
+  that shows: see docs/engine-process.md, "The load generator's share".
 """
 
 from __future__ import annotations

@@ -102,7 +102,7 @@ class EngineConfig:
                             help="with --weights q4_1: int8 rounds each layer's input to 8 "
                                  "bits per block of 32 for integer dot products (AVX512-VNNI "
                                  "or AVX2; faster with many sequences, not exact: "
-                                 "docs/performance.md); float32 (default) is exact")
+                                 "docs/quantized.md); float32 (default) is exact")
         parser.add_argument("--lm-head", default=d.lm_head, choices=["default", "q8_0"],
                             help="q8_0: the LM head on the Q8_0 kernel (CPU, float32): a GGUF "
                                  "file's own Q8_0 head or tied embedding codes (exact up to "

@@ -1,7 +1,7 @@
 // Study: Q4_1 codes times int8 activations on Intel's tile unit (AMX-INT8) against
 // AVX512-VNNI, in the format of `--activations int8` (blocks of 32 inputs, each with its own
 // weight and activation scales). Not part of the server: the tile unit was measured this way
-// and not kept (docs/performance.md, `--activations int8`). On a CPU with AMX-INT8 (Linux 5.16+):
+// and not kept (docs/quantized.md, `--activations int8`). On a CPU with AMX-INT8 (Linux 5.16+):
 //
 //   g++ -O3 -march=native -fopenmp -std=c++20 benchmarks/studies/amx_int8_blocks.cpp -o /tmp/amx_int8_blocks && /tmp/amx_int8_blocks
 //
