@@ -80,11 +80,11 @@ struct Shape {
 // One task: tokens start .. start + n - 1 of one sequence (their pool rows in `slots`), and
 // where its per-head partial results go.
 struct Task {
-  const float* q;        // [heads, dim]: the sequence's query, as floats
+  const float* q;        // [heads, dim]: the sequence's query, as floats (in load16's order)
   const int64_t* slots;  // [n]: each token's row in the pool
   int64_t n;
   float* scores;         // [heads, kPart]: scratch
-  float* acc;            // [heads, dim]: sum of exp(score - max) * V row
+  float* acc;            // [heads, dim]: sum of exp(score - max) * V row (load16's order)
   float* max;            // [heads]
   float* sum;            // [heads]: sum of exp(score - max)
 };
@@ -140,7 +140,8 @@ void attend_generic(const Shape& shape, const T* kp, const T* vp, const Task& ta
 // 32 values at a time, and vector v holds the even (v even) or odd (v odd) values of its 32
 // (32 (v / 2) + 2i + v % 2 in lane i), each widened by one AND or one shift instead of a
 // widening shuffle; exact, as a bf16 is the top half of a float. Queries and outputs take the
-// same order (split_pairs, unsplit_pairs), so only the order of each dot product's sum moves.
+// same order (query_floats, and the output's write in decode_attention), so only the order of
+// each dot product's sum moves.
 inline __m512 load16(const float* row, int v) { return _mm512_loadu_ps(row + 16 * v); }
 inline __m512 load16(const c10::BFloat16* row, int v) {
   const __m512i pairs = _mm512_loadu_si512(row + 32 * (v / 2));
@@ -256,15 +257,20 @@ void attend_simd(const Shape& shape, const T* kp, const T* vp, const Task& task)
 }
 #endif
 
-// Does the task body for this head dim keep a bf16 row's values in load16's even/odd order?
-template <typename T>
-bool splits_pairs(int64_t dim) {
+// Does this build run the AVX-512 body (attend_heads) for this head dim?
+inline bool simd_body(int64_t dim) {
 #if defined(__AVX512F__)
-  return std::is_same_v<T, c10::BFloat16> && (dim == 64 || dim == 128 || dim == 256);
+  return dim == 64 || dim == 128 || dim == 256;
 #else
   (void)dim;
   return false;
 #endif
+}
+
+// Does the task body for this head dim keep a bf16 row's values in load16's even/odd order?
+template <typename T>
+bool splits_pairs(int64_t dim) {
+  return std::is_same_v<T, c10::BFloat16> && simd_body(dim);
 }
 
 // A sequence's query [heads * dim] as floats, in the order its task body reads K and V in.
@@ -283,9 +289,11 @@ inline const float* query_floats(const c10::BFloat16* row, int64_t n, int64_t di
 template <typename T>
 void attend(const Shape& shape, const T* kp, const T* vp, const Task& task) {
 #if defined(__AVX512F__)
-  if (shape.dim == 64) return attend_simd<T, 4>(shape, kp, vp, task);
-  if (shape.dim == 128) return attend_simd<T, 8>(shape, kp, vp, task);
-  if (shape.dim == 256) return attend_simd<T, 16>(shape, kp, vp, task);
+  if (simd_body(shape.dim)) {  // load16's order, which splits_pairs reports
+    if (shape.dim == 64) return attend_simd<T, 4>(shape, kp, vp, task);
+    if (shape.dim == 128) return attend_simd<T, 8>(shape, kp, vp, task);
+    return attend_simd<T, 16>(shape, kp, vp, task);
+  }
 #endif
   attend_generic(shape, kp, vp, task);
 }
@@ -379,7 +387,7 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_ca
       const int64_t t = start + i;
       slots[i] = table[t / block_size] * block_size + t % block_size;
     }
-    query.resize(heads * dim);
+    if constexpr (!std::is_same_v<T, float>) query.resize(heads * dim);  // fp32: read in place
     const float* q_row = query_floats(qp + b * q_stride, heads * dim, dim, query.data());
     attend(shape, kp, vp,
            Task{q_row, slots.data(), n, scores.data(),
