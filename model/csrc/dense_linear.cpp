@@ -301,9 +301,9 @@ void set_dense_bf16_fma(int64_t blocks) { g_bf16_fma_blocks = std::max<int64_t>(
 // The bf16 product on CPUs with AMX, for many rows (dense_linear_amx.cpp).
 namespace dense_amx {
 bool amx_usable();
-void linear_bf16(const c10::BFloat16* x, int64_t M, int64_t Mpad, int64_t ldx,
-                 const c10::BFloat16* packed, int64_t panels, int64_t NB, int64_t N,
-                 c10::BFloat16* y, int nthreads, int64_t chunk, int64_t prefetch);
+void linear_bf16(const c10::BFloat16* x, int64_t M, int64_t ldx, const c10::BFloat16* packed,
+                 int64_t panels, int64_t NB, int64_t N, c10::BFloat16* y, int nthreads,
+                 int64_t chunk, int64_t prefetch);
 }  // namespace dense_amx
 
 // x: [..., K] (any float32 or bfloat16 tensor, made contiguous here); packed: the layout
@@ -350,13 +350,11 @@ torch::Tensor dense_linear(torch::Tensor x, torch::Tensor packed, int64_t n, int
   torch::Tensor xin = (bf16 && (K & 1)) ? torch::constant_pad_nd(x2, {0, 1}) : x2;
   const int64_t ldx = xin.size(1);
   const int nthreads = threads > 0 ? static_cast<int>(threads) : at::get_num_threads();
-  // AMX for bf16 from g_amx_rows rows, where its tiles fit the shape: x gets zero rows up to
-  // a multiple of 16 (an A tile's), and K pairs must come in whole B tiles of 16.
+  // AMX for bf16 from g_amx_rows rows, where its tiles fit the shape: K pairs must come in
+  // whole B tiles of 16.
   const bool amx = avx512 && bf16 && g_amx_rows > 0 && M >= g_amx_rows && (ldx / 2) % 16 == 0 &&
                    dense_amx::amx_usable();
-  const int64_t Mpad = (M + 15) / 16 * 16;
   const int64_t fma_blocks = bf16 && avx512 ? dense_bf16_fma_blocks() : 0;  // with the GIL
-  torch::Tensor xpad = amx && Mpad != M ? torch::constant_pad_nd(xin, {0, 0, 0, Mpad - M}) : xin;
 
   // Pure C++ from here on (every check done above: nothing may throw inside OpenMP).
   pybind11::gil_scoped_release no_gil;
@@ -375,7 +373,7 @@ torch::Tensor dense_linear(torch::Tensor x, torch::Tensor packed, int64_t n, int
   }
   if (amx) {
     g_amx_calls.fetch_add(1, std::memory_order_relaxed);
-    dense_amx::linear_bf16(xpad.data_ptr<c10::BFloat16>(), M, Mpad, ldx,
+    dense_amx::linear_bf16(xin.data_ptr<c10::BFloat16>(), M, ldx,
                            packed.data_ptr<c10::BFloat16>(), panels, NB, n,
                            y.data_ptr<c10::BFloat16>(), nthreads, g_amx_chunk_steps,
                            g_prefetch_bytes);

@@ -3,10 +3,10 @@
 //
 // The packed bf16 panel is already what AMX's tile multiply takes as its right operand: a
 // step (one k pair) holds each column's pair (k, k+1) side by side, so 16 steps of 16 columns
-// are one B tile (16 rows of 64 bytes, a panel row apart). x, padded with zero rows to a
-// multiple of 16, gives the A tiles (16 rows x 32 k). Per panel of NB = 16 * G columns, each
-// block of 16 rows keeps G accumulator tiles (16 x 16 fp32); tiles 0-3 accumulate, 4 holds A,
-// 5 and 6 take turns holding B. As in the AVX-512 path, the row blocks walk the panel a
+// are one B tile (16 rows of 64 bytes, a panel row apart). x gives the A tiles (16 rows x
+// 32 k; a last block of fewer than 16 rows is read from a copy padded with zero rows). Per
+// panel of NB = 16 * G columns, each block of 16 rows keeps G accumulator tiles (16 x 16
+// fp32); tiles 0-3 accumulate, 4 holds A, 5 and 6 take turns holding B. As in the AVX-512 path, the row blocks walk the panel a
 // chunk of steps at a time (read from memory once, from cache by the other blocks); by
 // default a chunk is all of K (dense_linear.cpp's g_amx_chunk_steps says why), summed in
 // fp32 by the tile unit, and the result is rounded to bf16 once (nearest even). Products of
@@ -22,9 +22,9 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <vector>
 
 #include "dense_prefetch.h"
+#include "dense_scratch.h"
 
 // Only what follows may use AMX and AVX-512; amx_usable() is built for any x86-64 CPU.
 namespace dense_amx {
@@ -114,14 +114,27 @@ void chunk_product(const B* x, int64_t ldx, const B* w, int64_t n, float* sums,
   if constexpr (G > 3) _tile_stored(3, sums + 48, stride);
 }
 
+// The rows of x past its last whole block, then zero rows up to 16, in scratch memory: what
+// that block's A tiles read (a tile load takes all 16 rows).
+const B* tail_block(const B* x, int64_t M, int64_t ldx) {
+  const int64_t whole = M / kRows * kRows, rows = M - whole;
+  B* tail = reinterpret_cast<B*>(dense_scratch::floats(dense_scratch::kX, kRows * ldx / 2));
+  std::copy(x + whole * ldx, x + M * ldx, tail);
+  std::fill(tail + rows * ldx, tail + kRows * ldx, B(0.0f));
+  return tail;
+}
+
 template <int G>
-void run(const B* x, int64_t M, int64_t Mpad, int64_t ldx, const B* packed, int64_t panels,
-         int64_t N, B* y, int nthreads, int64_t chunk, int64_t prefetch) {
+void run(const B* x, int64_t M, int64_t ldx, const B* packed, int64_t panels, int64_t N, B* y,
+         int nthreads, int64_t chunk, int64_t prefetch) {
   constexpr int64_t NB = 16 * G;
-  const int64_t steps = ldx / 2, blocks = Mpad / kRows;
+  const int64_t steps = ldx / 2, blocks = (M + kRows - 1) / kRows;
   chunk = chunk > 0 ? std::max<int64_t>(kSub, chunk / kSub * kSub) : steps;  // 0: all of K
-  const int64_t sums_size = Mpad * NB;  // per thread: the chunk's sums, then the running ones
-  std::vector<float> scratch(static_cast<size_t>(nthreads) * 2 * sums_size);
+  const bool one_chunk = chunk >= steps;  // the chunk's sums are the result
+  // Per thread: the chunk's sums, then (several chunks) the running ones.
+  const int64_t sums_size = blocks * kRows * NB, per_thread = (one_chunk ? 1 : 2) * sums_size;
+  float* scratch = dense_scratch::floats(dense_scratch::kPartial, nthreads * per_thread);
+  const B* last = M % kRows ? tail_block(x, M, ldx) : nullptr;
   const char* bytes = reinterpret_cast<const char*>(packed);
   const int64_t total_bytes = panels * steps * 2 * NB * static_cast<int64_t>(sizeof(B));
 
@@ -130,8 +143,8 @@ void run(const B* x, int64_t M, int64_t Mpad, int64_t ldx, const B* packed, int6
     configure();
     const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
     const int64_t p0 = panels * t / nt, p1 = panels * (t + 1) / nt;
-    float* sums = scratch.data() + t * 2 * sums_size;
-    float* total = sums + sums_size;
+    float* sums = scratch + t * per_thread;
+    float* total = one_chunk ? sums : sums + sums_size;
     for (int64_t p = p0; p < p1; ++p) {
       const B* panel = packed + p * steps * 2 * NB;
       for (int64_t s0 = 0; s0 < steps; s0 += chunk) {
@@ -139,10 +152,12 @@ void run(const B* x, int64_t M, int64_t Mpad, int64_t ldx, const B* packed, int6
         const int64_t offset = (p * steps + s0) * 2 * NB * static_cast<int64_t>(sizeof(B));
         const auto ahead = dense_prefetch::window(bytes, total_bytes, offset, prefetch,
                                                   n * NB * 4 / 64);
-        for (int64_t b = 0; b < blocks; ++b)
-          chunk_product<G>(x + b * kRows * ldx + 2 * s0, ldx, panel + s0 * 2 * NB, n,
-                           sums + b * kRows * NB, ahead.part_start(b, blocks),
-                           ahead.part_lines(b, blocks));
+        for (int64_t b = 0; b < blocks; ++b) {
+          const B* a = last && b == blocks - 1 ? last : x + b * kRows * ldx;
+          chunk_product<G>(a + 2 * s0, ldx, panel + s0 * 2 * NB, n, sums + b * kRows * NB,
+                           ahead.part_start(b, blocks), ahead.part_lines(b, blocks));
+        }
+        if (one_chunk) break;
         if (s0 == 0) {
           std::copy(sums, sums + sums_size, total);
         } else {
@@ -167,16 +182,15 @@ void run(const B* x, int64_t M, int64_t Mpad, int64_t ldx, const B* packed, int6
 
 }  // namespace
 
-// y [M, N] = x [Mpad, ldx] (bf16, rows past M zero, ldx / 2 a multiple of 16) @ the packed
-// panels of width NB; amx_usable() must hold.
-void linear_bf16(const B* x, int64_t M, int64_t Mpad, int64_t ldx, const B* packed,
-                 int64_t panels, int64_t NB, int64_t N, B* y, int nthreads, int64_t chunk,
-                 int64_t prefetch) {
+// y [M, N] = x [M, ldx] (bf16, ldx / 2 a multiple of 16) @ the packed panels of width NB;
+// amx_usable() must hold.
+void linear_bf16(const B* x, int64_t M, int64_t ldx, const B* packed, int64_t panels, int64_t NB,
+                 int64_t N, B* y, int nthreads, int64_t chunk, int64_t prefetch) {
   switch (NB) {
-    case 16: return run<1>(x, M, Mpad, ldx, packed, panels, N, y, nthreads, chunk, prefetch);
-    case 32: return run<2>(x, M, Mpad, ldx, packed, panels, N, y, nthreads, chunk, prefetch);
-    case 48: return run<3>(x, M, Mpad, ldx, packed, panels, N, y, nthreads, chunk, prefetch);
-    default: return run<4>(x, M, Mpad, ldx, packed, panels, N, y, nthreads, chunk, prefetch);
+    case 16: return run<1>(x, M, ldx, packed, panels, N, y, nthreads, chunk, prefetch);
+    case 32: return run<2>(x, M, ldx, packed, panels, N, y, nthreads, chunk, prefetch);
+    case 48: return run<3>(x, M, ldx, packed, panels, N, y, nthreads, chunk, prefetch);
+    default: return run<4>(x, M, ldx, packed, panels, N, y, nthreads, chunk, prefetch);
   }
 }
 

@@ -9,7 +9,7 @@
 
 namespace dense_scratch {
 
-enum Slot { kPartial, kWide, kX, kSlots };
+enum Slot { kPartial, kWide, kX, kSlots };  // kX: x widened to fp32, or AMX's last row block
 
 // At least `n` floats, 64-byte aligned, of the calling thread's buffer `slot`, kept and only
 // ever grown between calls: it holds whatever its last user left there.

@@ -297,6 +297,12 @@ void attend(const Shape& shape, const T* kp, const T* vp, const Task& task) {
 #endif
   attend_generic(shape, kp, vp, task);
 }
+
+// One call's task list and per-task sums (decode_attention).
+struct Buffers {
+  std::vector<int64_t> task_seq, task_start, first_task;
+  std::vector<float> part_max, part_sum, part_acc;
+};
 }  // namespace
 
 template <typename T>
@@ -350,8 +356,18 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_ca
   const int64_t slot_stride = kv_heads * dim;
   const float fscale = static_cast<float>(scale);
 
-  // Task list: (sequence, first token) for every part of every sequence.
-  std::vector<int64_t> task_seq, task_start, first_task(batch + 1, 0);
+  // Task list: (sequence, first token) for every part of every sequence. The lists and the
+  // parts' sums are kept between calls (a decode step calls this once a layer), in the
+  // calling thread's buffers; every slot is written below before it is read. (Local
+  // references: inside the parallel regions, the name of a thread_local would mean each
+  // thread's own.)
+  thread_local Buffers kept;
+  std::vector<int64_t>& task_seq = kept.task_seq;
+  std::vector<int64_t>& task_start = kept.task_start;
+  std::vector<int64_t>& first_task = kept.first_task;
+  task_seq.clear();
+  task_start.clear();
+  first_task.resize(batch + 1);
   for (int64_t b = 0; b < batch; ++b) {
     TORCH_CHECK(lens[b] >= 1 && lens[b] <= max_blocks * block_size,
                 "paged_decode_attention: context length outside its block table");
@@ -367,8 +383,12 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_ca
   }
   const int64_t num_tasks = static_cast<int64_t>(task_seq.size());
   first_task[batch] = num_tasks;
-  std::vector<float> part_max(num_tasks * heads), part_sum(num_tasks * heads);
-  std::vector<float> part_acc(num_tasks * heads * dim);
+  std::vector<float>& part_max = kept.part_max;
+  std::vector<float>& part_sum = kept.part_sum;
+  std::vector<float>& part_acc = kept.part_acc;
+  part_max.resize(num_tasks * heads);
+  part_sum.resize(num_tasks * heads);
+  part_acc.resize(num_tasks * heads * dim);
 
   const Shape shape{heads, dim, group, slot_stride, fscale};
 
