@@ -32,6 +32,7 @@ void set_quantized_avx2(bool on);
 torch::Tensor q4_1_int8act_linear(torch::Tensor x, torch::Tensor packed, int64_t out_features);
 torch::Tensor q8_0_int8act_linear(torch::Tensor x, torch::Tensor packed, int64_t out_features);
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> quantize_rows_int8(torch::Tensor x);
+torch::Tensor argmax_rows(torch::Tensor logits);
 void bind_decode_stack(pybind11::module_& m);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -89,5 +90,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "x @ W^T from Q8_0 codes, x rounded to int8 per block (q4_1_int8act_cpu.cpp)");
   m.def("quantize_rows_int8", &quantize_rows_int8,
         "x's int8 codes, scales and scaled sums as q4_1_int8act_linear makes them");
+  m.def("argmax_rows", &argmax_rows,
+        "each row's argmax, first of equals, NaN the largest (argmax_cpu.cpp)");
   bind_decode_stack(m);  // the DecodeStack class (decode_stack_cpu.cpp)
 }
