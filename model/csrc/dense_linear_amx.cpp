@@ -4,7 +4,7 @@
 // The packed bf16 panel is already what AMX's tile multiply takes as its right operand: a
 // step (one k pair) holds each column's pair (k, k+1) side by side, so 16 steps of 16 columns
 // are one B tile (16 rows of 64 bytes, a panel row apart). x gives the A tiles (16 rows x
-// 32 k; a last block of fewer than 16 rows is read from a copy padded with zero rows). Per
+// 32 k; the last block is x's last 16 rows, or fewer padded with zero rows). Per
 // panel of NB = 16 * G columns, each block of 16 rows keeps G accumulator tiles (16 x 16
 // fp32); tiles 0-3 accumulate, 4 holds A, 5 and 6 take turns holding B. As in the AVX-512 path, the row blocks walk the panel a
 // chunk of steps at a time (read from memory once, from cache by the other blocks); by
@@ -22,6 +22,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <utility>
 
 #include "dense_prefetch.h"
 #include "dense_scratch.h"
@@ -114,14 +115,16 @@ void chunk_product(const B* x, int64_t ldx, const B* w, int64_t n, float* sums,
   if constexpr (G > 3) _tile_stored(3, sums + 48, stride);
 }
 
-// The rows of x past its last whole block, then zero rows up to 16, in scratch memory: what
-// that block's A tiles read (a tile load takes all 16 rows).
-const B* tail_block(const B* x, int64_t M, int64_t ldx) {
-  const int64_t whole = M / kRows * kRows, rows = M - whole;
-  B* tail = reinterpret_cast<B*>(dense_scratch::floats(dense_scratch::kX, kRows * ldx / 2));
-  std::copy(x + whole * ldx, x + M * ldx, tail);
-  std::fill(tail + rows * ldx, tail + kRows * ldx, B(0.0f));
-  return tail;
+// What the last row block's A tiles read (a tile load takes 16 rows), and the row of x its
+// first row is. From 16 rows, x's last 16 rows: those it shares with the block before are
+// computed twice, the same bits, and taken from that block. Below 16, x's rows then zero rows
+// in scratch memory.
+std::pair<const B*, int64_t> last_block(const B* x, int64_t M, int64_t ldx) {
+  if (M >= kRows) return {x + (M - kRows) * ldx, M - kRows};
+  B* padded = reinterpret_cast<B*>(dense_scratch::floats(dense_scratch::kX, kRows * ldx / 2));
+  std::copy(x, x + M * ldx, padded);
+  std::fill(padded + M * ldx, padded + kRows * ldx, B(0.0f));
+  return {padded, 0};
 }
 
 template <int G>
@@ -134,7 +137,10 @@ void run(const B* x, int64_t M, int64_t ldx, const B* packed, int64_t panels, in
   // Per thread: the chunk's sums, then (several chunks) the running ones.
   const int64_t sums_size = blocks * kRows * NB, per_thread = (one_chunk ? 1 : 2) * sums_size;
   float* scratch = dense_scratch::floats(dense_scratch::kPartial, nthreads * per_thread);
-  const B* last = M % kRows ? tail_block(x, M, ldx) : nullptr;
+  const std::pair<const B*, int64_t> last_rows = last_block(x, M, ldx);
+  const B* last = last_rows.first;
+  const int64_t last_first = last_rows.second;
+  const int64_t last_sums = (blocks - 1) * kRows;  // the last block's first row in the sums
   const char* bytes = reinterpret_cast<const char*>(packed);
   const int64_t total_bytes = panels * steps * 2 * NB * static_cast<int64_t>(sizeof(B));
 
@@ -153,7 +159,7 @@ void run(const B* x, int64_t M, int64_t ldx, const B* packed, int64_t panels, in
         const auto ahead = dense_prefetch::window(bytes, total_bytes, offset, prefetch,
                                                   n * NB * 4 / 64);
         for (int64_t b = 0; b < blocks; ++b) {
-          const B* a = last && b == blocks - 1 ? last : x + b * kRows * ldx;
+          const B* a = b == blocks - 1 ? last : x + b * kRows * ldx;
           chunk_product<G>(a + 2 * s0, ldx, panel + s0 * 2 * NB, n, sums + b * kRows * NB,
                            ahead.part_start(b, blocks), ahead.part_lines(b, blocks));
         }
@@ -167,14 +173,16 @@ void run(const B* x, int64_t M, int64_t ldx, const B* packed, int64_t panels, in
         }
       }
       const int64_t valid = std::min<int64_t>(NB, N - p * NB);
-      for (int64_t m = 0; m < M; ++m)
+      for (int64_t m = 0; m < M; ++m) {
+        const int64_t row = m < last_sums ? m : last_sums + m - last_first;
         for (int64_t j = 0; j < NB; j += 16) {
           if (valid - j <= 0) break;
-          const __m256i out = (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(total + m * NB + j));
+          const __m256i out = (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(total + row * NB + j));
           const __mmask16 mask = valid - j >= 16 ? static_cast<__mmask16>(0xFFFF)
                                                  : static_cast<__mmask16>((1u << (valid - j)) - 1);
           _mm256_mask_storeu_epi16(y + m * N + p * NB + j, mask, out);
         }
+      }
     }
     _tile_release();
   }
