@@ -124,13 +124,15 @@ def top_k_top_p_logits(logits: Tensor, top_k: Tensor, top_p: Tensor) -> Tensor:
 def argmax_rows(logits: Tensor) -> list[int]:
     """Each row's argmax (the first of equals; a NaN counts as the largest). On a CPU by the
     kernel in model/csrc/argmax_cpu.cpp (rows split over the step's threads, bf16 read as it
-    is), else through NumPy: torch's argmax over 30 x 49,152 logits took 0.4 ms in fp32 and
-    2.5 ms in bf16 on an AMD EPYC, NumPy's 0.07 and 0.5 (widening bf16 included)."""
+    is), else through NumPy, which beat torch's argmax here (30 x 49,152 logits: 0.07 against
+    0.4 ms in fp32, 0.5 against 2.5 ms in bf16). One fp32 row stays on NumPy, whose SIMD scan
+    is faster alone (benchmarks/studies/argmax_cost.py)."""
     if logits.device.type != "cpu":
         return logits.argmax(dim=-1).tolist()
     kernels = load_cpu_kernels()
     if (kernels is not None and logits.dim() == 2 and logits.stride(-1) == 1
-            and logits.dtype in (torch.float32, torch.bfloat16)):
+            and (logits.dtype == torch.bfloat16
+                 or (logits.dtype == torch.float32 and logits.shape[0] > 1))):
         return kernels.argmax_rows(logits).tolist()
     return logits.float().numpy().argmax(axis=-1).tolist()
 
