@@ -236,7 +236,10 @@ def new_sections(folder: Path) -> list[Section]:
             "Against vLLM's CPU build on an Intel Xeon",
             "As in the section above, on an Intel Xeon with AMX (ours runs bf16 matmuls of 8 "
             "rows or more on it; which kernels vLLM's build ran was not looked into), the page "
-            "cache dropped before the first server started.",
+            "cache dropped before the first server started. The bf16 pair is from a later run, "
+            "on a later tree (ours, then vLLM's: the first command with only its bf16 server, "
+            "then the last with KINDS=bf16); ours again right after vLLM's, without dropping "
+            "the cache, gave 1,098 tok/s at 30 users (2.06x).",
             ['python3 benchmarks/side_by_side.py results/vs-vllm-intel "nano-vllm-fp32=server.py" '
              '"nano-vllm-bf16=server.py --dtype bfloat16" -- --users 1 30 --max-tokens 100 '
              "--rounds 2",
