@@ -304,7 +304,9 @@ def new_sections(folder: Path) -> list[Section]:
         Section(
             "30 users against llama.cpp, interleaved",
             "Both servers up at once, 30 users x 100 tokens to each in turn, three turns. "
-            "llama.cpp serves the Q4_1 file with `--no-repack` (as in the section above).",
+            "llama.cpp serves the Q4_1 file with `--no-repack` (as in the section above). The "
+            "fp32 run is from a later tree than the other two; the run of fp32 on their tree "
+            "gave 531, 586, 572 against 259, 297, 289 tok/s, 2.08.",
             ["python3 benchmarks/interleaved.py results/vs-llama-cpp-30-users/f32 "
              '"nano-vllm=python3 server.py --port {port}" "llama-cpp=bash '
              'benchmarks/llama_cpp.sh serve f32 {port}" --turns 3 -- --users 30 --max-tokens 100',
