@@ -10,7 +10,8 @@ It differs from the engine (engine/batch_engine.py) in three things only:
 
 - **Model math.** The plain PyTorch forward pass (model/llama.py with PyTorch's matmuls and
   ops): our CPU kernels are optimisations, and a yardstick must not move when they improve.
-  The matmuls and the small ops are PyTorch's, over the folder's weights in --dtype.
+  The matmuls and the small ops are PyTorch's, over the folder's weights in --dtype, and
+  greedy sampling's argmax is NumPy's (Sampler(compiled=False)).
 - **KV cache.** Each request keeps, per layer, its own K and V tensors
   [tokens, kv_heads, head_dim]. At every decode step each user's past is concatenated with
   its new K/V (torch.cat: a new allocation and a copy of the whole past), the users are
@@ -197,7 +198,7 @@ class BaselineEngineCore:
         # --threads: every step on that many threads (None: PyTorch's default, the cores).
         self.threads = ThreadPolicy(config.threads, 0) if config.threads else None
         self.runner = BaselineRunner(model)
-        self.sampler = Sampler()
+        self.sampler = Sampler(compiled=False)  # no compiled kernel (module docstring)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.caches: dict[str, UserKV] = {}  # request id -> its cache, once prefilled

@@ -31,6 +31,9 @@ def wants_processed(request: Request) -> bool:
 
 
 class Sampler:
+    def __init__(self, compiled: bool = True) -> None:
+        self.compiled = compiled  # greedy rows by the compiled argmax where it applies
+
     def __call__(self, logits: Tensor, requests: list[Request]) -> list[int]:
         """One token per row of logits [n, vocab]; row i belongs to requests[i]."""
         return self.sample(logits, requests).token_ids
@@ -38,7 +41,7 @@ class Sampler:
     def sample(self, logits: Tensor, requests: list[Request]) -> SamplerOutput:
         """One token per row, and its logprobs where the row's request asks for them."""
         adjusted = apply_logits_processors(logits, requests)
-        tokens = argmax_rows(adjusted)  # greedy for everyone; sampled rows overwrite
+        tokens = argmax_rows(adjusted, self.compiled)  # greedy for all; sampled rows overwrite
         # Rows whose processed distribution is needed: to draw from, or for its logprobs.
         rows = [i for i, r in enumerate(requests) if not r.params.greedy or wants_processed(r)]
         processed = None
@@ -121,15 +124,15 @@ def top_k_top_p_logits(logits: Tensor, top_k: Tensor, top_p: Tensor) -> Tensor:
     return torch.full_like(logits, float("-inf")).scatter_(-1, order, sorted_logits)
 
 
-def argmax_rows(logits: Tensor) -> list[int]:
+def argmax_rows(logits: Tensor, compiled: bool = True) -> list[int]:
     """Each row's argmax (the first of equals; a NaN counts as the largest). On a CPU by the
     kernel in model/csrc/argmax_cpu.cpp (rows split over the step's threads, bf16 read as it
-    is), else through NumPy, which beat torch's argmax here (30 x 49,152 logits: 0.07 against
-    0.4 ms in fp32, 0.5 against 2.5 ms in bf16). One fp32 row stays on NumPy, whose SIMD scan
-    is faster alone (benchmarks/studies/argmax_cost.py)."""
+    is) where `compiled`, else through NumPy, which is faster than torch's own argmax on a
+    CPU (most of all in bf16). One fp32 row stays on NumPy, whose SIMD scan is faster alone
+    (benchmarks/studies/argmax_cost.py)."""
     if logits.device.type != "cpu":
         return logits.argmax(dim=-1).tolist()
-    kernels = load_cpu_kernels()
+    kernels = load_cpu_kernels() if compiled else None
     if (kernels is not None and logits.dim() == 2 and logits.stride(-1) == 1
             and (logits.dtype == torch.bfloat16
                  or (logits.dtype == torch.float32 and logits.shape[0] > 1))):

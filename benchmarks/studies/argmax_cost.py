@@ -1,7 +1,7 @@
 """What greedy sampling's argmax costs a decode step, by path: the compiled kernel the sampler
 uses (model/csrc/argmax_cpu.cpp: rows split over the threads, bf16 read as it is) and the
-NumPy path it keeps for other dtypes (a widened fp32 copy, then NumPy's argmax on one
-thread).
+NumPy path it keeps for one fp32 row and other dtypes (a widened fp32 copy, then NumPy's
+argmax on one thread).
 
     python3 benchmarks/studies/argmax_cost.py --rows 1 30
 

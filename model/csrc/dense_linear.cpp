@@ -45,12 +45,15 @@
 #include <utility>
 #include <vector>
 
+// Outside the target below: their inline functions are one copy in the whole module, which
+// must run on any x86-64 CPU (the AVX2 and AMX files include them as well).
+#include "dense_prefetch.h"
+#include "dense_scratch.h"
+
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")
 
 #include "bf16_pairs.h"
-#include "dense_prefetch.h"
-#include "dense_scratch.h"
 #include "dense_tile_avx512.h"
 
 namespace {
@@ -328,6 +331,7 @@ torch::Tensor dense_linear(torch::Tensor x, torch::Tensor packed, int64_t n, int
               "dense_linear: x [..., K]; packed weight [panels, K, NB] (float32) or "
               "[panels, ceil(K/2), NB, 2] (bfloat16)");
   const int64_t K = x.size(-1), panels = packed.size(0), NB = packed.size(2);
+  TORCH_CHECK(K > 0, "dense_linear: x has no input features (K = 0)");
   TORCH_CHECK(NB == 16 || NB == 32 || NB == 48 || NB == 64,
               "dense_linear: panel width must be 16, 32, 48 or 64, got ", NB);
   TORCH_CHECK(n > (panels - 1) * NB && n <= panels * NB,

@@ -4,10 +4,11 @@
 // The packed bf16 panel is already what AMX's tile multiply takes as its right operand: a
 // step (one k pair) holds each column's pair (k, k+1) side by side, so 16 steps of 16 columns
 // are one B tile (16 rows of 64 bytes, a panel row apart). x gives the A tiles (16 rows x
-// 32 k; the last block is x's last 16 rows, or fewer padded with zero rows). Per
-// panel of NB = 16 * G columns, each block of 16 rows keeps G accumulator tiles (16 x 16
-// fp32); tiles 0-3 accumulate, 4 holds A, 5 and 6 take turns holding B. As in the AVX-512 path, the row blocks walk the panel a
-// chunk of steps at a time (read from memory once, from cache by the other blocks); by
+// 32 k; the last block is x's last 16 rows, or fewer padded with zero rows). Per panel of
+// NB = 16 * G columns, each block of 16 rows keeps G accumulator tiles (16 x 16 fp32); tiles
+// 0-3 accumulate, 4 holds A, 5 and 6 take turns holding B. As in the AVX-512 path, the row
+// blocks walk the panel a chunk of steps at a time (read from memory once, from cache by the
+// other blocks); by
 // default a chunk is all of K (dense_linear.cpp's g_amx_chunk_steps says why), summed in
 // fp32 by the tile unit, and the result is rounded to bf16 once (nearest even). Products of
 // bf16 pairs are exact in fp32.

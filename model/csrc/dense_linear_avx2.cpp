@@ -29,13 +29,14 @@
 #include <utility>
 #include <vector>
 
+#include "dense_prefetch.h"  // outside the target below (dense_linear.cpp says why)
+#include "dense_scratch.h"
+
 // This file's code (its own object in the kernels module) may use AVX2 and FMA even where
 // -march=native lacks them; dense_linear.cpp checks the CPU before calling it.
 #pragma GCC target("avx2,fma")
 
 #include "bf16_pairs.h"
-#include "dense_prefetch.h"
-#include "dense_scratch.h"
 
 namespace {
 

@@ -9,10 +9,12 @@
 
 namespace dense_scratch {
 
-enum Slot { kPartial, kWide, kX, kSlots };  // kX: x widened to fp32, or AMX's last row block
+// kPartial: sums; kWide: widened weights; kX: x widened to fp32, or AMX's padded last rows.
+enum Slot { kPartial, kWide, kX, kSlots };
 
 // At least `n` floats, 64-byte aligned, of the calling thread's buffer `slot`, kept and only
-// ever grown between calls: it holds whatever its last user left there.
+// ever grown between calls: it holds whatever its last user left there (and a long prefill
+// chunk's size stays allocated: a few MB at most for this engine's shapes).
 inline float* floats(Slot slot, size_t n) {
   thread_local std::vector<float> buffers[kSlots];
   std::vector<float>& buffer = buffers[slot];

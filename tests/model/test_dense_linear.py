@@ -252,6 +252,8 @@ def test_clear_errors():
         layer(x.to(torch.bfloat16))
     with pytest.raises(RuntimeError, match="packed weight must be"):
         layer(torch.randn(2, 65))
+    with pytest.raises(RuntimeError, match="no input features"):  # K = 0: nothing to sum
+        kernel_fn(torch.float32)(torch.zeros(16, 0), torch.zeros(1, 0, 64), 64, 0)
 
 
 def test_fallback_without_the_kernel(monkeypatch):
