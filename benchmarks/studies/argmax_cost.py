@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -22,20 +21,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # see benchmarks/_
 import torch
 
 from benchmarks.results import cpu_model
+from benchmarks.roofline import best_time
 from model.cpu_kernel import load_cpu_kernels
 
 VOCAB = 49152  # SmolLM2's
 
 
 def best_ms(fn: Callable[[], list[int]], calls: int = 300, runs: int = 5) -> float:
-    fn()
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        times.append((time.perf_counter() - start) / calls * 1e3)
-    return min(times)
+    """ms per call: the best of `runs` runs of `calls` calls."""
+    return best_time(lambda: [fn() for _ in range(calls)], runs) / calls * 1e3
 
 
 def main() -> None:

@@ -8,10 +8,9 @@
 // NB = 16 * G columns, each block of 16 rows keeps G accumulator tiles (16 x 16 fp32); tiles
 // 0-3 accumulate, 4 holds A, 5 and 6 take turns holding B. As in the AVX-512 path, the row
 // blocks walk the panel a chunk of steps at a time (read from memory once, from cache by the
-// other blocks); by
-// default a chunk is all of K (dense_linear.cpp's g_amx_chunk_steps says why), summed in
-// fp32 by the tile unit, and the result is rounded to bf16 once (nearest even). Products of
-// bf16 pairs are exact in fp32.
+// other blocks); by default a chunk is all of K (dense_linear.cpp's g_amx_chunk_steps says
+// why), summed in fp32 by the tile unit, and the result is rounded to bf16 once (nearest
+// even). Products of bf16 pairs are exact in fp32.
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
 
