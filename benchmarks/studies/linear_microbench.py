@@ -8,7 +8,8 @@ for M=1 the weight bytes read per second.
 Paths: ours (model/dense_linear.py's PackedLinear), ours-avx2 (the same, its AVX2 path forced
 where the CPU would run the AVX-512 one), ours-noamx (bf16 without the AMX path, where the CPU
 has AMX), ours-dot and ours-fma (bf16 without AMX, by vdpbf16ps and by FMAs on widened weights,
-whichever this CPU would pick), `x @ weight_t` (what model/layers.py's Linear
+whichever this CPU would pick), ours-1stream (one row reading one panel after another instead
+of four side by side), `x @ weight_t` (what model/layers.py's Linear
 does), and oneDNN with its weights reordered once
 (`torch.ops.mkldnn._reorder_linear_weight` + `torch.ops.mkldnn._linear_pointwise`).
 benchmarks/roofline.py sets the same passes against this CPU's measured peaks.
@@ -32,18 +33,21 @@ from model.dense_linear import load_dense_linear
 
 ROWS = [1, 2, 4, 8, 16, 30, 64]
 AMX_ROWS, AMX_CHUNK = 8, 0  # the kernel's defaults (model/csrc/dense_linear.cpp)
-# Our paths' kernel settings: (AVX2 forced, AMX from rows, bf16 by FMAs: 1, 0, or -1 as chosen).
-OUR_PATHS = {"ours": (False, AMX_ROWS, -1), "ours-avx2": (True, AMX_ROWS, -1),
-             "ours-noamx": (False, 0, -1), "ours-dot": (False, 0, 0), "ours-fma": (False, 0, 1)}
+# Our paths' kernel settings: (AVX2 forced, AMX from rows, bf16 by FMAs: 1, 0, or -1 as chosen,
+# one row's panels side by side).
+OUR_PATHS = {"ours": (False, AMX_ROWS, -1, True), "ours-avx2": (True, AMX_ROWS, -1, True),
+             "ours-noamx": (False, 0, -1, True), "ours-dot": (False, 0, 0, True),
+             "ours-fma": (False, 0, 1, True), "ours-1stream": (False, AMX_ROWS, -1, False)}
 
 
 def set_path(path: str) -> None:
     """The kernel's knobs for one of OUR_PATHS (the defaults for any other path)."""
-    avx2, amx_rows, bf16_fma = OUR_PATHS.get(path, OUR_PATHS["ours"])
+    avx2, amx_rows, bf16_fma, streams = OUR_PATHS.get(path, OUR_PATHS["ours"])
     kernels = load_dense_linear()
     kernels.set_dense_avx2(avx2)
     kernels.set_dense_amx(amx_rows, AMX_CHUNK)
     kernels.set_dense_bf16_fma(bf16_fma)
+    kernels.set_dense_row_streams(streams)
 
 
 def main() -> None:

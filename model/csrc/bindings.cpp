@@ -23,6 +23,8 @@ int64_t dense_bf16_fma_blocks();
 void set_dense_bf16_fma(int64_t blocks);
 double bf16_dot_rate();
 bool dense_bf16_dot_is_two_fmas();
+double dense_fma_peak(int64_t threads);
+void set_dense_row_streams(bool on);
 torch::Tensor q4_1_linear(torch::Tensor x, torch::Tensor packed, int64_t out_features);
 torch::Tensor q8_0_linear(torch::Tensor x, torch::Tensor packed, int64_t out_features);
 torch::Tensor q5_0_linear(torch::Tensor x, torch::Tensor packed, int64_t out_features);
@@ -73,6 +75,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "chosen for this CPU)");
   m.def("bf16_dot_rate", &bf16_dot_rate,
         "vdpbf16ps's multiply-adds per second over FMAs' on this CPU (0: no AVX512_BF16)");
+  m.def("set_dense_row_streams", &set_dense_row_streams,
+        "dense_linear: one row reads 4 panels side by side (True, the default) or one after "
+        "another (the AVX-512 path; the same sums either way)");
+  m.def("dense_fma_peak", &dense_fma_peak,
+        "GFLOP/s of `threads` threads running independent fp32 FMA chains on registers only "
+        "(AVX-512, else AVX2): the fp32 GEMM's instruction peak");
   m.def("dense_bf16_dot_is_two_fmas", &dense_bf16_dot_is_two_fmas,
         "does this CPU's vdpbf16ps sum a pair as two fp32 FMAs, k+1 first (Intel's definition)?");
   m.def("set_quantized_avx2", &set_quantized_avx2,

@@ -86,6 +86,13 @@ std::atomic<int64_t> g_amx_calls{0};  // products run on AMX so far (dense_amx_c
 // (dense_tile_avx512.h) for rows that need at least this many row blocks, else by vdpbf16ps
 // (0: never by FMAs; -1: as chosen for this CPU, dense_bf16_fma_blocks()).
 int64_t g_bf16_fma_blocks = -1;
+// One row reads this many panels side by side (dense_tile::row_streams), unless
+// set_dense_row_streams turns it off. Each thread's weights as four sequential streams instead
+// of one: on an Intel Xeon (family 6 model 167, 2 threads) a 7 MB matrix's one-row product
+// streamed at 30.8-30.9 GB/s without software prefetch against 25.2-26.0 GB/s as one stream
+// with it (8 streams: 30.4-31.6); MKL's own one-row product reads eight rows at once.
+constexpr int kStreams = 4;
+bool g_row_streams = true;
 // From this many row blocks on, the first block keeps the chunk it widens for the others
 // (with fewer, each widening again in registers was faster: measured on an Intel Xeon, family
 // 6 model 167, all the model's matmuls at 8 and 12 rows).
@@ -119,7 +126,10 @@ void run(const T* x, int64_t M, int64_t ldx, int64_t steps, const T* packed, int
   // memory once and from L1 by the other blocks, the demand on memory is spread evenly over
   // the compute, and each chunk is summed on its own (see `tile`; sums parked in `partial`).
   const int64_t chunk = std::max<int64_t>(1, g_chunk_steps);
-  float* partial = dense_scratch::floats(dense_scratch::kPartial, nthreads * M * NB);
+  // One row (and no FMA widening): kStreams panels at a time, read side by side.
+  const bool streams = g_row_streams && M == 1 && !fma;
+  const int64_t room = (streams ? std::max<int64_t>(M, kStreams) : M) * NB;  // partial sums
+  float* partial = dense_scratch::floats(dense_scratch::kPartial, nthreads * room);
   const int64_t wide_floats = staged ? 2 * NB * chunk : 0;  // a multiple of 16: aligned
   float* wide = dense_scratch::floats(dense_scratch::kWide, nthreads * wide_floats);
   const char* bytes = reinterpret_cast<const char*>(packed);
@@ -129,9 +139,21 @@ void run(const T* x, int64_t M, int64_t ldx, int64_t steps, const T* packed, int
   {
     const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
     const int64_t p0 = panels * t / nt, p1 = panels * (t + 1) / nt;
-    float* mine = partial + t * M * NB;
+    float* mine = partial + t * room;
     float* buf = wide + t * wide_floats;
-    for (int64_t p = p0; p < p1; ++p) {
+    int64_t p = p0;
+    for (; streams && p + kStreams <= p1; p += kStreams) {
+      int64_t valid[kStreams];
+      for (int g = 0; g < kStreams; ++g) valid[g] = std::min<int64_t>(NB, N - (p + g) * NB);
+      const T* group = packed + p * steps * kStep;
+      for (int64_t s0 = 0; s0 < steps; s0 += chunk) {
+        const int64_t n = std::min(chunk, steps - s0);
+        dense_tile::row_streams<T, NR, kStreams>(x + s0 * xStep, group + s0 * kStep,
+                                                 steps * kStep, n, mine, s0 > 0,
+                                                 s0 + n == steps ? y + p * NB : nullptr, valid);
+      }
+    }
+    for (; p < p1; ++p) {  // every panel, or those left over from the streams
       const T* panel = packed + p * steps * kStep;
       const int64_t valid = std::min<int64_t>(NB, N - p * NB);
       for (int64_t s0 = 0; s0 < steps; s0 += chunk) {
@@ -193,37 +215,59 @@ void linear_f32(const float* x, int64_t M, int64_t K, const float* w, int64_t pa
   }
 }
 
-// Multiply-adds per second of vdpbf16ps over those of FMAs on one core, from two loops of
-// independent accumulators (register work only: about a millisecond).
-double bf16_dot_relative_rate() {
-  constexpr int kAcc = 24;
-  constexpr int64_t kIters = 20000;
-  auto time_loop = [](bool dot) {
-    __m512 acc[kAcc];
-    for (int i = 0; i < kAcc; ++i) acc[i] = _mm512_set1_ps(1e-3f * i);
-    __m512 a = _mm512_set1_ps(1e-7f), b = _mm512_set1_ps(1e-7f);
-    const auto start = std::chrono::steady_clock::now();
-    for (int64_t it = 0; it < kIters; ++it) {
+// Seconds for `iters` rounds of 24 independent vdpbf16ps (Dot) or FMA chains on registers
+// only: the instruction's own throughput on this core, with nothing to wait for. (A template,
+// so the FMA loop holds no vdpbf16ps: it also runs on AVX-512 CPUs without AVX512_BF16.)
+constexpr int kChains = 24;
+
+template <bool Dot>
+double register_loop_seconds(int64_t iters) {
+  __m512 acc[kChains];
+  for (int i = 0; i < kChains; ++i) acc[i] = _mm512_set1_ps(1e-3f * i);
+  __m512 a = _mm512_set1_ps(1e-7f), b = _mm512_set1_ps(1e-7f);
+  const auto start = std::chrono::steady_clock::now();
+  for (int64_t it = 0; it < iters; ++it) {
 #pragma GCC unroll 24
-      for (int i = 0; i < kAcc; ++i)
-        acc[i] = dot ? _mm512_dpbf16_ps(acc[i], (__m512bh)_mm512_castps_si512(a),
-                                        (__m512bh)_mm512_castps_si512(b))
-                     : _mm512_fmadd_ps(a, b, acc[i]);
-      asm volatile("" : "+v"(a), "+v"(b));  // keeps the loop from being folded
-    }
-    const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
-    __m512 sum = acc[0];
-    for (int i = 1; i < kAcc; ++i) sum = _mm512_add_ps(sum, acc[i]);
-    volatile float sink = _mm512_reduce_add_ps(sum);
-    (void)sink;
-    return took.count();
-  };
+    for (int i = 0; i < kChains; ++i)
+      if constexpr (Dot)
+        acc[i] = _mm512_dpbf16_ps(acc[i], (__m512bh)_mm512_castps_si512(a),
+                                  (__m512bh)_mm512_castps_si512(b));
+      else
+        acc[i] = _mm512_fmadd_ps(a, b, acc[i]);
+    asm volatile("" : "+v"(a), "+v"(b));  // keeps the loop from being folded
+  }
+  const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
+  __m512 sum = acc[0];
+  for (int i = 1; i < kChains; ++i) sum = _mm512_add_ps(sum, acc[i]);
+  volatile float sink = _mm512_reduce_add_ps(sum);
+  (void)sink;
+  return took.count();
+}
+
+// Multiply-adds per second of vdpbf16ps over those of FMAs on one core (about a millisecond).
+double bf16_dot_relative_rate() {
+  constexpr int64_t kIters = 20000;
   double dot = 1e30, fma = 1e30;
   for (int round = 0; round < 5; ++round) {  // in turns, best of each
-    dot = std::min(dot, time_loop(true));
-    fma = std::min(fma, time_loop(false));
+    dot = std::min(dot, register_loop_seconds<true>(kIters));
+    fma = std::min(fma, register_loop_seconds<false>(kIters));
   }
   return 2.0 * fma / dot;  // vdpbf16ps does two multiply-adds per lane, an FMA one
+}
+
+// GFLOP/s of `threads` threads each running the FMA register loop at once (2 FLOP per lane
+// and FMA), best of 3 rounds of ~10 ms after one to warm up, the slowest thread setting each
+// round's time.
+double fma_peak_gflops(int threads) {
+  constexpr int64_t kIters = 1000000;
+  double best = 1e30;
+  for (int round = 0; round < 4; ++round) {
+    double slowest = 0;
+#pragma omp parallel num_threads(threads) reduction(max : slowest)
+    slowest = std::max(slowest, register_loop_seconds<false>(kIters));
+    if (round > 0) best = std::min(best, slowest);
+  }
+  return threads * 2.0 * 16 * kChains * kIters / best / 1e9;
 }
 
 // Does this CPU's vdpbf16ps give, bit for bit, the sums of the FMA paths (the k+1 product
@@ -261,6 +305,7 @@ void linear_f32(const float* x, int64_t M, int64_t K, const float* packed, int64
 void linear_bf16(const c10::BFloat16* x, int64_t M, int64_t ldx, const c10::BFloat16* packed,
                  int64_t panels, int64_t NB, int64_t N, c10::BFloat16* y, int nthreads,
                  int64_t chunk_steps, int64_t prefetch_one, int64_t prefetch_many);
+double fma_peak_gflops(int threads);
 }  // namespace dense_avx2
 
 // Does this CPU have the AVX-512 our code needs (F, BW, VL, DQ), and for the AVX-512 path's
@@ -282,6 +327,18 @@ double bf16_dot_rate() {
 }
 
 bool dense_bf16_dot_is_two_fmas() { return cpu_has_avx512_bf16() && bf16_dot_is_two_fmas(); }
+
+// The fp32 dense GEMM's instruction peak on this CPU, measured (roofline): GFLOP/s of
+// `threads` threads running independent FMA chains on registers only, in the vectors of the
+// path the GEMM takes (AVX-512, else AVX2, as set_dense_avx2 may force; 0 without either).
+double dense_fma_peak(int64_t threads) {
+  TORCH_CHECK(threads > 0, "dense_fma_peak: threads must be positive");
+  const int n = static_cast<int>(threads);
+  if (cpu_has_avx512() && !g_force_avx2) return fma_peak_gflops(n);
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+    return dense_avx2::fma_peak_gflops(n);
+  return 0.0;
+}
 
 // vdpbf16ps unless it is slow here: on Intel's cores it does half the multiply-adds per second
 // of the two FMA units (measured: 0.50), on AMD Zen 5 as many or more, where it stays (half
@@ -400,6 +457,9 @@ void set_prefetch_one_block(int64_t bytes) { g_prefetch_one_block = std::max<int
 
 // Steps (k, or k pairs in bf16) per chunk when several row blocks share a panel.
 void set_chunk_steps(int64_t steps) { g_chunk_steps = std::max<int64_t>(1, steps); }
+
+// One row over kStreams panels side by side (the default), or one panel after another.
+void set_dense_row_streams(bool on) { g_row_streams = on; }
 
 // Run the AVX2 path even where the AVX-512 one would (both are exact to the same tolerance).
 void set_dense_avx2(bool on) { g_force_avx2 = on; }

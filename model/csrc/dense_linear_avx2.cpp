@@ -23,6 +23,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -288,9 +289,47 @@ void run(const float* x, int64_t M, int64_t ldx, int64_t steps, const T* packed,
   }
 }
 
+// Seconds for `iters` rounds of 12 independent FMA chains on registers only (the AVX2
+// twin of dense_linear.cpp's register loop: 16 ymm registers hold 12 chains and the inputs).
+double fma_loop_seconds(int64_t iters) {
+  constexpr int kChains = 12;
+  __m256 acc[kChains];
+  for (int i = 0; i < kChains; ++i) acc[i] = _mm256_set1_ps(1e-3f * i);
+  __m256 a = _mm256_set1_ps(1e-7f), b = _mm256_set1_ps(1e-7f);
+  const auto start = std::chrono::steady_clock::now();
+  for (int64_t it = 0; it < iters; ++it) {
+#pragma GCC unroll 12
+    for (int i = 0; i < kChains; ++i) acc[i] = _mm256_fmadd_ps(a, b, acc[i]);
+    asm volatile("" : "+x"(a), "+x"(b));  // keeps the loop from being folded
+  }
+  const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
+  __m256 sum = acc[0];
+  for (int i = 1; i < kChains; ++i) sum = _mm256_add_ps(sum, acc[i]);
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, sum);
+  volatile float sink = lanes[0];
+  (void)sink;
+  return took.count();
+}
+
 }  // namespace
 
 namespace dense_avx2 {
+
+// GFLOP/s of `threads` threads each running the FMA register loop at once (2 FLOP per lane
+// and FMA), best of 3 rounds after one to warm up, the slowest thread setting each round's
+// time.
+double fma_peak_gflops(int threads) {
+  constexpr int64_t kIters = 2000000;
+  double best = 1e30;
+  for (int round = 0; round < 4; ++round) {
+    double slowest = 0;
+#pragma omp parallel num_threads(threads) reduction(max : slowest)
+    slowest = std::max(slowest, fma_loop_seconds(kIters));
+    if (round > 0) best = std::min(best, slowest);
+  }
+  return threads * 2.0 * 8 * 12 * kIters / best / 1e9;
+}
 
 void linear_f32(const float* x, int64_t M, int64_t K, const float* packed, int64_t panels,
                 int64_t NB, int64_t N, float* y, int nthreads, int64_t chunk_steps,

@@ -120,38 +120,12 @@ inline void step(__m512 (&acc)[MR][NR], const X* x, int64_t ldx, int64_t s, cons
   }
 }
 
-// MR rows x NB = 16 * NR columns, over `steps` steps of one panel starting at w (x already
-// offset to the same k). The accumulators start at zero; with `resume` the sum so far in
-// `partial` ([MR][NB] floats) is added at the end, so each chunk of k is summed on its own
-// and the chunks' sums are summed after: rounding error grows with chunk + K / chunk terms,
-// not with K (sequential fp32 sums over K = 1536 were 2.4x further from float64 than MKL's).
-// The result ends in y (rounded to Out) when y is given, else in `partial`. pf_lines cache
-// lines from pf on are prefetched, spread over the steps. `keep`: as step()'s.
-template <typename X, typename W, typename Out, int MR, int NR>
-void tile(const X* x, int64_t ldx, const W* w, int64_t steps, float* partial, bool resume,
-          Out* y, int64_t ldy, int64_t valid_cols, const char* pf, int64_t pf_lines,
-          float* keep) {
+// A tile's end: with `resume` the sum so far in `partial` is added; the result is rounded to
+// Out into y (valid_cols of its columns) when y is given, else kept in `partial`.
+template <typename Out, int MR, int NR>
+inline void finish(__m512 (&acc)[MR][NR], float* partial, bool resume, Out* y, int64_t ldy,
+                   int64_t valid_cols) {
   constexpr int64_t NB = 16 * NR;
-  constexpr int64_t kStep = 4 * NB / sizeof(W);  // elements of w per step
-  __m512 acc[MR][NR];
-#pragma GCC unroll 16
-  for (int i = 0; i < MR; ++i)
-#pragma GCC unroll 16
-    for (int j = 0; j < NR; ++j)
-      acc[i][j] = _mm512_setzero_ps();
-
-  if (pf_lines > 0) {
-    // pf_lines cache lines from pf on, spread evenly over the steps (Bresenham).
-    int64_t due = 0;
-    for (int64_t s = 0; s < steps; ++s, w += kStep) {
-      dense_prefetch::spread(due, pf, pf_lines, steps);
-      step<X, W, MR, NR>(acc, x, ldx, s, w, keep);
-    }
-  } else {
-#pragma GCC unroll 2
-    for (int64_t s = 0; s < steps; ++s, w += kStep) step<X, W, MR, NR>(acc, x, ldx, s, w, keep);
-  }
-
   if (resume) {
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i)
@@ -185,6 +159,66 @@ void tile(const X* x, int64_t ldx, const W* w, int64_t steps, float* partial, bo
           _mm256_mask_storeu_epi16(out, tail_mask(valid), packed);
       }
     }
+}
+
+// MR rows x NB = 16 * NR columns, over `steps` steps of one panel starting at w (x already
+// offset to the same k). The accumulators start at zero; with `resume` the sum so far in
+// `partial` ([MR][NB] floats) is added at the end, so each chunk of k is summed on its own
+// and the chunks' sums are summed after: rounding error grows with chunk + K / chunk terms,
+// not with K (sequential fp32 sums over K = 1536 were 2.4x further from float64 than MKL's).
+// The result ends in y (rounded to Out) when y is given, else in `partial`. pf_lines cache
+// lines from pf on are prefetched, spread over the steps. `keep`: as step()'s.
+template <typename X, typename W, typename Out, int MR, int NR>
+void tile(const X* x, int64_t ldx, const W* w, int64_t steps, float* partial, bool resume,
+          Out* y, int64_t ldy, int64_t valid_cols, const char* pf, int64_t pf_lines,
+          float* keep) {
+  constexpr int64_t NB = 16 * NR;
+  constexpr int64_t kStep = 4 * NB / sizeof(W);  // elements of w per step
+  __m512 acc[MR][NR];
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 16
+    for (int j = 0; j < NR; ++j)
+      acc[i][j] = _mm512_setzero_ps();
+
+  if (pf_lines > 0) {
+    // pf_lines cache lines from pf on, spread evenly over the steps (Bresenham).
+    int64_t due = 0;
+    for (int64_t s = 0; s < steps; ++s, w += kStep) {
+      dense_prefetch::spread(due, pf, pf_lines, steps);
+      step<X, W, MR, NR>(acc, x, ldx, s, w, keep);
+    }
+  } else {
+#pragma GCC unroll 2
+    for (int64_t s = 0; s < steps; ++s, w += kStep) step<X, W, MR, NR>(acc, x, ldx, s, w, keep);
+  }
+
+  finish<Out, MR, NR>(acc, partial, resume, y, ldy, valid_cols);
+}
+
+// One row over G panels side by side (a decode step of one sequence): on each panel the
+// sums of tile<T, T, T, 1, NR>, but the G panels are read in the same loop, G sequential
+// streams from memory instead of one, which keeps more lines in flight through the hardware
+// prefetchers (none requested here). `stride`: elements from one panel to the next;
+// partial: [G][NB] floats; y: the first panel's outputs, `valid[g]` columns of panel g.
+template <typename T, int NR, int G>
+void row_streams(const T* x, const T* w, int64_t stride, int64_t steps, float* partial,
+                 bool resume, T* y, const int64_t* valid) {
+  constexpr int64_t NB = 16 * NR;
+  constexpr int64_t kStep = 4 * NB / sizeof(T);
+  __m512 acc[G][1][NR];
+#pragma GCC unroll 8
+  for (int g = 0; g < G; ++g)
+#pragma GCC unroll 16
+    for (int j = 0; j < NR; ++j) acc[g][0][j] = _mm512_setzero_ps();
+  for (int64_t s = 0; s < steps; ++s, w += kStep) {
+#pragma GCC unroll 8
+    for (int g = 0; g < G; ++g) step<T, T, 1, NR>(acc[g], x, 0, s, w + g * stride, nullptr);
+  }
+#pragma GCC unroll 8
+  for (int g = 0; g < G; ++g)
+    finish<T, 1, NR>(acc[g], partial + g * NB, resume, y == nullptr ? nullptr : y + g * NB, 0,
+                     y == nullptr ? 0 : valid[g]);
 }
 
 template <typename X, typename W, typename Out>

@@ -204,6 +204,31 @@ def test_rows_are_batch_invariant_and_threads_do_not_matter(dtype, path):
         assert torch.equal(kernel(x, layer.packed, 960, threads), together)
 
 
+@pytest.mark.skipif(not FP32_OK or not cpu_supports(), reason="the AVX-512 path only")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("k", "n", "panel"), [(576, 960, 48), (72, 1000, 64), (64, 900, 64),
+                                               (130, 200, 16)])
+def test_one_row_reads_panels_side_by_side_with_the_same_sums(dtype, k, n, panel):
+    """One row walks four panels at once (row_streams), the panels left over one at a time:
+    bit for bit the sums of one panel after another, on 1-3 threads, with a partial last
+    panel (n = 1000, 900, 200) and leftovers (900 / 64: 15 panels); k over several chunks."""
+    if dtype == torch.bfloat16 and not cpu_supports(bf16=True):
+        pytest.skip("no AVX512_BF16 here")
+    x, w = inputs(1, k, n, dtype, seed=k)
+    layer = PackedLinear(w, panel=panel)
+    kernels, kernel = load_cpu_kernels(), kernel_fn(dtype)
+    for threads in [1, 2, 3]:
+        kernels.set_dense_row_streams(False)
+        try:
+            one_by_one = kernel(x, layer.packed, n, threads)
+        finally:
+            kernels.set_dense_row_streams(True)
+        side_by_side = kernel(x, layer.packed, n, threads)
+        assert torch.equal(side_by_side, one_by_one), (threads, dtype, k, n)
+    check = check_fp32 if dtype == torch.float32 else check_bf16
+    check(layer(x), x, w)
+
+
 @needs_fp32
 def test_leading_dims_strides_and_empty_batches():
     x, w = inputs(24, 64, 80, torch.float32)
@@ -354,6 +379,27 @@ def test_bf16_takes_the_faster_way_with_the_same_sums():
         dot, fma = kernel_outputs(layer, x, bf16_fma=0), kernel_outputs(layer, x, bf16_fma=1)
         differ = (dot != fma).double().mean().item()
         assert differ == 0 if two_fmas else differ < 0.01, (m, differ)
+
+
+@needs_fp32
+def test_fma_peak_is_a_plausible_instruction_rate():
+    """dense_fma_peak (benchmarks/roofline.py's instruction peak): FMA chains on registers
+    give a rate under what any core can do (lanes x 2 FLOP x 2 FMA units x 6 GHz per
+    thread; a loop folded away would exceed it) and well above nothing, on the native path
+    and on the AVX2 one. No timing against other work."""
+    kernels = load_cpu_kernels()
+    native = 16 if cpu_supports() else 8  # fp32 lanes of the path this CPU takes
+    for lanes, force_avx2 in [(native, False), (8, True)]:
+        kernels.set_dense_avx2(force_avx2)
+        try:
+            one, two = kernels.dense_fma_peak(1), kernels.dense_fma_peak(2)
+        finally:
+            kernels.set_dense_avx2(False)
+        print(f"{lanes} lanes: FMA peak {one:.0f} GFLOP/s on 1 thread, {two:.0f} on 2")
+        ceiling = lanes * 2 * 2 * 6.0
+        assert 1 < one < ceiling and 1 < two < 2 * ceiling
+    with pytest.raises(RuntimeError, match="threads must be positive"):
+        kernels.dense_fma_peak(0)
 
 
 # ---- the whole model -------------------------------------------------------------------
