@@ -271,8 +271,9 @@ class ServedOverheadRun(JsonFile):
 
 @dataclass
 class ComputePeak:
-    """The best GFLOP/s of one dtype on a large square GEMM, by path, and what the CPU's
-    flags and clock promise, where they can be read."""
+    """The best GFLOP/s of one dtype on a large square GEMM, by path, what the CPU's flags
+    and clock promise where they can be read, and the GEMM's multiply instruction's own
+    rate measured on registers only."""
 
     dtype: str  # "float32" or "bfloat16"
     gemm_size: int  # M = N = K
@@ -280,6 +281,16 @@ class ComputePeak:
     best_gflops: float  # the achievable peak: the best path
     theoretical_gflops: float | None  # per FMA unit of each thread; None: not read
     theoretical_note: str  # how the figure was read, or why it was not
+    # fp32: every thread running independent FMA chains on registers; None: not measured
+    # (bf16, no kernel, or a run from before the field)
+    instruction_gflops: float | None = None
+
+    def instruction_text(self) -> str:
+        """The instruction peak in words (the printed run, the results page)."""
+        if self.instruction_gflops is None:
+            return "instruction peak not measured"
+        return (f"instruction peak {self.instruction_gflops:.0f} GFLOP/s (every thread running "
+                "FMAs on registers)")
 
 
 @dataclass

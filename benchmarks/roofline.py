@@ -2,8 +2,11 @@
 
 First the peaks, on the engine's thread count: memory bandwidth (a streaming sum and a copy
 over a few hundred MB, best of N) and compute per dtype (a large square GEMM through our
-kernel and through torch/oneDNN; the best is the achievable peak). The theoretical compute
-peak is shown where the CPU's flags and maximum clock can be read, else "not read".
+kernel and through torch/oneDNN; the best is the achievable peak). Beside it, for fp32, the
+instruction peak: every thread running independent FMA chains on registers only (the
+kernels module's dense_fma_peak); bf16 runs on three instructions by row count and CPU
+(vdpbf16ps, FMAs on widened weights, AMX), so it has none. And the theoretical peak where
+the CPU's flags and maximum clock can be read, else "not read".
 
 Then each path makes passes over the default model's matmuls (benchmarks/model_matmuls.py:
 30 layers' qkv, o_proj, gate_up, down + LM head) at each row count: ms per pass, GFLOP/s
@@ -45,7 +48,7 @@ from benchmarks.model_matmuls import (
 )
 from benchmarks.results import ComputePeak, Machine, RooflineCell, RooflineRun, result_path
 from model.cpu_kernel import cpu_flags
-from model.dense_linear import PackedLinear
+from model.dense_linear import PackedLinear, load_dense_linear
 
 ROOT = Path(__file__).resolve().parents[1]
 ROWS = [1, 8, 30, 64]
@@ -160,7 +163,10 @@ def compute_peak(dtype: str, size: int, repeats: int, threads: int) -> ComputePe
     by_path = {name: flop / best_time(lambda f=fn: f(x), repeats) / 1e9
                for name, fn in fns.items()}
     theory, note = theoretical_peak(dtype, threads, cpu_flags(), max_clock_mhz())
-    return ComputePeak(dtype, size, by_path, max(by_path.values()), theory, note)
+    kernels = load_dense_linear() if dtype == "float32" else None
+    instruction = kernels.dense_fma_peak(threads) if kernels else None
+    return ComputePeak(dtype, size, by_path, max(by_path.values()), theory, note,
+                       instruction or None)
 
 
 def measure_path(path: str, rows: list[int], repeats: int, peak_gbs: float,
@@ -196,7 +202,8 @@ def print_run(run: RooflineRun) -> None:
     for c in run.compute:
         paths = ", ".join(f"{name} {g:.0f}" for name, g in c.gflops_by_path.items())
         print(f"{c.dtype}: {c.best_gflops:.0f} GFLOP/s ({paths}; {c.gemm_size}^3 GEMM), ridge "
-              f"{ridge_point(c.best_gflops, run.read_gbs):.1f} FLOP/B; theoretical: "
+              f"{ridge_point(c.best_gflops, run.read_gbs):.1f} FLOP/B; {c.instruction_text()}; "
+              "theoretical: "
               + (f"{c.theoretical_gflops:.0f} GFLOP/s ({c.theoretical_note})"
                  if c.theoretical_gflops is not None else c.theoretical_note))
     print("\n| path | M | ms | GFLOP/s | GB/s | FLOP/B | bound | % BW | % compute | % roof |")

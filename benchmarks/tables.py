@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from benchmarks.results import BenchRun, ProfileRun, RooflineRun
+from benchmarks.results import BenchRun, ProfileRun, RooflineCell, RooflineRun
 
 
 def side_by_side(a: BenchRun, b: BenchRun) -> list[str]:
@@ -70,11 +70,18 @@ def roofline_tables(run: RooflineRun) -> list[str]:
         peaks.append((f"{c.dtype} compute", [
             f"{c.best_gflops:.0f} GFLOP/s",
             f"the best of {paths} on a {c.gemm_size}³ GEMM; ridge point "
-            f"{c.best_gflops / run.read_gbs:.1f} FLOP/byte; theoretical: {theory}"]))
+            f"{c.best_gflops / run.read_gbs:.1f} FLOP/byte; {c.instruction_text()}; "
+            f"theoretical: {theory}"]))
+
+    def of_instruction(cell: RooflineCell) -> str:
+        peak = run.peak(cell.dtype).instruction_gflops
+        return f"{cell.gflops / peak:.0%}" if peak else "-"
+
     cells = [(x.path, [f"{x.rows}", f"{x.ms:.2f}", f"{x.gflops:.1f}", f"{x.gbs:.1f}",
                        f"{x.intensity:.2f}", x.bound, f"{x.of_bandwidth:.0%}",
-                       f"{x.of_compute:.0%}", f"{x.of_roofline:.0%}"]) for x in run.cells]
+                       f"{x.of_compute:.0%}", f"{x.of_roofline:.0%}", of_instruction(x)])
+             for x in run.cells]
     return [*markdown_table("peak", ["measured", "how"], peaks), "",
             *markdown_table("path", ["rows", "ms per pass", "GFLOP/s", "GB/s", "FLOP/byte",
                                      "bound", "% of read bandwidth", "% of compute peak",
-                                     "% of roofline"], cells)]
+                                     "% of roofline", "% of instruction peak"], cells)]

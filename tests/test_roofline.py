@@ -3,6 +3,7 @@ timed, no model)."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -116,3 +117,28 @@ def test_results_page_has_one_roofline_table_per_cpu(tmp_path: Path) -> None:
             row = (f"| {cell.path} | {cell.rows} | {cell.ms:.2f} | {cell.gflops:.1f} | "
                    f"{cell.gbs:.1f} | {cell.intensity:.2f} | {cell.bound} |")
             assert row in text, row
+
+
+def test_instruction_peak_column_and_runs_from_before_it(tmp_path: Path) -> None:
+    """A run with fp32's measured FMA peak shows each fp32 pass's fraction of it, and a
+    dash for bf16 (no one instruction there); a run saved before the field loads without
+    one."""
+    run = roofline_run("CPU A", "2026-02-01T00:00:00+00:00", ms=2.0)
+    run.compute[0] = replace(run.compute[0], instruction_gflops=400.0)
+    path = result_path(tmp_path / "roofline", "a")
+    run.save(path)
+    [section] = roofline_sections(tmp_path)
+    text = "\n".join(section.render(tmp_path))
+    print(text)
+    assert "instruction peak 400 GFLOP/s" in text
+    assert "instruction peak not measured" in text  # bf16's peak row
+    for cell in run.cells:
+        share = f"{cell.gflops / 400.0:.0%}" if cell.dtype == "float32" else "-"
+        [line] = [x for x in text.splitlines() if x.startswith(f"| {cell.path} | {cell.rows} |")]
+        assert line.endswith(f"| {share} |"), line
+
+    data = json.loads(path.read_text())
+    for peak in data["compute"]:
+        del peak["instruction_gflops"]
+    path.write_text(json.dumps(data))
+    assert [c.instruction_gflops for c in RooflineRun.load(path).compute] == [None, None]
