@@ -88,9 +88,10 @@ std::atomic<int64_t> g_amx_calls{0};  // products run on AMX so far (dense_amx_c
 int64_t g_bf16_fma_blocks = -1;
 // One row reads this many panels side by side (dense_tile::row_streams), unless
 // set_dense_row_streams turns it off. Each thread's weights as four sequential streams instead
-// of one: on an Intel Xeon (family 6 model 167, 2 threads) a 7 MB matrix's one-row product
-// streamed at 30.8-30.9 GB/s without software prefetch against 25.2-26.0 GB/s as one stream
-// with it (8 streams: 30.4-31.6); MKL's own one-row product reads eight rows at once.
+// of one, which keep more lines in flight: on an Intel Xeon (family 6 model 167, 2 threads)
+// all the model's matmuls at one row took 20.7-21.0 ms in fp32 against 25.4-27.4 one panel
+// after another, 12.1-12.7 against 13.4-13.5 in bf16 (MKL's fp32 `x @ W`, which reads eight
+// rows of W at once: 20.0-21.0; benchmarks/studies/linear_microbench.py, ours-1stream).
 constexpr int kStreams = 4;
 bool g_row_streams = true;
 // From this many row blocks on, the first block keeps the chunk it widens for the others
