@@ -8,6 +8,10 @@ With --compare-decode-stack it loads the engine twice, with decode steps in one 
 every layer (the default) and layer by layer from Python (--no-decode-stack), and runs the
 rounds in turns, so the two are measured side by side.
 
+With --compare-row-streams the same engine runs its rounds in turns with the dense kernel
+reading one row's weight panels four side by side (the default) and one after another
+(set_dense_row_streams), the same sums either way.
+
 With --as-served the engine takes the thread and prefetch choices the server's engine core
 takes at start (engine/thread_choice.py: this machine's cached measurement, made now if there
 is none), instead of --single-thread-below and the kernel's default prefetch distance; what
@@ -19,7 +23,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from itertools import pairwise
+from itertools import pairwise, product
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -28,6 +32,7 @@ from engine.config import EngineConfig
 from engine.load import load_engine
 from engine.request import Request, SamplingParams
 from engine.thread_choice import choose_threads
+from model.dense_linear import load_dense_linear
 
 
 def main() -> None:
@@ -44,6 +49,9 @@ def main() -> None:
     parser.add_argument("--activations", default="float32")
     parser.add_argument("--compare-decode-stack", action="store_true",
                         help="also the layer-by-layer path, in turns with the default")
+    parser.add_argument("--compare-row-streams", action="store_true",
+                        help="also one row's panels one after another, in turns with the "
+                        "default (four side by side)")
     parser.add_argument("--as-served", action="store_true",
                         help="the server's cached thread and prefetch choices")
     args = parser.parse_args()
@@ -56,13 +64,23 @@ def main() -> None:
         for engine in engines.values():
             chosen = choose_threads(engine.core)
             args.single_thread_below = args.single_thread_below if chosen is None else chosen
+    streams = [True, False] if args.compare_row_streams else [True]
+    kernels = load_dense_linear() if args.compare_row_streams else None
+    if args.compare_row_streams and kernels is None:
+        parser.error("--compare-row-streams: the dense kernel does not run here")
     for round_ in range(args.rounds):
-        for stack, engine in engines.items():
+        for (stack, engine), side_by_side in product(engines.items(), streams):
+            if kernels is not None:
+                kernels.set_dense_row_streams(side_by_side)
             p50 = itl_p50(engine, f"r{round_}", args.tokens, args.users)
             print(f"{args.model or 'default model'}, {args.dtype}, {args.weights} weights, "
                   f"{args.activations} activations, {args.lm_head} LM head, "
                   f"single thread below {args.single_thread_below}, {args.users} user(s), decode "
-                  f"{'stack' if stack else 'layer by layer'}: ITL p50 {p50:.2f} ms")
+                  f"{'stack' if stack else 'layer by layer'}"
+                  + ("" if side_by_side else ", one row's panels one after another")
+                  + f": ITL p50 {p50:.2f} ms")
+    if kernels is not None:
+        kernels.set_dense_row_streams(True)
 
 
 def itl_p50(engine, request_id: str, tokens: int, users: int = 1) -> float:
