@@ -297,7 +297,10 @@ def new_sections(folder: Path) -> list[Section]:
             "VM the server started first after runs that had filled the page cache streamed "
             "12% slower than identical servers started after it). llama.cpp serves the Q4_1 "
             "file with `--no-repack`: its weight repacking crashed (SIGSEGV) while loading "
-            "that file on this CPU. Below 1.000, nano-vLLM streams faster.",
+            "that file on this CPU. Below 1.000, nano-vLLM streams faster. The fp32 and bf16 "
+            "runs are from a later tree than q4_1's (one row's weight panels read four side "
+            "by side, which q4_1's own kernel does not use); on the earlier tree they gave "
+            "0.989 and 0.959 (fp32), 0.774 and 0.757 (bf16).",
             both_orders_commands(),
             [f"one-user-both-orders/{p}/{o}/interleaved.json" for p in INTERLEAVED
              for o in ORDERS], both_orders),
