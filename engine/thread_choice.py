@@ -10,10 +10,12 @@ depends on (the CPU's model, the thread count, the model, its dtype and weights,
 attention and matmul paths, whether decode steps run as one C++ call), so a later start
 reads it in no time.
 
-Then, where the dense matmul kernel runs (model/csrc/dense_linear.cpp), one-sequence decode
-steps are timed with each of PREFETCH_BYTES as the prefetch distance for rows that fit in
-one row block, in turns; the default (4 KB) is kept unless another is faster by more than
-PREFETCH_MARGIN, and the choice is cached with the threads'.
+Then, where the dense matmul kernel runs (model/csrc/dense_linear.cpp), decode steps of
+PREFETCH_BATCH sequences are timed with each of PREFETCH_BYTES as the prefetch distance for
+rows that fit in one row block, in turns (one sequence's row reads its panels side by side
+without software prefetch, so a step of one would not see the distance); the default (4 KB)
+is kept unless another is faster by more than PREFETCH_MARGIN, and the choice is cached with
+the threads'.
 
 In-process (--no-engine-process) the step shares the GIL with the HTTP server: a
 measurement taken at start, with no HTTP load, would favour threads that lose once requests
@@ -47,10 +49,12 @@ PROMPT = [1, 2, 3, 4]  # short enough, with the steps' tokens, to fill no block
 CACHE_ENV = "NANO_THREADS_CACHE"  # a file path replacing the default cache file
 FORCE_ENV = "NANO_MEASURE_THREADS"  # "1": measure again, as --single-thread-below measure
 # The one-row-block prefetch distances tried (the first is the kernel's own default), the
-# rounds of one-sequence decode steps each gets, and how much faster than the default
-# another must be to replace it (two starts on one idle machine measured 4 KB 5% faster,
+# sequences of the decode steps they are timed on (a few: more than one, which does not
+# prefetch, and within one row block), the rounds each gets, and how much faster than the
+# default another must be to replace it (two starts on one idle machine measured 4 KB 5% faster,
 # then the two within 0.1%: a near tie is noise, and keeps the default).
 PREFETCH_BYTES = (4096, 16384)
+PREFETCH_BATCH = 4
 PREFETCH_ROUNDS = 10
 PREFETCH_MARGIN = 0.03
 
@@ -124,7 +128,7 @@ def _read_all(path: Path) -> dict:
 class Choice:
     """What was chosen for one key, and the timings it was chosen from: the threshold, and
     the one-block prefetch distance (None where the dense kernel does not run) with the
-    median one-sequence step (ms) at each distance tried."""
+    median PREFETCH_BATCH-sequence step (ms) at each distance tried."""
 
     single_thread_below: int
     timings: list[Timing]
@@ -248,15 +252,15 @@ def prefetch_from(step_ms: dict[int, float]) -> int:
 
 
 def measure_prefetch(core: PagedEngineCore, kernels: PrefetchKnob) -> dict[int, float]:
-    """The median one-sequence decode step (ms) with each of PREFETCH_BYTES as the kernel's
-    one-block prefetch distance, in turns; the kernel is left at the first."""
+    """The median decode step of PREFETCH_BATCH sequences (ms) with each of PREFETCH_BYTES
+    as the kernel's one-block prefetch distance, in turns; the kernel is left at the first."""
     times: dict[int, list[float]] = {b: [] for b in PREFETCH_BYTES}
     with timing_steps(core):
         try:
             for _ in range(PREFETCH_ROUNDS):
                 for distance, steps in times.items():
                     kernels.set_prefetch_one_block(distance)
-                    steps.extend(_timed_steps(core, 1))
+                    steps.extend(_timed_steps(core, PREFETCH_BATCH))
         finally:
             kernels.set_prefetch_one_block(PREFETCH_BYTES[0])
     return {b: round(statistics.median(t), 2) for b, t in times.items()}
@@ -280,7 +284,7 @@ def describe(choice: Choice, threads: int) -> str:
     if choice.prefetch_ms:
         tried = ", ".join(f"{b // 1024} KB {ms:.2f} ms" for b, ms in choice.prefetch_ms.items())
         text += (f"; matmul prefetch {choice.prefetch_one_block // 1024} KB ahead for a few "
-                 f"rows (one-sequence step: {tried})")
+                 f"rows ({PREFETCH_BATCH}-sequence step: {tried})")
     return text
 
 
