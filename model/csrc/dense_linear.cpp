@@ -256,20 +256,9 @@ double bf16_dot_relative_rate() {
   return 2.0 * fma / dot;  // vdpbf16ps does two multiply-adds per lane, an FMA one
 }
 
-// GFLOP/s of `threads` threads each running the FMA register loop at once (2 FLOP per lane
-// and FMA), best of 3 rounds of ~10 ms after one to warm up, the slowest thread setting each
-// round's time.
-double fma_peak_gflops(int threads) {
-  constexpr int64_t kIters = 1000000;
-  double best = 1e30;
-  for (int round = 0; round < 4; ++round) {
-    double slowest = 0;
-#pragma omp parallel num_threads(threads) reduction(max : slowest)
-    slowest = std::max(slowest, register_loop_seconds<false>(kIters));
-    if (round > 0) best = std::min(best, slowest);
-  }
-  return threads * 2.0 * 16 * kChains * kIters / best / 1e9;
-}
+// The FMA register loop, as dense_fma_peak times it: seconds for `iters` rounds.
+double fma_loop_seconds(int64_t iters) { return register_loop_seconds<false>(iters); }
+constexpr double kFmaFlopPerRound = 2.0 * 16 * kChains;  // 2 FLOP per lane and FMA
 
 // Does this CPU's vdpbf16ps give, bit for bit, the sums of the FMA paths (the k+1 product
 // added first, then the k product, each rounded in fp32: Intel's definition)? Random
@@ -306,7 +295,8 @@ void linear_f32(const float* x, int64_t M, int64_t K, const float* packed, int64
 void linear_bf16(const c10::BFloat16* x, int64_t M, int64_t ldx, const c10::BFloat16* packed,
                  int64_t panels, int64_t NB, int64_t N, c10::BFloat16* y, int nthreads,
                  int64_t chunk_steps, int64_t prefetch_one, int64_t prefetch_many);
-double fma_peak_gflops(int threads);
+double fma_loop_seconds(int64_t iters);
+extern const double kFmaFlopPerRound;
 }  // namespace dense_avx2
 
 // Does this CPU have the AVX-512 our code needs (F, BW, VL, DQ), and for the AVX-512 path's
@@ -329,15 +319,32 @@ double bf16_dot_rate() {
 
 bool dense_bf16_dot_is_two_fmas() { return cpu_has_avx512_bf16() && bf16_dot_is_two_fmas(); }
 
+// GFLOP/s of `threads` threads each running `loop` (seconds for `iters` rounds of
+// `flop_per_round`) at once: best of 3 rounds of ~10 ms after one to warm up, the slowest
+// thread setting each round's time.
+static double parallel_rate(double (*loop)(int64_t), int64_t iters, double flop_per_round,
+                            int threads) {
+  double best = 1e30;
+  for (int round = 0; round < 4; ++round) {
+    double slowest = 0;
+#pragma omp parallel num_threads(threads) reduction(max : slowest)
+    slowest = std::max(slowest, loop(iters));
+    if (round > 0) best = std::min(best, slowest);
+  }
+  return threads * flop_per_round * iters / best / 1e9;
+}
+
 // The fp32 dense GEMM's instruction peak on this CPU, measured (roofline): GFLOP/s of
 // `threads` threads running independent FMA chains on registers only, in the vectors of the
 // path the GEMM takes (AVX-512, else AVX2, as set_dense_avx2 may force; 0 without either).
 double dense_fma_peak(int64_t threads) {
   TORCH_CHECK(threads > 0, "dense_fma_peak: threads must be positive");
   const int n = static_cast<int>(threads);
-  if (cpu_has_avx512() && !g_force_avx2) return fma_peak_gflops(n);
+  if (cpu_has_avx512() && !g_force_avx2)
+    return parallel_rate(&fma_loop_seconds, 1000000, kFmaFlopPerRound, n);
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-    return dense_avx2::fma_peak_gflops(n);
+    return parallel_rate(&dense_avx2::fma_loop_seconds, 2000000, dense_avx2::kFmaFlopPerRound,
+                         n);
   return 0.0;
 }
 

@@ -289,10 +289,16 @@ void run(const float* x, int64_t M, int64_t ldx, int64_t steps, const T* packed,
   }
 }
 
+}  // namespace
+
+namespace dense_avx2 {
+
 // Seconds for `iters` rounds of 12 independent FMA chains on registers only (the AVX2
 // twin of dense_linear.cpp's register loop: 16 ymm registers hold 12 chains and the inputs).
+constexpr int kChains = 12;
+extern const double kFmaFlopPerRound = 2.0 * 8 * kChains;  // 2 FLOP per lane and FMA
+
 double fma_loop_seconds(int64_t iters) {
-  constexpr int kChains = 12;
   __m256 acc[kChains];
   for (int i = 0; i < kChains; ++i) acc[i] = _mm256_set1_ps(1e-3f * i);
   __m256 a = _mm256_set1_ps(1e-7f), b = _mm256_set1_ps(1e-7f);
@@ -310,25 +316,6 @@ double fma_loop_seconds(int64_t iters) {
   volatile float sink = lanes[0];
   (void)sink;
   return took.count();
-}
-
-}  // namespace
-
-namespace dense_avx2 {
-
-// GFLOP/s of `threads` threads each running the FMA register loop at once (2 FLOP per lane
-// and FMA), best of 3 rounds after one to warm up, the slowest thread setting each round's
-// time.
-double fma_peak_gflops(int threads) {
-  constexpr int64_t kIters = 2000000;
-  double best = 1e30;
-  for (int round = 0; round < 4; ++round) {
-    double slowest = 0;
-#pragma omp parallel num_threads(threads) reduction(max : slowest)
-    slowest = std::max(slowest, fma_loop_seconds(kIters));
-    if (round > 0) best = std::min(best, slowest);
-  }
-  return threads * 2.0 * 8 * 12 * kIters / best / 1e9;
 }
 
 void linear_f32(const float* x, int64_t M, int64_t K, const float* packed, int64_t panels,
