@@ -129,7 +129,7 @@ void run(const T* x, int64_t M, int64_t ldx, int64_t steps, const T* packed, int
   const int64_t chunk = std::max<int64_t>(1, g_chunk_steps);
   // One row (and no FMA widening): kStreams panels at a time, read side by side.
   const bool streams = g_row_streams && M == 1 && !fma;
-  const int64_t room = (streams ? std::max<int64_t>(M, kStreams) : M) * NB;  // partial sums
+  const int64_t room = (streams ? kStreams : M) * NB;  // each thread's partial sums
   float* partial = dense_scratch::floats(dense_scratch::kPartial, nthreads * room);
   const int64_t wide_floats = staged ? 2 * NB * chunk : 0;  // a multiple of 16: aligned
   float* wide = dense_scratch::floats(dense_scratch::kWide, nthreads * wide_floats);

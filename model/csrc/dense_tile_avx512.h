@@ -218,7 +218,7 @@ void row_streams(const T* x, const T* w, int64_t stride, int64_t steps, float* p
 #pragma GCC unroll 8
   for (int g = 0; g < G; ++g)
     finish<T, 1, NR>(acc[g], partial + g * NB, resume, y == nullptr ? nullptr : y + g * NB, 0,
-                     y == nullptr ? 0 : valid[g]);
+                     valid[g]);
 }
 
 template <typename X, typename W, typename Out>
