@@ -109,6 +109,43 @@ def test_bf16_kernel_matches_the_fp32_path_on_the_same_values():
     assert ours.dtype == torch.bfloat16 and diff <= bound
 
 
+def test_kernel_keeps_sharp_softmaxes_exact():
+    """Queries scaled up so a row's scores span hundreds: most weights are far below fp32's
+    smallest normal relative to the largest (the kernel's exp gives them 0), the rest must
+    still match SDPA's softmax."""
+    pool, table = filled_pool(3, 64, 100, seed=21)
+    kv_heads, dim = 3, 64
+    torch.manual_seed(22)
+    q = torch.randn(60, 9, dim) * 40
+    k, v = (torch.randn(60, kv_heads, dim) for _ in range(2))
+    reference = TorchPagedAttention(pool)
+    reference.step = StepMetadata.build([], [(table, 100, 60)])
+    expected = reference(0, q, k, v)
+    ours = kernel(q, pool.k[0], pool.v[0], reference.step.chunks[0].block_table, 100,
+                  dim ** -0.5, 0)
+    diff = (ours - expected).abs().max().item()
+    print(f"sharp softmax: max |diff| = {diff:.2e}")
+    assert diff < 1e-5
+
+
+@pytest.mark.parametrize("length", [14, 30, 130])
+def test_kernel_gives_the_same_bits_on_one_thread_and_two(length):
+    """How the chunk's rows are cut into tasks depends on the threads; each row's sums must
+    not."""
+    pool, table = filled_pool(3, 64, 40 + length, seed=length)
+    q = torch.randn(length, 9, 64)
+    block_table = torch.tensor(table)
+    threads = torch.get_num_threads()
+    try:
+        outputs = []
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            outputs.append(kernel(q, pool.k[0], pool.v[0], block_table, 40 + length, 0.125, 0))
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(outputs[0], outputs[1])
+
+
 def test_kernel_rejects_bad_tables():
     """A block id outside the pool, or a context longer than its table, is a Python error,
     not a crash."""
