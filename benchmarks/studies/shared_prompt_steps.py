@@ -8,7 +8,7 @@ must be (the shared prefix once, then each user's own tokens), and the engine's 
 p50. Each round puts a new first sentence before the system prompt, so it starts cold, as
 the benchmark does.
 
-    python3 benchmarks/studies/shared_prompt_steps.py --rounds 2
+    python3 benchmarks/studies/shared_prompt_steps.py --rounds 2 [--dtype bfloat16 [--no-amx-sdpa]]
 """
 
 from __future__ import annotations
@@ -73,9 +73,19 @@ def main() -> None:
     p.add_argument("--users", type=int, default=30)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--max-num-batched-tokens", type=int, default=512)
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--no-amx-sdpa", action="store_true",
+                   help="every prefill chunk through the kernel, also where bf16 SDPA runs on "
+                        "AMX (model/attention/paged.py)")
     args = p.parse_args()
-    engine = load_engine(EngineConfig(max_num_batched_tokens=args.max_num_batched_tokens))
+    engine = load_engine(EngineConfig(max_num_batched_tokens=args.max_num_batched_tokens,
+                                      dtype=args.dtype))
     core, tokenizer = engine.core, engine.tokenizer
+    attention = core.runner.attention
+    if args.no_amx_sdpa:
+        attention.amx_sdpa = False
+    print(f"{args.dtype}, attention {attention.name}, bf16 chunks to SDPA on AMX: "
+          f"{getattr(attention, 'amx_sdpa', False)}")
     core.add(Request("warm-up", tokenizer("Warmup request 0: say hello.").input_ids,
                      SamplingParams(max_tokens=8, temperature=0), lambda _: None))
     while core.has_work():

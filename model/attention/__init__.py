@@ -14,7 +14,11 @@ import torch
 from kvcache.pool import KVCachePool
 from model.attention.metadata import StepMetadata
 from model.attention.paged import CpuKernelAttention, TorchPagedAttention
-from model.cpu_kernel import load_paged_decode_attention, load_paged_prefill_attention
+from model.cpu_kernel import (
+    load_cpu_kernels,
+    load_paged_decode_attention,
+    load_paged_prefill_attention,
+)
 
 __all__ = ["AttentionBackend", "CpuKernelAttention", "StepMetadata", "TorchPagedAttention",
            "create_backend", "resolve_backend"]
@@ -45,5 +49,6 @@ def create_backend(requested: str, pool: KVCachePool) -> TorchPagedAttention:
     if name is AttentionBackend.CPU_KERNEL:
         kernel = load_paged_decode_attention()
         if kernel is not None:
-            return CpuKernelAttention(pool, kernel, load_paged_prefill_attention())
+            amx_sdpa = pool.k[0].dtype == torch.bfloat16 and load_cpu_kernels().dense_amx_usable()
+            return CpuKernelAttention(pool, kernel, load_paged_prefill_attention(), amx_sdpa)
     return TorchPagedAttention(pool)

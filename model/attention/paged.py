@@ -122,17 +122,38 @@ class TorchPagedAttention:
         return out[0].transpose(0, 1)
 
 
+# Where torch's SDPA runs bf16 on AMX (oneDNN's tile matmuls), it beats the prefill kernel,
+# whose arithmetic is fp32 FMAs, on chunks of at least this many rows that see at least
+# this many (query, key) pairs; on smaller ones the kernel is faster (Intel Xeon, family 6
+# model 167: benchmarks/studies/prefill_attention_microbench.py, docs/performance.md).
+AMX_SDPA_MIN_ROWS = 16
+AMX_SDPA_MIN_PAIRS = 8192
+
+
 class CpuKernelAttention(TorchPagedAttention):
     """Single-token rows and prefill chunks through the compiled kernels, which read K/V in
-    place; without a prefill kernel, chunks take the gather + SDPA path."""
+    place; without a prefill kernel, chunks take the gather + SDPA path. With
+    `amx_sdpa`, bf16 chunks with enough work take gather + SDPA too (see
+    `chunk_takes_sdpa`)."""
 
     name = "cpu-kernel"
 
     def __init__(self, pool: KVCachePool, kernel: Callable,
-                 prefill_kernel: Callable | None = None) -> None:
+                 prefill_kernel: Callable | None = None, amx_sdpa: bool = False) -> None:
         super().__init__(pool)
         self.kernel = kernel
         self.prefill_kernel = prefill_kernel
+        self.amx_sdpa = amx_sdpa
+
+    def chunk_takes_sdpa(self, chunk: PrefillChunk) -> bool:
+        """Whether this chunk goes to gather + SDPA rather than the prefill kernel: always
+        without the kernel; with `amx_sdpa`, when it has at least AMX_SDPA_MIN_ROWS rows and
+        they see at least AMX_SDPA_MIN_PAIRS keys in all (counted as if without a window)."""
+        if self.prefill_kernel is None:
+            return True
+        n = chunk.length
+        pairs = n * (chunk.context_len - n) + n * (n + 1) // 2
+        return self.amx_sdpa and n >= AMX_SDPA_MIN_ROWS and pairs >= AMX_SDPA_MIN_PAIRS
 
     def build_metadata(self, single: list[tuple[list[int], int]],
                        chunks: list[tuple[list[int], int, int]]) -> StepMetadata:
@@ -148,7 +169,7 @@ class CpuKernelAttention(TorchPagedAttention):
                      chunk: PrefillChunk, window: int | None = None) -> Tensor:
         """The chunk's rows over every key up to theirs, cached or new (its own K/V are
         already in the pool), read through its block table: no gather, no mask."""
-        if self.prefill_kernel is None:
+        if self.chunk_takes_sdpa(chunk):
             return super().attend_chunk(q, k, v, k_cache, v_cache, chunk, window)
         return self.prefill_kernel(q.contiguous(), k_cache, v_cache, chunk.block_table,
                                    chunk.context_len, q.shape[-1] ** -0.5, window or 0)

@@ -7,7 +7,7 @@ import torch
 
 from kvcache.pool import BLOCK_SIZE, KVCachePool
 from model.attention import StepMetadata, TorchPagedAttention
-from model.cpu_kernel import load_paged_prefill_attention
+from model.cpu_kernel import load_cpu_kernels, load_paged_prefill_attention
 
 kernel = load_paged_prefill_attention()
 pytestmark = pytest.mark.skipif(kernel is None, reason="no C++ toolchain to build the kernel")
@@ -164,3 +164,35 @@ def test_engine_routes_chunks_through_the_kernel(model):
     pool = KVCachePool(model.cfg.num_layers, 8, model.cfg.num_kv_heads, model.cfg.head_dim)
     attention = ModelRunner(model, pool, "auto").attention
     assert isinstance(attention, CpuKernelAttention) and attention.prefill_kernel is not None
+
+
+def test_bf16_chunks_with_enough_work_take_sdpa_where_it_runs_on_amx():
+    """With amx_sdpa, chunks of at least 16 rows seeing at least 8,192 (query, key) pairs take
+    gather + SDPA (the very same output as that path); others take the kernel. Without it,
+    every chunk takes the kernel. Only a bf16 pool on a CPU with AMX turns it on."""
+    from model.attention import CpuKernelAttention, create_backend
+    from model.cpu_kernel import load_paged_decode_attention
+
+    pool, table = filled_pool(3, 64, 700, seed=7, dtype=torch.bfloat16)
+    routed = CpuKernelAttention(pool, load_paged_decode_attention(), kernel, amx_sdpa=True)
+    plain = CpuKernelAttention(pool, load_paged_decode_attention(), kernel)
+    for cached, length, sdpa in [(0, 512, True), (660, 30, True), (0, 128, True),
+                                 (200, 30, False), (0, 64, False), (690, 8, False)]:
+        step = StepMetadata.build([], [(table, cached + length, length)], dtype=torch.bfloat16)
+        assert routed.chunk_takes_sdpa(step.chunks[0]) is sdpa, (cached, length)
+        assert not plain.chunk_takes_sdpa(step.chunks[0])
+    for cached, length in [(660, 30), (200, 30)]:
+        q = torch.randn(length, 9, 64).to(torch.bfloat16)
+        k, v = (torch.randn(length, 3, 64).to(torch.bfloat16) for _ in range(2))
+        outs = {}
+        for name, backend in [("routed", routed), ("kernel", plain),
+                              ("sdpa", TorchPagedAttention(pool))]:
+            backend.step = StepMetadata.build([], [(table, cached + length, length)],
+                                              dtype=torch.bfloat16)
+            outs[name] = backend(0, q, k, v)
+        same = "sdpa" if routed.chunk_takes_sdpa(routed.step.chunks[0]) else "kernel"
+        assert torch.equal(outs["routed"], outs[same]), (cached, length)
+        assert not torch.equal(outs["kernel"], outs["sdpa"])  # so the check above can fail
+    fp32_pool, _ = filled_pool(3, 64, 16, seed=0)
+    assert not create_backend("auto", fp32_pool).amx_sdpa
+    assert create_backend("auto", pool).amx_sdpa is load_cpu_kernels().dense_amx_usable()
