@@ -8,8 +8,8 @@ for M=1 the weight bytes read per second.
 Paths: ours (model/dense_linear.py's PackedLinear), ours-avx2 (the same, its AVX2 path forced
 where the CPU would run the AVX-512 one), ours-noamx (bf16 without the AMX path, where the CPU
 has AMX), ours-dot and ours-fma (bf16 without AMX, by vdpbf16ps and by FMAs on widened weights,
-whichever this CPU would pick), ours-1stream (one row reading one panel after another instead
-of four side by side), `x @ weight_t` (what model/layers.py's Linear
+whichever this CPU would pick), ours-1stream and ours-avx2-1stream (one row reading one panel
+after another instead of several side by side), `x @ weight_t` (what model/layers.py's Linear
 does), and oneDNN with its weights reordered once
 (`torch.ops.mkldnn._reorder_linear_weight` + `torch.ops.mkldnn._linear_pointwise`).
 benchmarks/roofline.py sets the same passes against this CPU's measured peaks.
@@ -37,7 +37,8 @@ AMX_ROWS, AMX_CHUNK = 8, 0  # the kernel's defaults (model/csrc/dense_linear.cpp
 # one row's panels side by side).
 OUR_PATHS = {"ours": (False, AMX_ROWS, -1, True), "ours-avx2": (True, AMX_ROWS, -1, True),
              "ours-noamx": (False, 0, -1, True), "ours-dot": (False, 0, 0, True),
-             "ours-fma": (False, 0, 1, True), "ours-1stream": (False, AMX_ROWS, -1, False)}
+             "ours-fma": (False, 0, 1, True), "ours-1stream": (False, AMX_ROWS, -1, False),
+             "ours-avx2-1stream": (True, AMX_ROWS, -1, False)}
 
 
 def set_path(path: str) -> None:

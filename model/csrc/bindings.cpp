@@ -76,8 +76,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("bf16_dot_rate", &bf16_dot_rate,
         "vdpbf16ps's multiply-adds per second over FMAs' on this CPU (0: no AVX512_BF16)");
   m.def("set_dense_row_streams", &set_dense_row_streams,
-        "dense_linear: one row reads 4 panels side by side (True, the default) or one after "
-        "another (the AVX-512 path; the same sums either way)");
+        "dense_linear: one row reads several panels side by side (True, the default: 4 with "
+        "AVX-512, as many as fit the registers with AVX2) or one after another (the same sums "
+        "either way)");
   m.def("dense_fma_peak", &dense_fma_peak,
         "GFLOP/s of `threads` threads running independent fp32 FMA chains on registers only "
         "(AVX-512, else AVX2): the fp32 GEMM's instruction peak");

@@ -291,10 +291,11 @@ bool bf16_dot_is_two_fmas() {
 namespace dense_avx2 {
 void linear_f32(const float* x, int64_t M, int64_t K, const float* packed, int64_t panels,
                 int64_t NB, int64_t N, float* y, int nthreads, int64_t chunk_steps,
-                int64_t prefetch_one, int64_t prefetch_many);
+                int64_t prefetch_one, int64_t prefetch_many, bool row_streams_on);
 void linear_bf16(const c10::BFloat16* x, int64_t M, int64_t ldx, const c10::BFloat16* packed,
                  int64_t panels, int64_t NB, int64_t N, c10::BFloat16* y, int nthreads,
-                 int64_t chunk_steps, int64_t prefetch_one, int64_t prefetch_many);
+                 int64_t chunk_steps, int64_t prefetch_one, int64_t prefetch_many,
+                 bool row_streams_on);
 double fma_loop_seconds(int64_t iters);
 extern const double kFmaFlopPerRound;
 }  // namespace dense_avx2
@@ -432,11 +433,12 @@ torch::Tensor dense_linear(torch::Tensor x, torch::Tensor packed, int64_t n, int
       dense_avx2::linear_bf16(xin.data_ptr<c10::BFloat16>(), M, ldx,
                               packed.data_ptr<c10::BFloat16>(), panels, NB, n,
                               y.data_ptr<c10::BFloat16>(), nthreads,
-                              g_chunk_steps, g_prefetch_one_block, g_prefetch_bytes);
+                              g_chunk_steps, g_prefetch_one_block, g_prefetch_bytes,
+                              g_row_streams);
     } else {
       dense_avx2::linear_f32(xin.data_ptr<float>(), M, K, packed.data_ptr<float>(), panels, NB, n,
                              y.data_ptr<float>(), nthreads, g_chunk_steps, g_prefetch_one_block,
-                             g_prefetch_bytes);
+                             g_prefetch_bytes, g_row_streams);
     }
     return y;
   }

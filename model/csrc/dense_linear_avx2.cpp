@@ -7,7 +7,9 @@
 //   16 outputs of the panel (two registers per row) for up to 6 rows; a 64-wide panel is four
 //   groups. The groups of one chunk read disjoint cache lines of it, so with one row block the
 //   panel is still read from memory once, and with several the other blocks find the chunk
-//   in L1.
+//   in L1. One row reads several panels side by side (row_streams) where the registers hold
+//   their sums: three of 32 columns in fp32, two in bf16, so panels are packed 32 wide for
+//   this path (model/dense_linear.py's choose_panel).
 // - No bf16 dot-product instruction: a bf16 pair (k, k+1) of a column is one 32-bit word, and
 //   its two weights become fp32 exactly by a mask (k+1) and a shift (k); each is then one FMA
 //   against x, which is converted to fp32 once per call (exact), k+1 first: the order of
@@ -164,6 +166,35 @@ void row_tile(const float* x, const W* w, int64_t ldw, int64_t steps, float* par
            valid_cols - g * kGroup);
 }
 
+// One row over S panels of G groups each, side by side: on each panel row_tile's sums (the
+// same FMAs in the same order), but S sequential streams from memory in one loop instead of
+// one, which keeps more lines in flight through the hardware prefetchers (none requested
+// here). S * G * 2 accumulators must leave room in the 16 registers for a step's weights and
+// broadcasts (kStreamsFor). `stride`: elements from one panel to the next; partial: [S][NB]
+// floats; y: the first panel's outputs; valid[p]: panel p's valid columns.
+template <typename W, typename Out, int G, int S>
+void row_streams(const float* x, const W* w, int64_t ldw, int64_t stride, int64_t NB,
+                 int64_t steps, float* partial, bool resume, Out* y, const int64_t* valid) {
+  constexpr int64_t group_elems = std::is_same_v<W, float> ? kGroup : 2 * kGroup;
+  __m256 acc[S][G][1][2];
+#pragma GCC unroll 4
+  for (int p = 0; p < S; ++p)
+#pragma GCC unroll 4
+    for (int g = 0; g < G; ++g) acc[p][g][0][0] = acc[p][g][0][1] = _mm256_setzero_ps();
+  for (int64_t s = 0; s < steps; ++s, w += ldw) {
+#pragma GCC unroll 4
+    for (int p = 0; p < S; ++p)
+#pragma GCC unroll 4
+      for (int g = 0; g < G; ++g) step<W, 1>(acc[p][g], x, 0, s, w + p * stride + g * group_elems);
+  }
+#pragma GCC unroll 4
+  for (int p = 0; p < S; ++p)
+#pragma GCC unroll 4
+    for (int g = 0; g < G; ++g)
+      finish(acc[p][g][0], partial + p * NB + g * kGroup, resume,
+             y == nullptr ? nullptr : y + p * NB + g * kGroup, valid[p] - g * kGroup);
+}
+
 // `steps` bf16 steps of one 16-column group (rows `ldw` elements apart) widened to fp32 in
 // `out`: [2 * steps][16], each pair's k+1 row first (as x's pairs are swapped), the fp32
 // tile's input. Exact. Prefetches as tile does.
@@ -201,6 +232,25 @@ constexpr auto make_row_table(std::integer_sequence<int, Groups...>) {
   return std::array<RowTileFn<T, T>, sizeof...(Groups)>{&row_tile<T, T, Groups + 1>...};
 }
 
+// Panels one row reads side by side, for panels of G groups: as many as leave room for a
+// step's weights and broadcasts beside the accumulators (fp32 12 of the 16 registers, bf16
+// 10), at most kMaxStreams; 1 (no streams) for the widest panels.
+constexpr int kMaxStreams = 4;
+template <typename W>
+constexpr int streams_for(int groups) {
+  return std::min(kMaxStreams, (std::is_same_v<W, float> ? 12 : 10) / (2 * groups));
+}
+
+template <typename W, typename Out>
+using RowStreamsFn = void (*)(const float*, const W*, int64_t, int64_t, int64_t, int64_t, float*,
+                              bool, Out*, const int64_t*);
+
+template <typename T, int... Groups>
+constexpr auto make_streams_table(std::integer_sequence<int, Groups...>) {
+  return std::array<RowStreamsFn<T, T>, sizeof...(Groups)>{
+      &row_streams<T, T, Groups + 1, std::max(1, streams_for<T>(Groups + 1))>...};
+}
+
 // x: fp32 [M, ldx] (from bf16: each pair swapped); packed: [panels, steps, NB] (fp32) or
 // [panels, steps, NB, 2] (bf16).
 //
@@ -213,12 +263,14 @@ constexpr auto make_row_table(std::integer_sequence<int, Groups...>) {
 template <typename T>
 void run(const float* x, int64_t M, int64_t ldx, int64_t steps, const T* packed, int64_t panels,
          int64_t NB, int64_t N, T* y, int nthreads, int64_t chunk_steps, int64_t prefetch_one,
-         int64_t prefetch_many) {
+         int64_t prefetch_many, bool row_streams_on) {
   constexpr bool bf16 = !std::is_same_v<T, float>;
   constexpr int MRdirect = max_rows<T>(), MRwide = max_rows<float>();
   static constexpr auto direct = make_table<T, T>(std::make_integer_sequence<int, MRdirect>{});
   static constexpr auto wide = make_table<float, T>(std::make_integer_sequence<int, MRwide>{});
   static constexpr auto one_row = make_row_table<T>(std::make_integer_sequence<int, kMaxGroups>{});
+  static constexpr auto one_row_streams =
+      make_streams_table<T>(std::make_integer_sequence<int, kMaxGroups>{});
   constexpr int64_t xStep = bf16 ? 2 : 1;  // x elements per step
   const int64_t ldw = bf16 ? 2 * NB : NB;  // panel elements per step
   const int64_t groups = NB / kGroup;
@@ -229,7 +281,10 @@ void run(const float* x, int64_t M, int64_t ldx, int64_t steps, const T* packed,
   const int64_t base = M / blocks, extra = M % blocks;
   const int64_t prefetch = blocks == 1 ? prefetch_one : prefetch_many;
   const int64_t chunk = std::max<int64_t>(1, chunk_steps);
-  float* partial = dense_scratch::floats(dense_scratch::kPartial, nthreads * M * NB);
+  // One row (and panels narrow enough): S panels at a time, read side by side.
+  const int S = M == 1 && row_streams_on ? streams_for<T>(static_cast<int>(groups)) : 1;
+  const int64_t room = std::max<int64_t>(M, S) * NB;  // each thread's partial sums
+  float* partial = dense_scratch::floats(dense_scratch::kPartial, nthreads * room);
   const int64_t wide_floats = widened ? 2 * kGroup * chunk : 0;  // a multiple of 8: aligned
   float* wide_buf = dense_scratch::floats(dense_scratch::kWide, nthreads * wide_floats);
   const char* bytes = reinterpret_cast<const char*>(packed);
@@ -241,9 +296,20 @@ void run(const float* x, int64_t M, int64_t ldx, int64_t steps, const T* packed,
   {
     const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
     const int64_t p0 = panels * t / nt, p1 = panels * (t + 1) / nt;
-    float* mine = partial + t * M * NB;
+    float* mine = partial + t * room;
     float* buf = wide_buf + t * wide_floats;
-    for (int64_t p = p0; p < p1; ++p) {
+    int64_t p = p0;
+    for (; S > 1 && p + S <= p1; p += S) {
+      int64_t valid[kMaxStreams];
+      for (int g = 0; g < S; ++g) valid[g] = std::min<int64_t>(NB, N - (p + g) * NB);
+      const T* group = packed + p * steps * ldw;
+      for (int64_t s0 = 0; s0 < steps; s0 += chunk) {
+        const int64_t n = std::min(chunk, steps - s0);
+        one_row_streams[groups - 1](x + s0 * xStep, group + s0 * ldw, ldw, steps * ldw, NB, n,
+                                    mine, s0 > 0, s0 + n == steps ? y + p * NB : nullptr, valid);
+      }
+    }
+    for (; p < p1; ++p) {  // every panel, or those left over from the streams
       const T* panel = packed + p * steps * ldw;
       const int64_t valid = std::min<int64_t>(NB, N - p * NB);
       for (int64_t s0 = 0; s0 < steps; s0 += chunk) {
@@ -320,19 +386,20 @@ double fma_loop_seconds(int64_t iters) {
 
 void linear_f32(const float* x, int64_t M, int64_t K, const float* packed, int64_t panels,
                 int64_t NB, int64_t N, float* y, int nthreads, int64_t chunk_steps,
-                int64_t prefetch_one, int64_t prefetch_many) {
+                int64_t prefetch_one, int64_t prefetch_many, bool row_streams_on) {
   run<float>(x, M, K, K, packed, panels, NB, N, y, nthreads, chunk_steps, prefetch_one,
-             prefetch_many);
+             prefetch_many, row_streams_on);
 }
 
 // x in bf16, converted here (each pair swapped).
 void linear_bf16(const c10::BFloat16* x, int64_t M, int64_t ldx, const c10::BFloat16* packed,
                  int64_t panels, int64_t NB, int64_t N, c10::BFloat16* y, int nthreads,
-                 int64_t chunk_steps, int64_t prefetch_one, int64_t prefetch_many) {
+                 int64_t chunk_steps, int64_t prefetch_one, int64_t prefetch_many,
+                 bool row_streams_on) {
   float* xf = dense_scratch::floats(dense_scratch::kX, M * ldx);
   bf16_pairs::to_fp32_swapped(x, M * ldx / 2, xf);
   run<c10::BFloat16>(xf, M, ldx, ldx / 2, packed, panels, NB, N, y, nthreads,
-                     chunk_steps, prefetch_one, prefetch_many);
+                     chunk_steps, prefetch_one, prefetch_many, row_streams_on);
 }
 
 }  // namespace dense_avx2

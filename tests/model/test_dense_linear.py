@@ -13,6 +13,7 @@ from torch import nn
 
 from model.cpu_kernel import (
     AMX_ENV,
+    as_avx2,
     cpu_flags,
     cpu_supports,
     cpu_supports_avx2,
@@ -20,6 +21,7 @@ from model.cpu_kernel import (
 )
 from model.dense_linear import (
     PackedLinear,
+    choose_panel,
     kernel_fn,
     kernel_isa,
     kernel_support,
@@ -62,13 +64,13 @@ def path(request):
         yield request.param
         return
     kernels = load_cpu_kernels()
-    kernels.set_dense_avx2(request.param == "avx2")
+    kernels.set_dense_avx2(request.param == "avx2" or as_avx2())
     kernels.set_dense_amx(AMX_ROWS if request.param == "avx2" else 0, AMX_CHUNK)
     kernels.set_dense_bf16_fma(BF16_FMA.get(request.param, -1))
     try:
         yield request.param
     finally:
-        kernels.set_dense_avx2(False)
+        kernels.set_dense_avx2(as_avx2())
         kernels.set_dense_amx(AMX_ROWS, AMX_CHUNK)
         kernels.set_dense_bf16_fma(-1)
 
@@ -204,16 +206,18 @@ def test_rows_are_batch_invariant_and_threads_do_not_matter(dtype, path):
         assert torch.equal(kernel(x, layer.packed, 960, threads), together)
 
 
-@pytest.mark.skipif(not FP32_OK or not cpu_supports(), reason="the AVX-512 path only")
+@pytest.mark.skipif(not FP32_OK, reason="no kernel here")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(("k", "n", "panel"), [(576, 960, 48), (72, 1000, 64), (64, 900, 64),
-                                               (130, 200, 16)])
-def test_one_row_reads_panels_side_by_side_with_the_same_sums(dtype, k, n, panel):
-    """One row walks four panels at once (row_streams), the panels left over one at a time:
-    bit for bit the sums of one panel after another, on 1-3 threads, with a partial last
-    panel (n = 1000, 900, 200) and leftovers (900 / 64: 15 panels); k over several chunks."""
-    if dtype == torch.bfloat16 and not cpu_supports(bf16=True):
-        pytest.skip("no AVX512_BF16 here")
+                                               (130, 200, 16), (576, 1000, 32), (131, 900, 32)])
+def test_one_row_reads_panels_side_by_side_with_the_same_sums(dtype, k, n, panel, path):
+    """One row walks several panels at once (AVX-512: four; AVX2: as many as its 16 registers
+    hold, 4 of 16 columns, 3 of 32, 2 of 48 in fp32; 4, 2, 1 in bf16), the panels left over
+    one at a time: bit for bit the sums of one panel after another, on 1-3 threads, with a
+    partial last panel (n = 1000, 900, 200) and leftovers (900 / 64: 15 panels; 1000 / 32: 32
+    panels in groups of 3); k over several chunks, odd in bf16."""
+    if kernel_fn(dtype) is None:
+        pytest.skip(f"no {dtype} kernel here")
     x, w = inputs(1, k, n, dtype, seed=k)
     layer = PackedLinear(w, panel=panel)
     kernels, kernel = load_cpu_kernels(), kernel_fn(dtype)
@@ -227,6 +231,16 @@ def test_one_row_reads_panels_side_by_side_with_the_same_sums(dtype, k, n, panel
         assert torch.equal(side_by_side, one_by_one), (threads, dtype, k, n)
     check = check_fp32 if dtype == torch.float32 else check_bf16
     check(layer(x), x, w)
+
+
+def test_avx2_prefers_narrow_panels_and_avx512_wide_ones():
+    """AVX2 packs 32-column panels where they split evenly over the threads (three of them
+    fit its registers side by side for one row); AVX-512 64-column ones; both fall back to
+    the next width that splits evenly."""
+    assert choose_panel(576, 2, "avx2") == 32 and choose_panel(576, 2) == 48
+    assert choose_panel(1536, 2, "avx2") == 32 and choose_panel(1536, 2) == 64
+    assert choose_panel(32 * 3, 2, "avx2") == 48  # 3 panels of 32 do not split over 2
+    assert choose_panel(100, 5, "avx2") == 32  # nothing splits evenly: the first choice
 
 
 @needs_fp32
@@ -309,12 +323,12 @@ def kernel_outputs(layer: PackedLinear, x: torch.Tensor, *, avx2: bool = False,
     order), the kernel's settings restored after."""
     kernels = load_cpu_kernels()
     kernels.set_dense_amx(0, AMX_CHUNK)
-    kernels.set_dense_avx2(avx2)
+    kernels.set_dense_avx2(avx2 or as_avx2())
     kernels.set_dense_bf16_fma(bf16_fma)
     try:
         return layer(x)
     finally:
-        kernels.set_dense_avx2(False)
+        kernels.set_dense_avx2(as_avx2())
         kernels.set_dense_amx(AMX_ROWS, AMX_CHUNK)
         kernels.set_dense_bf16_fma(-1)
 
@@ -390,11 +404,11 @@ def test_fma_peak_is_a_plausible_instruction_rate():
     kernels = load_cpu_kernels()
     native = 16 if cpu_supports() else 8  # fp32 lanes of the path this CPU takes
     for lanes, force_avx2 in [(native, False), (8, True)]:
-        kernels.set_dense_avx2(force_avx2)
+        kernels.set_dense_avx2(force_avx2 or as_avx2())
         try:
             one, two = kernels.dense_fma_peak(1), kernels.dense_fma_peak(2)
         finally:
-            kernels.set_dense_avx2(False)
+            kernels.set_dense_avx2(as_avx2())
         print(f"{lanes} lanes: FMA peak {one:.0f} GFLOP/s on 1 thread, {two:.0f} on 2")
         ceiling = lanes * 2 * 2 * 6.0
         assert 1 < one < ceiling and 1 < two < 2 * ceiling
