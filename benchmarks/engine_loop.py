@@ -9,7 +9,8 @@ every layer (the default) and layer by layer from Python (--no-decode-stack), an
 rounds in turns, so the two are measured side by side.
 
 With --compare-row-streams the same engine runs its rounds in turns with the dense kernel
-reading one row's weight panels four side by side (the default) and one after another
+reading one row's weight panels side by side (the default: four with AVX-512, two or three
+with AVX2) and one after another
 (set_dense_row_streams), the same sums either way.
 
 With --as-served the engine takes the thread and prefetch choices the server's engine core
@@ -51,7 +52,7 @@ def main() -> None:
                         help="also the layer-by-layer path, in turns with the default")
     parser.add_argument("--compare-row-streams", action="store_true",
                         help="also one row's panels one after another, in turns with the "
-                        "default (four side by side)")
+                        "default (side by side)")
     parser.add_argument("--as-served", action="store_true",
                         help="the server's cached thread and prefetch choices")
     args = parser.parse_args()

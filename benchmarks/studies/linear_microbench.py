@@ -6,11 +6,12 @@ matmuls plus the LM head, each on a fixed input of M rows, with every layer's ow
 for M=1 the weight bytes read per second.
 
 Paths: ours (model/dense_linear.py's PackedLinear), ours-avx2 (the same, its AVX2 path forced
-where the CPU would run the AVX-512 one), ours-noamx (bf16 without the AMX path, where the CPU
-has AMX), ours-dot and ours-fma (bf16 without AMX, by vdpbf16ps and by FMAs on widened weights,
-whichever this CPU would pick), ours-1stream and ours-avx2-1stream (one row reading one panel
-after another instead of several side by side), `x @ weight_t` (what model/layers.py's Linear
-does), and oneDNN with its weights reordered once
+where the CPU would run the AVX-512 one; packed at the AVX-512 path's panel widths unless
+--panel is given, 32 being the AVX2 path's own), ours-noamx (bf16 without the AMX path, where
+the CPU has AMX), ours-dot and ours-fma (bf16 without AMX, by vdpbf16ps and by FMAs on
+widened weights, whichever this CPU would pick), ours-1stream and ours-avx2-1stream (one row
+reading one panel after another instead of several side by side), `x @ weight_t` (what
+model/layers.py's Linear does), and oneDNN with its weights reordered once
 (`torch.ops.mkldnn._reorder_linear_weight` + `torch.ops.mkldnn._linear_pointwise`).
 benchmarks/roofline.py sets the same passes against this CPU's measured peaks.
 

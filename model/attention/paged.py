@@ -17,8 +17,9 @@ Query heads are grouped onto their shared K/V head by SDPA's `enable_gqa`, so K/
 never repeated. `CpuKernelAttention` replaces the gather with compiled kernels that read
 K/V in place through the block tables: one for the single-token rows
 (model/csrc/paged_attention_cpu.cpp), one for the multi-token chunks
-(model/csrc/paged_prefill_attention_cpu.cpp); the gather path stays as the reference and
-for other devices and dtypes.
+(model/csrc/paged_prefill_attention_cpu.cpp); the gather path stays as the reference, for
+other devices and dtypes, and for bf16 chunks with much work on a CPU with AMX, where SDPA
+runs on AMX and is the faster.
 """
 
 from __future__ import annotations
@@ -168,7 +169,8 @@ class CpuKernelAttention(TorchPagedAttention):
     def attend_chunk(self, q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor,
                      chunk: PrefillChunk, window: int | None = None) -> Tensor:
         """The chunk's rows over every key up to theirs, cached or new (its own K/V are
-        already in the pool), read through its block table: no gather, no mask."""
+        already in the pool), read through its block table: no gather, no mask; unless
+        `chunk_takes_sdpa`, then gather + SDPA."""
         if self.chunk_takes_sdpa(chunk):
             return super().attend_chunk(q, k, v, k_cache, v_cache, chunk, window)
         return self.prefill_kernel(q.contiguous(), k_cache, v_cache, chunk.block_table,

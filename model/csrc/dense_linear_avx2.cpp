@@ -170,7 +170,7 @@ void row_tile(const float* x, const W* w, int64_t ldw, int64_t steps, float* par
 // same FMAs in the same order), but S sequential streams from memory in one loop instead of
 // one, which keeps more lines in flight through the hardware prefetchers (none requested
 // here). S * G * 2 accumulators must leave room in the 16 registers for a step's weights and
-// broadcasts (kStreamsFor). `stride`: elements from one panel to the next; partial: [S][NB]
+// broadcasts (streams_for). `stride`: elements from one panel to the next; partial: [S][NB]
 // floats; y: the first panel's outputs; valid[p]: panel p's valid columns.
 template <typename W, typename Out, int G, int S>
 void row_streams(const float* x, const W* w, int64_t ldw, int64_t stride, int64_t NB,
@@ -234,7 +234,7 @@ constexpr auto make_row_table(std::integer_sequence<int, Groups...>) {
 
 // Panels one row reads side by side, for panels of G groups: as many as leave room for a
 // step's weights and broadcasts beside the accumulators (fp32 12 of the 16 registers, bf16
-// 10), at most kMaxStreams; 1 (no streams) for the widest panels.
+// 10), at most kMaxStreams; 1 (no streams) for 64 columns, and for 48 in bf16.
 constexpr int kMaxStreams = 4;
 template <typename W>
 constexpr int streams_for(int groups) {
