@@ -102,6 +102,29 @@ constexpr int64_t kStagedBlocks = 3;
 
 using dense_tile::BF16;
 
+// One row of x over a thread's panels [p, p1), kStreams at a time side by side
+// (dense_tile::row_streams), while kStreams whole panels are left; returns the first panel
+// left over. x, packed and y as run()'s; partial: the thread's kStreams * 16 * NR floats.
+template <typename T, int NR>
+int64_t one_row_side_by_side(const T* x, const T* packed, int64_t p, int64_t p1,
+                             int64_t steps, int64_t N, int64_t chunk, float* partial, T* y) {
+  constexpr int64_t NB = 16 * NR;
+  constexpr int64_t kStep = 4 * NB / sizeof(T);          // panel elements per step
+  constexpr int64_t xStep = sizeof(float) / sizeof(T);  // x elements per step (x as T)
+  for (; p + kStreams <= p1; p += kStreams) {
+    int64_t valid[kStreams];
+    for (int g = 0; g < kStreams; ++g) valid[g] = std::min<int64_t>(NB, N - (p + g) * NB);
+    const T* group = packed + p * steps * kStep;
+    for (int64_t s0 = 0; s0 < steps; s0 += chunk) {
+      const int64_t n = std::min(chunk, steps - s0);
+      dense_tile::row_streams<T, NR, kStreams>(x + s0 * xStep, group + s0 * kStep,
+                                               steps * kStep, n, partial, s0 > 0,
+                                               s0 + n == steps ? y + p * NB : nullptr, valid);
+    }
+  }
+  return p;
+}
+
 // Where the panel loops below run which tile: T is the packed weight's type; bf16 by FMAs
 // from `fma_blocks` row blocks (0: never).
 template <typename T, int NR>
@@ -143,18 +166,8 @@ void run(const T* x, int64_t M, int64_t ldx, int64_t steps, const T* packed, int
     const int64_t p0 = panels * t / nt, p1 = panels * (t + 1) / nt;
     float* mine = partial + t * room;
     float* buf = wide + t * wide_floats;
-    int64_t p = p0;
-    for (; streams && p + kStreams <= p1; p += kStreams) {
-      int64_t valid[kStreams];
-      for (int g = 0; g < kStreams; ++g) valid[g] = std::min<int64_t>(NB, N - (p + g) * NB);
-      const T* group = packed + p * steps * kStep;
-      for (int64_t s0 = 0; s0 < steps; s0 += chunk) {
-        const int64_t n = std::min(chunk, steps - s0);
-        dense_tile::row_streams<T, NR, kStreams>(x + s0 * xStep, group + s0 * kStep,
-                                                 steps * kStep, n, mine, s0 > 0,
-                                                 s0 + n == steps ? y + p * NB : nullptr, valid);
-      }
-    }
+    int64_t p = streams ? one_row_side_by_side<T, NR>(x, packed, p0, p1, steps, N, chunk, mine, y)
+                        : p0;
     for (; p < p1; ++p) {  // every panel, or those left over from the streams
       const T* panel = packed + p * steps * kStep;
       const int64_t valid = std::min<int64_t>(NB, N - p * NB);

@@ -251,6 +251,30 @@ constexpr auto make_streams_table(std::integer_sequence<int, Groups...>) {
       &row_streams<T, T, Groups + 1, std::max(1, streams_for<T>(Groups + 1))>...};
 }
 
+// One row of x over a thread's panels [p, p1), S at a time side by side (row_streams), while
+// S whole panels are left; returns the first panel left over. x, packed and y as run()'s;
+// partial: the thread's S * NB floats.
+template <typename T>
+int64_t one_row_side_by_side(const float* x, const T* packed, int64_t p, int64_t p1, int S,
+                             int64_t steps, int64_t NB, int64_t N, int64_t chunk, float* partial,
+                             T* y) {
+  static constexpr auto table =
+      make_streams_table<T>(std::make_integer_sequence<int, kMaxGroups>{});
+  constexpr int64_t xStep = std::is_same_v<T, float> ? 1 : 2;  // x elements per step
+  const int64_t ldw = xStep * NB;                                // panel elements per step
+  for (; p + S <= p1; p += S) {
+    int64_t valid[kMaxStreams];
+    for (int g = 0; g < S; ++g) valid[g] = std::min<int64_t>(NB, N - (p + g) * NB);
+    const T* group = packed + p * steps * ldw;
+    for (int64_t s0 = 0; s0 < steps; s0 += chunk) {
+      const int64_t n = std::min(chunk, steps - s0);
+      table[NB / kGroup - 1](x + s0 * xStep, group + s0 * ldw, ldw, steps * ldw, NB, n, partial,
+                             s0 > 0, s0 + n == steps ? y + p * NB : nullptr, valid);
+    }
+  }
+  return p;
+}
+
 // x: fp32 [M, ldx] (from bf16: each pair swapped); packed: [panels, steps, NB] (fp32) or
 // [panels, steps, NB, 2] (bf16).
 //
@@ -269,8 +293,6 @@ void run(const float* x, int64_t M, int64_t ldx, int64_t steps, const T* packed,
   static constexpr auto direct = make_table<T, T>(std::make_integer_sequence<int, MRdirect>{});
   static constexpr auto wide = make_table<float, T>(std::make_integer_sequence<int, MRwide>{});
   static constexpr auto one_row = make_row_table<T>(std::make_integer_sequence<int, kMaxGroups>{});
-  static constexpr auto one_row_streams =
-      make_streams_table<T>(std::make_integer_sequence<int, kMaxGroups>{});
   constexpr int64_t xStep = bf16 ? 2 : 1;  // x elements per step
   const int64_t ldw = bf16 ? 2 * NB : NB;  // panel elements per step
   const int64_t groups = NB / kGroup;
@@ -298,17 +320,8 @@ void run(const float* x, int64_t M, int64_t ldx, int64_t steps, const T* packed,
     const int64_t p0 = panels * t / nt, p1 = panels * (t + 1) / nt;
     float* mine = partial + t * room;
     float* buf = wide_buf + t * wide_floats;
-    int64_t p = p0;
-    for (; S > 1 && p + S <= p1; p += S) {
-      int64_t valid[kMaxStreams];
-      for (int g = 0; g < S; ++g) valid[g] = std::min<int64_t>(NB, N - (p + g) * NB);
-      const T* group = packed + p * steps * ldw;
-      for (int64_t s0 = 0; s0 < steps; s0 += chunk) {
-        const int64_t n = std::min(chunk, steps - s0);
-        one_row_streams[groups - 1](x + s0 * xStep, group + s0 * ldw, ldw, steps * ldw, NB, n,
-                                    mine, s0 > 0, s0 + n == steps ? y + p * NB : nullptr, valid);
-      }
-    }
+    int64_t p = S > 1 ? one_row_side_by_side(x, packed, p0, p1, S, steps, NB, N, chunk, mine, y)
+                      : p0;
     for (; p < p1; ++p) {  // every panel, or those left over from the streams
       const T* panel = packed + p * steps * ldw;
       const int64_t valid = std::min<int64_t>(NB, N - p * NB);
