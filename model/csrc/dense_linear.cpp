@@ -87,9 +87,9 @@ std::atomic<int64_t> g_amx_calls{0};  // products run on AMX so far (dense_amx_c
 // (0: never by FMAs; -1: as chosen for this CPU, dense_bf16_fma_blocks()).
 int64_t g_bf16_fma_blocks = -1;
 // One row reads this many panels side by side (dense_tile::row_streams), unless
-// set_dense_row_streams turns it off (which turns off the AVX2 path's own, of as many panels
-// as its registers hold, too: dense_linear_avx2.cpp). Each thread's weights as four sequential streams instead
-// of one, which keep more lines in flight: on an Intel Xeon (family 6 model 167, 2 threads)
+// set_dense_row_streams turns it off (the AVX2 path's own too, of as many panels as its
+// registers hold: dense_linear_avx2.cpp). Each thread's weights as four sequential streams
+// instead of one, which keep more lines in flight: on an Intel Xeon (family 6 model 167, 2 threads)
 // all the model's matmuls at one row took 20.7-21.0 ms in fp32 against 25.4-27.4 one panel
 // after another, 12.1-12.7 against 13.4-13.5 in bf16 (MKL's fp32 `x @ W`, which reads eight
 // rows of W at once: 20.0-21.0; benchmarks/studies/linear_microbench.py, ours-1stream).
