@@ -31,16 +31,20 @@
 namespace {
 typedef float vf __attribute__((vector_size(64)));  // 16 floats
 constexpr int64_t kLanes = 16;
-constexpr int64_t kKeys = 32;  // keys per tile (a multiple of 4)
+constexpr int64_t kKeys = 32;  // keys per tile (a multiple of kKeyBlock)
 constexpr int64_t kRows = 64;  // rows (positions x group heads) per task, at most
-// Register blocking: score_block's vectors of rows, value_block's rows and vectors of the head
-// dimension. 16 accumulators where there are 32 vector registers (AVX-512); with AVX2 (16
-// registers, each half a 16-float vector) 8, which measured faster than 4 (Intel Xeon, family
-// 6 model 167, the AVX2 build: 63-71 GFLOP/s against 56-59).
+// Register blocking: score_block's vectors of rows (4 keys each, while that many vectors of rows
+// are left; the 1-3 vectors of rows left take kKeyBlock keys), value_block's rows and vectors of
+// the head dimension. 16 accumulators where there are 32 vector registers (AVX-512); with AVX2
+// (16 registers, each half a 16-float vector) 8, which measured faster than 4 (Intel Xeon,
+// family 6 model 167, the AVX2 build: 63-71 GFLOP/s against 56-59). The rows left over take 8
+// keys on AVX-512 (up to 24 accumulators): a 30-position chunk of a group of 3 is 3 vectors of
+// rows per task, which as 2 + 1 vectors of 4 keys kept too few sums in flight (the kernel 9-10%
+// slower for 30 positions after 660 cached, same CPU).
 #ifdef __AVX512F__
-constexpr int kScoreVectors = 4, kValueRows = 4, kValueVectors = 4;
+constexpr int kScoreVectors = 4, kValueRows = 4, kValueVectors = 4, kKeyBlock = 8;
 #else
-constexpr int kScoreVectors = 2, kValueRows = 2, kValueVectors = 4;
+constexpr int kScoreVectors = 2, kValueRows = 2, kValueVectors = 4, kKeyBlock = 4;
 #endif
 constexpr float kNone = -1e30f;  // the running maximum of a row that has seen no key yet
 
@@ -88,12 +92,13 @@ inline sf exp_nonpositive(sf x) {
 }
 
 // The online softmax's update for kSoftmaxLanes rows over one tile of scores s[j * rp]
-// (j < keys4, the keys past `keys` padding): the running maximum m grows to the tile's,
+// (j < keys_padded, the keys past `keys` padding): the running maximum m grows to the tile's,
 // alpha is how much the old sums shrink (l is rescaled here, the output accumulators by
 // value_block), and each score becomes its weight, added to l. Key t0 + j is visible to a
 // row at position pos whose window starts after lo; `open`: to every row.
-inline void softmax_tile(float* s, int64_t rp, int64_t keys, int64_t keys4, float t0, bool open,
-                         const float* pos, const float* lo, float* m, float* l, float* alpha) {
+inline void softmax_tile(float* s, int64_t rp, int64_t keys, int64_t keys_padded, float t0,
+                         bool open, const float* pos, const float* lo, float* m, float* l,
+                         float* alpha) {
   const sf at = load<sf>(pos), after = load<sf>(lo), old = load<sf>(m);
   auto visible = [&](int64_t j) {
     const sf t = splat<sf>(t0 + static_cast<float>(j));
@@ -113,7 +118,7 @@ inline void softmax_tile(float* s, int64_t rp, int64_t keys, int64_t keys4, floa
     store(s + j * rp, p);
     sum += p;
   }
-  for (int64_t j = keys; j < keys4; ++j) store(s + j * rp, splat<sf>(0.0f));
+  for (int64_t j = keys; j < keys_padded; ++j) store(s + j * rp, splat<sf>(0.0f));
   store(m, top);
   store(l, sum);
   store(alpha, shrink);
@@ -122,21 +127,48 @@ inline void softmax_tile(float* s, int64_t rp, int64_t keys, int64_t keys4, floa
 inline float widen(float x) { return x; }
 inline float widen(c10::BFloat16 x) { return static_cast<float>(x); }
 
-// S[j][r] = sum_d K[j][d] * Qt[d][r] for 4 keys and `nv` (1 or 2) vectors of rows from r0.
-template <int kNv>
+// S[j][r] = sum_d K[j][d] * Qt[d][r] for kK keys and kNv vectors of rows from r0.
+template <int kK, int kNv>
 inline void score_block(const float* const* keys, const float* qt, int64_t rp, int64_t dim,
                         int64_t r0, float* s) {
-  vf acc[4][kNv] = {};
+  vf acc[kK][kNv] = {};
   for (int64_t d = 0; d < dim; ++d) {
     vf q[kNv];
     for (int v = 0; v < kNv; ++v) q[v] = load(qt + d * rp + r0 + v * kLanes);
-    for (int i = 0; i < 4; ++i) {
+    for (int i = 0; i < kK; ++i) {
       const vf k = splat(keys[i][d]);
       for (int v = 0; v < kNv; ++v) acc[i][v] += k * q[v];
     }
   }
-  for (int i = 0; i < 4; ++i)
+  for (int i = 0; i < kK; ++i)
     for (int v = 0; v < kNv; ++v) store(s + i * rp + r0 + v * kLanes, acc[i][v]);
+}
+
+// Every score of one tile: S[j][r] for keys [0, padded) (a multiple of kKeyBlock) and all rp
+// rows: 4 keys x kScoreVectors vectors of rows while that many are left, then kKeyBlock keys
+// x the 1-3 vectors left. Each score is the same sum over d in the same order either way.
+inline void score_tile(const float* const* keys, const float* qt, int64_t rp, int64_t dim,
+                       int64_t padded, float* s) {
+  int64_t r0 = 0;
+  for (; r0 + kScoreVectors * kLanes <= rp; r0 += kScoreVectors * kLanes)
+    for (int64_t j0 = 0; j0 < padded; j0 += 4)
+      score_block<4, kScoreVectors>(keys + j0, qt, rp, dim, r0, s + j0 * rp);
+  const int64_t left = (rp - r0) / kLanes;
+  for (int64_t j0 = 0; j0 < padded && left > 0; j0 += kKeyBlock) {
+    if constexpr (kScoreVectors > 3) {
+      if (left == 3) {
+        score_block<kKeyBlock, 3>(keys + j0, qt, rp, dim, r0, s + j0 * rp);
+        continue;
+      }
+    }
+    if constexpr (kScoreVectors > 2) {
+      if (left == 2) {
+        score_block<kKeyBlock, 2>(keys + j0, qt, rp, dim, r0, s + j0 * rp);
+        continue;
+      }
+    }
+    score_block<kKeyBlock, 1>(keys + j0, qt, rp, dim, r0, s + j0 * rp);
+  }
 }
 
 // acc[r][dc..] = alpha[r] * acc[r][dc..] + sum_j p[j][r] * V[j][dc..] for kR rows from r and
@@ -191,8 +223,9 @@ void prefill_task(const Shape& sh, const T* qp, const T* kp, const T* vp, const 
   const float* key_rows[kKeys];
   const float* value_rows[kKeys];
   for (int64_t t0 = key_begin; t0 <= last; t0 += kKeys) {
-    const int64_t keys = std::min(kKeys, last + 1 - t0), keys4 = (keys + 3) / 4 * 4;
-    for (int64_t j = 0; j < keys4; ++j) {
+    const int64_t keys = std::min(kKeys, last + 1 - t0);
+    const int64_t keys_padded = (keys + kKeyBlock - 1) / kKeyBlock * kKeyBlock;
+    for (int64_t j = 0; j < keys_padded; ++j) {
       if (j >= keys) {
         key_rows[j] = value_rows[j] = zero.data();
         continue;
@@ -214,30 +247,22 @@ void prefill_task(const Shape& sh, const T* qp, const T* kp, const T* vp, const 
         value_rows[j] = vb;
       }
     }
-    for (int64_t j0 = 0; j0 < keys4; j0 += 4) {
-      int64_t r0 = 0;
-      for (; r0 + kScoreVectors * kLanes <= rp; r0 += kScoreVectors * kLanes)
-        score_block<kScoreVectors>(key_rows + j0, qt.data(), rp, dim, r0, s.data() + j0 * rp);
-      if constexpr (kScoreVectors > 2)
-        for (; r0 + 2 * kLanes <= rp; r0 += 2 * kLanes)
-          score_block<2>(key_rows + j0, qt.data(), rp, dim, r0, s.data() + j0 * rp);
-      if (r0 < rp) score_block<1>(key_rows + j0, qt.data(), rp, dim, r0, s.data() + j0 * rp);
-    }
+    score_tile(key_rows, qt.data(), rp, dim, keys_padded, s.data());
     // Online softmax over this tile, a vector of rows at a time; keys a row may not see get
     // weight exactly 0. A tile every row sees whole (no window, its last key at or before
     // the task's first position: all but the last tiles of a chunk after a cached prefix)
     // needs no mask.
     const bool open = sh.window == 0 && t0 + keys - 1 <= first + q0;
     for (int64_t r = 0; r < rp; r += kSoftmaxLanes)
-      softmax_tile(s.data() + r, rp, keys, keys4, static_cast<float>(t0), open, pos.data() + r,
-                   lo.data() + r, m.data() + r, l.data() + r, alpha.data() + r);
+      softmax_tile(s.data() + r, rp, keys, keys_padded, static_cast<float>(t0), open,
+                   pos.data() + r, lo.data() + r, m.data() + r, l.data() + r, alpha.data() + r);
     for (int64_t r = 0; r < rp; r += kValueRows) {
       int64_t dc = 0;
       for (; dc + kValueVectors * kLanes <= dimp; dc += kValueVectors * kLanes)
-        value_block<kValueRows, kValueVectors>(value_rows, s.data(), rp, keys4, r, dc,
+        value_block<kValueRows, kValueVectors>(value_rows, s.data(), rp, keys_padded, r, dc,
                                                alpha.data(), acc.data(), dimp);
       for (; dc < dimp; dc += kLanes)
-        value_block<kValueRows, 1>(value_rows, s.data(), rp, keys4, r, dc, alpha.data(),
+        value_block<kValueRows, 1>(value_rows, s.data(), rp, keys_padded, r, dc, alpha.data(),
                                    acc.data(), dimp);
     }
   }
