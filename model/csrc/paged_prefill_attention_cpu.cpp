@@ -20,7 +20,13 @@
 // tiles every row sees whole: before it did, the softmax took about half the kernel's time.
 // A chunk's positions are cut into tiles of near-equal size, enough for every thread.
 #include <omp.h>
+// benchmarks/studies/prefill_attention_task.cpp includes this file with PREFILL_TASK_ONLY
+// defined, to time the tasks alone: then only the task code below is compiled.
+#ifdef PREFILL_TASK_ONLY
+#include <c10/util/BFloat16.h>
+#else
 #include <torch/extension.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -35,14 +41,15 @@ constexpr int64_t kKeys = 32;  // keys per tile (a multiple of kKeyBlock)
 constexpr int64_t kRows = 64;  // rows (positions x group heads) per task, at most
 // Register blocking: score_block's vectors of rows (4 keys each, while that many vectors of rows
 // are left; the 1-3 vectors of rows left take kKeyBlock keys), value_block's rows and vectors of
-// the head dimension. 16 accumulators where there are 32 vector registers (AVX-512); with AVX2
-// (16 registers, each half a 16-float vector) 8, which measured faster than 4 (Intel Xeon,
-// family 6 model 167, the AVX2 build: 63-71 GFLOP/s against 56-59). The rows left over take 8
-// keys on AVX-512 (up to 24 accumulators): a 30-position chunk of a group of 3 is 3 vectors of
-// rows per task, which as 2 + 1 vectors of 4 keys kept too few sums in flight (the kernel 9-10%
-// slower for 30 positions after 660 cached, same CPU).
+// the head dimension. With AVX2 (16 registers, each half a 16-float vector) 8 accumulators,
+// which measured faster than 4 (Intel Xeon, family 6 model 167, the AVX2 build: 63-71 GFLOP/s
+// against 56-59). With AVX-512 (32 registers) 16 for the scores of whole blocks, and 24 where
+// more sums in flight measured faster on that CPU: the rows left over score 8 keys at a time
+// (a 30-position chunk of a group of 3 is 3 vectors of rows per task; as 2 + 1 vectors of 4
+// keys the kernel was 7-12% slower for 30 positions after 660 cached), and the V sum takes 6
+// rows (alone on hot data 1.30-1.44 multiply-add vectors a cycle against 1.14-1.17 with 4).
 #ifdef __AVX512F__
-constexpr int kScoreVectors = 4, kValueRows = 4, kValueVectors = 4, kKeyBlock = 8;
+constexpr int kScoreVectors = 4, kValueRows = 6, kValueVectors = 4, kKeyBlock = 8;
 #else
 constexpr int kScoreVectors = 2, kValueRows = 2, kValueVectors = 4, kKeyBlock = 4;
 #endif
@@ -192,6 +199,30 @@ inline void value_block(const float* const* values, const float* p, int64_t rp, 
     for (int v = 0; v < kNv; ++v) store(acc + (r + i) * dimp + dc + v * kLanes, c[i][v]);
 }
 
+// acc[r..r+kR) = alpha * acc + P V over the tile's keys: kValueVectors vectors of the head
+// dimension at a time, then single vectors.
+template <int kR>
+inline void value_rows_at(const float* const* values, const float* p, int64_t rp, int64_t keys,
+                          int64_t r, const float* alpha, float* acc, int64_t dimp) {
+  int64_t dc = 0;
+  for (; dc + kValueVectors * kLanes <= dimp; dc += kValueVectors * kLanes)
+    value_block<kR, kValueVectors>(values, p, rp, keys, r, dc, alpha, acc, dimp);
+  for (; dc < dimp; dc += kLanes) value_block<kR, 1>(values, p, rp, keys, r, dc, alpha, acc, dimp);
+}
+
+// Every row of the tile (rp, a multiple of 16), kValueRows at a time; with blocks of 6 the
+// 2 or 4 rows left take a smaller block.
+inline void value_tile(const float* const* values, const float* p, int64_t rp, int64_t keys,
+                       const float* alpha, float* acc, int64_t dimp) {
+  int64_t r = 0;
+  for (; r + kValueRows <= rp; r += kValueRows)
+    value_rows_at<kValueRows>(values, p, rp, keys, r, alpha, acc, dimp);
+  if constexpr (kValueRows > 4)
+    for (; r + 4 <= rp; r += 4) value_rows_at<4>(values, p, rp, keys, r, alpha, acc, dimp);
+  if constexpr (kValueRows > 2)
+    for (; r + 2 <= rp; r += 2) value_rows_at<2>(values, p, rp, keys, r, alpha, acc, dimp);
+}
+
 struct Shape {
   int64_t n, heads, kv_heads, dim, group, block_size, context_len, window, positions;
 };
@@ -256,15 +287,7 @@ void prefill_task(const Shape& sh, const T* qp, const T* kp, const T* vp, const 
     for (int64_t r = 0; r < rp; r += kSoftmaxLanes)
       softmax_tile(s.data() + r, rp, keys, keys_padded, static_cast<float>(t0), open,
                    pos.data() + r, lo.data() + r, m.data() + r, l.data() + r, alpha.data() + r);
-    for (int64_t r = 0; r < rp; r += kValueRows) {
-      int64_t dc = 0;
-      for (; dc + kValueVectors * kLanes <= dimp; dc += kValueVectors * kLanes)
-        value_block<kValueRows, kValueVectors>(value_rows, s.data(), rp, keys_padded, r, dc,
-                                               alpha.data(), acc.data(), dimp);
-      for (; dc < dimp; dc += kLanes)
-        value_block<kValueRows, 1>(value_rows, s.data(), rp, keys_padded, r, dc, alpha.data(),
-                                   acc.data(), dimp);
-    }
+    value_tile(value_rows, s.data(), rp, keys_padded, alpha.data(), acc.data(), dimp);
   }
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t i = q0 + r / group, head = g * group + r % group;
@@ -287,6 +310,7 @@ int64_t count_tiles(int64_t n, int64_t group, int64_t kv_heads, int64_t threads)
   return tiles;
 }
 
+#ifndef PREFILL_TASK_ONLY
 template <typename T>
 torch::Tensor prefill_attention(const torch::Tensor& q, const torch::Tensor& k_cache,
                                 const torch::Tensor& v_cache, const torch::Tensor& block_table,
@@ -331,8 +355,10 @@ torch::Tensor prefill_attention(const torch::Tensor& q, const torch::Tensor& k_c
   }
   return out;
 }
+#endif  // PREFILL_TASK_ONLY
 }  // namespace
 
+#ifndef PREFILL_TASK_ONLY
 torch::Tensor paged_prefill_attention(torch::Tensor q,            // [n, heads, dim]
                                       torch::Tensor k_cache,      // [blocks, block_size, kv_heads, dim]
                                       torch::Tensor v_cache,      // same
@@ -354,3 +380,4 @@ torch::Tensor paged_prefill_attention(torch::Tensor q,            // [n, heads, 
                                             window);
   return prefill_attention<float>(q, k_cache, v_cache, block_table, context_len, scale, window);
 }
+#endif  // PREFILL_TASK_ONLY

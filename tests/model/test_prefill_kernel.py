@@ -47,7 +47,7 @@ def both_paths(pool: KVCachePool, table: list[int], cached: int, length: int, he
 
 
 @pytest.mark.parametrize("cached", [0, 5, 16, 37])
-@pytest.mark.parametrize("length", [1, 2, 15, 30, 40, 130])
+@pytest.mark.parametrize("length", [1, 2, 5, 15, 30, 40, 42, 130])
 def test_kernel_matches_gather_path_with_and_without_a_cached_prefix(cached, length):
     """SmolLM2's shape (9 query heads on 3 K/V heads, head dim 64); chunks of 1 row up to
     past a task's tile of rows, edges inside blocks."""
