@@ -45,14 +45,17 @@ constexpr int64_t kRows = 64;  // rows (positions x group heads) per task, at mo
 // which measured faster than 4 (Intel Xeon, family 6 model 167, the AVX2 build: 63-71 GFLOP/s
 // against 56-59). With AVX-512 (32 registers) 16 for the scores of whole blocks, and 24 where
 // more sums in flight measured faster on that CPU: the rows left over score 8 keys at a time
-// (a 30-position chunk of a group of 3 is 3 vectors of rows per task; as 2 + 1 vectors of 4
-// keys the kernel was 7-12% slower for 30 positions after 660 cached), and the V sum takes 6
-// rows (alone on hot data 1.30-1.44 multiply-add vectors a cycle against 1.14-1.17 with 4).
+// (a 30-position chunk of a group of 3 is 3 vectors of rows per task: 8 keys at once instead
+// of 2 + 1 vectors against 4 took 7-12% off the kernel for 30 positions after 660 cached), and
+// the V sum takes 6 rows (alone on hot data 1.30-1.44 multiply-add vectors a cycle against
+// 1.14-1.17 with 4; AVX-512 only, the AVX2 build keeps its blocks).
 #ifdef __AVX512F__
 constexpr int kScoreVectors = 4, kValueRows = 6, kValueVectors = 4, kKeyBlock = 8;
 #else
 constexpr int kScoreVectors = 2, kValueRows = 2, kValueVectors = 4, kKeyBlock = 4;
 #endif
+static_assert(kKeys % kKeyBlock == 0 && kKeyBlock % 4 == 0,
+              "a tile's keys, padded to whole key blocks, must fit its kKeys rows of pointers");
 constexpr float kNone = -1e30f;  // the running maximum of a row that has seen no key yet
 
 // The softmax's vectors: 16 floats with AVX-512; 8 with AVX2, where GCC would split the
@@ -287,7 +290,7 @@ void prefill_task(const Shape& sh, const T* qp, const T* kp, const T* vp, const 
     for (int64_t r = 0; r < rp; r += kSoftmaxLanes)
       softmax_tile(s.data() + r, rp, keys, keys_padded, static_cast<float>(t0), open,
                    pos.data() + r, lo.data() + r, m.data() + r, l.data() + r, alpha.data() + r);
-    value_tile(value_rows, s.data(), rp, keys_padded, alpha.data(), acc.data(), dimp);
+    value_tile(value_rows, s.data(), rp, keys, alpha.data(), acc.data(), dimp);
   }
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t i = q0 + r / group, head = g * group + r % group;

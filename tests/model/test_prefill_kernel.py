@@ -69,6 +69,22 @@ def test_kernel_handles_many_heads_and_odd_head_dim():
     assert diff < 1e-5
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_kernel_fills_every_row_of_a_32_row_task(threads):
+    """8 query heads on 2 K/V heads and 8 positions: one task of 32 rows per K/V head on 1 or 2
+    threads, whose last 2 rows fall past the V sum's whole blocks of 6 (AVX-512)."""
+    pool, table = filled_pool(2, 64, 48, seed=9)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        ours, expected = both_paths(pool, table, 40, 8, heads=8)
+    finally:
+        torch.set_num_threads(before)
+    diff = (ours - expected).abs().max().item()
+    print(f"8 heads on 2, 8 rows after 40 cached, {threads} thread(s): max |diff| = {diff:.2e}")
+    assert diff < 1e-5
+
+
 @pytest.mark.parametrize("cached,length", [(0, 60), (37, 23), (300, 100), (20, 1)])
 def test_kernel_window_reads_only_the_window(cached, length):
     """Sliding-window chunks (Gemma 3's shape: head dim 256, one K/V head). Keys older than
