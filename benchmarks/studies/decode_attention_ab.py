@@ -58,7 +58,8 @@ def build(name: str, source: str, workdir: Path) -> Callable:
     (folder / "binding.cpp").write_text(BINDING)
     module = load(name=f"decode_attention_{name}_{digest}", build_directory=str(folder),
                   sources=[str(folder / "kernel.cpp"), str(folder / "binding.cpp")],
-                  extra_cflags=CFLAGS, extra_ldflags=["-fopenmp"])
+                  extra_cflags=CFLAGS, extra_ldflags=["-fopenmp"],
+                  extra_include_paths=[str(ROOT / "model/csrc")])  # its kernel_api.h
     return module.paged_decode_attention
 
 

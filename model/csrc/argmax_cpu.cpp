@@ -10,7 +10,7 @@
 // order as the floats do; both zeros get the key 0 and every NaN the largest key. As in torch
 // and NumPy, a NaN is the maximum and the first of equal maxima wins.
 #include <ATen/Parallel.h>
-#include <torch/extension.h>
+#include "kernel_api.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -68,17 +68,17 @@ void argmax_all(const T* data, int64_t rows, int64_t n, int64_t stride, int64_t*
 
 // logits [rows, vocab] (float32 or bfloat16, each row contiguous) -> int64 [rows]: each row's
 // index of its largest value (the first of equals; a NaN counts as the largest).
-torch::Tensor argmax_rows(torch::Tensor logits) {
+at::Tensor argmax_rows(at::Tensor logits) {
   TORCH_CHECK(logits.device().is_cpu() && logits.dim() == 2 && logits.size(1) > 0 &&
                   logits.stride(1) == 1,
               "argmax_rows: logits must be a CPU [rows, vocab] tensor with contiguous rows");
   const int64_t rows = logits.size(0), n = logits.size(1), stride = logits.stride(0);
-  auto out = torch::empty({rows}, logits.options().dtype(torch::kLong));
+  auto out = at::empty({rows}, logits.options().dtype(at::kLong));
   int64_t* dst = out.data_ptr<int64_t>();
-  if (logits.scalar_type() == torch::kFloat32) {
+  if (logits.scalar_type() == at::kFloat) {
     argmax_all(logits.data_ptr<float>(), rows, n, stride, dst);
   } else {
-    TORCH_CHECK(logits.scalar_type() == torch::kBFloat16,
+    TORCH_CHECK(logits.scalar_type() == at::kBFloat16,
                 "argmax_rows: float32 or bfloat16 logits only, got ", logits.scalar_type());
     argmax_all(logits.data_ptr<c10::BFloat16>(), rows, n, stride, dst);
   }

@@ -1,5 +1,11 @@
 // The Python entry points of every kernel in this folder: one extension module, built once.
-#include <torch/extension.h>
+// The only file here that includes a torch header with pybind11 in it (<torch/python.h>, the
+// conversions between Python tensors and at::Tensor; kernel_api.h says why the kernels do
+// not). The kernels below that compute run without the GIL (no_gil): they touch no Python
+// object, and in-process the HTTP server's thread runs meanwhile.
+#include <torch/python.h>
+
+#include "decode_stack.h"
 
 torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache,
                                      torch::Tensor v_cache, torch::Tensor block_tables,
@@ -35,25 +41,25 @@ torch::Tensor q4_1_int8act_linear(torch::Tensor x, torch::Tensor packed, int64_t
 torch::Tensor q8_0_int8act_linear(torch::Tensor x, torch::Tensor packed, int64_t out_features);
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> quantize_rows_int8(torch::Tensor x);
 torch::Tensor argmax_rows(torch::Tensor logits);
-void bind_decode_stack(pybind11::module_& m);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_decode_attention", &paged_decode_attention,
+  const pybind11::call_guard<pybind11::gil_scoped_release> no_gil;
+  m.def("paged_decode_attention", &paged_decode_attention, no_gil,
         "decode attention over the paged KV cache, the last `window` tokens if window > 0 "
         "(model/csrc/paged_attention_cpu.cpp)",
         pybind11::arg("q"), pybind11::arg("k_cache"), pybind11::arg("v_cache"),
         pybind11::arg("block_tables"), pybind11::arg("context_lens"), pybind11::arg("scale"),
         pybind11::arg("window") = 0);
-  m.def("paged_prefill_attention", &paged_prefill_attention,
+  m.def("paged_prefill_attention", &paged_prefill_attention, no_gil,
         "causal attention of one prefill chunk over the paged KV cache, read in place "
         "(model/csrc/paged_prefill_attention_cpu.cpp)",
         pybind11::arg("q"), pybind11::arg("k_cache"), pybind11::arg("v_cache"),
         pybind11::arg("block_table"), pybind11::arg("context_len"), pybind11::arg("scale"),
         pybind11::arg("window") = 0);
-  m.def("add_rms_norm", &add_rms_norm, "residual += delta; RMSNorm (fused_ops_cpu.cpp)");
-  m.def("rope_inplace", &rope_inplace, "rotate-half RoPE in place (fused_ops_cpu.cpp)");
-  m.def("silu_mul", &silu_mul, "silu(gate) * up (fused_ops_cpu.cpp)");
-  m.def("dense_linear", &dense_linear, "x @ W, W packed in panels (dense_linear.cpp)");
+  m.def("add_rms_norm", &add_rms_norm, no_gil, "residual += delta; RMSNorm (fused_ops_cpu.cpp)");
+  m.def("rope_inplace", &rope_inplace, no_gil, "rotate-half RoPE in place (fused_ops_cpu.cpp)");
+  m.def("silu_mul", &silu_mul, no_gil, "silu(gate) * up (fused_ops_cpu.cpp)");
+  m.def("dense_linear", &dense_linear, no_gil, "x @ W, W packed in panels (dense_linear.cpp)");
   m.def("set_prefetch_bytes", &set_prefetch_bytes, "dense_linear tuning knob");
   m.def("set_prefetch_one_block", &set_prefetch_one_block,
         "dense_linear tuning knob: the prefetch distance for rows in one row block");
@@ -86,20 +92,29 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "does this CPU's vdpbf16ps sum a pair as two fp32 FMAs, k+1 first (Intel's definition)?");
   m.def("set_quantized_avx2", &set_quantized_avx2,
         "the quantized matmuls: use the AVX2 copy even where AVX-512 would run (tests, studies)");
-  m.def("q4_1_linear", &q4_1_linear, "x @ W^T from Q4_1 codes (quantized_linear_cpu.cpp)");
-  m.def("q8_0_linear", &q8_0_linear, "x @ W^T from Q8_0 codes (quantized_linear_cpu.cpp)");
-  m.def("q5_0_linear", &q5_0_linear, "x @ W^T from Q5_0 codes (quantized_linear_cpu.cpp)");
-  m.def("q4_k_linear", &q4_k_linear,
+  m.def("q4_1_linear", &q4_1_linear, no_gil, "x @ W^T from Q4_1 codes (quantized_linear_cpu.cpp)");
+  m.def("q8_0_linear", &q8_0_linear, no_gil, "x @ W^T from Q8_0 codes (quantized_linear_cpu.cpp)");
+  m.def("q5_0_linear", &q5_0_linear, no_gil, "x @ W^T from Q5_0 codes (quantized_linear_cpu.cpp)");
+  m.def("q4_k_linear", &q4_k_linear, no_gil,
         "x @ W^T from Q4_K codes, per 32: fp32 scale and min (quantized_linear_cpu.cpp)");
-  m.def("q6_k_linear", &q6_k_linear,
+  m.def("q6_k_linear", &q6_k_linear, no_gil,
         "x @ W^T from Q6_K codes, per 16: fp32 scale (quantized_linear_cpu.cpp)");
-  m.def("q4_1_int8act_linear", &q4_1_int8act_linear,
+  m.def("q4_1_int8act_linear", &q4_1_int8act_linear, no_gil,
         "x @ W^T from Q4_1 codes, x rounded to int8 per block (q4_1_int8act_cpu.cpp)");
-  m.def("q8_0_int8act_linear", &q8_0_int8act_linear,
+  m.def("q8_0_int8act_linear", &q8_0_int8act_linear, no_gil,
         "x @ W^T from Q8_0 codes, x rounded to int8 per block (q4_1_int8act_cpu.cpp)");
   m.def("quantize_rows_int8", &quantize_rows_int8,
         "x's int8 codes, scales and scaled sums as q4_1_int8act_linear makes them");
   m.def("argmax_rows", &argmax_rows,
         "each row's argmax, first of equals, NaN the largest (argmax_cpu.cpp)");
-  bind_decode_stack(m);  // the DecodeStack class (decode_stack_cpu.cpp)
+  pybind11::class_<DecodeStack>(m, "DecodeStack",
+                                "every decoder layer of a decode step in one call "
+                                "(decode_stack_cpu.cpp)")
+      .def(pybind11::init<int64_t, int64_t, int64_t, double>(), pybind11::arg("heads"),
+           pybind11::arg("kv_heads"), pybind11::arg("head_dim"), pybind11::arg("eps"))
+      .def("add_layer", &DecodeStack::add_layer)
+      .def("num_layers", &DecodeStack::num_layers)
+      .def("forward", &DecodeStack::forward, no_gil, pybind11::arg("x"), pybind11::arg("cos"),
+           pybind11::arg("sin"), pybind11::arg("slot_mapping"), pybind11::arg("block_tables"),
+           pybind11::arg("context_lens"));
 }

@@ -27,7 +27,7 @@
 // same sums on weights widened to fp32 for the rows that are compute bound; the sum is
 // rounded to bf16 once, at the end (round-to-nearest-even, as torch's bf16 matmul does).
 #include <ATen/Parallel.h>
-#include <torch/extension.h>
+#include "kernel_api.h"
 
 #include <immintrin.h>
 #include <omp.h>
@@ -392,16 +392,16 @@ void linear_bf16(const c10::BFloat16* x, int64_t M, int64_t ldx, const c10::BFlo
 // x: [..., K] (any float32 or bfloat16 tensor, made contiguous here); packed: the layout
 // above, same dtype; n: the true output count; threads: OpenMP threads, 0 = torch's own
 // setting (torch.get_num_threads()). Returns y [..., n] in x's dtype.
-torch::Tensor dense_linear(torch::Tensor x, torch::Tensor packed, int64_t n, int64_t threads) {
+at::Tensor dense_linear(at::Tensor x, at::Tensor packed, int64_t n, int64_t threads) {
   TORCH_CHECK(x.device().is_cpu() && packed.device().is_cpu(), "dense_linear: CPU tensors only");
   TORCH_CHECK(x.dtype() == packed.dtype() &&
-                  (x.dtype() == torch::kFloat32 || x.dtype() == torch::kBFloat16),
+                  (x.dtype() == at::kFloat || x.dtype() == at::kBFloat16),
               "dense_linear: x and the packed weight must both be float32 or both bfloat16, got ",
               x.dtype(), " and ", packed.dtype());
   TORCH_CHECK(packed.is_contiguous() &&
                   reinterpret_cast<uintptr_t>(packed.data_ptr()) % 64 == 0,
               "dense_linear: the packed weight must be contiguous and 64-byte aligned");
-  const bool bf16 = x.dtype() == torch::kBFloat16;
+  const bool bf16 = x.dtype() == at::kBFloat16;
   // AVX-512 (with AVX512_BF16 for bf16) where the CPU has it, else AVX2 with FMA.
   const bool avx512 = !g_force_avx2 && (bf16 ? cpu_has_avx512_bf16() : cpu_has_avx512());
   TORCH_CHECK(avx512 || (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")),
@@ -426,12 +426,12 @@ torch::Tensor dense_linear(torch::Tensor x, torch::Tensor packed, int64_t n, int
   }
   std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end() - 1);
   out_shape.push_back(n);
-  auto y = torch::empty(out_shape, x.options());
-  torch::Tensor x2 = x.reshape({-1, K}).contiguous();
+  auto y = at::empty(out_shape, x.options());
+  at::Tensor x2 = x.reshape({-1, K}).contiguous();
   const int64_t M = x2.size(0);
   if (M == 0) return y;
   // An odd K in bf16: pad x with a zero column so k pairs never read past a row.
-  torch::Tensor xin = (bf16 && (K & 1)) ? torch::constant_pad_nd(x2, {0, 1}) : x2;
+  at::Tensor xin = (bf16 && (K & 1)) ? at::constant_pad_nd(x2, {0, 1}) : x2;
   const int64_t ldx = xin.size(1);
   const int nthreads = threads > 0 ? static_cast<int>(threads) : at::get_num_threads();
   // AMX for bf16 from g_amx_rows rows, where its tiles fit the shape: K pairs must come in
@@ -441,7 +441,6 @@ torch::Tensor dense_linear(torch::Tensor x, torch::Tensor packed, int64_t n, int
   const int64_t fma_blocks = bf16 && avx512 ? dense_bf16_fma_blocks() : 0;  // with the GIL
 
   // Pure C++ from here on (every check done above: nothing may throw inside OpenMP).
-  pybind11::gil_scoped_release no_gil;
   if (!avx512) {
     if (bf16) {
       dense_avx2::linear_bf16(xin.data_ptr<c10::BFloat16>(), M, ldx,

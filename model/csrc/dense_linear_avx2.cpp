@@ -18,7 +18,7 @@
 //   is the fp32 sum, as in the fp32 path. With more rows than one block holds, each chunk is
 //   widened once into L1 and the fp32 tile runs over it (see run()).
 #include <ATen/Parallel.h>
-#include <torch/extension.h>
+#include "kernel_api.h"
 
 #include <immintrin.h>
 #include <omp.h>

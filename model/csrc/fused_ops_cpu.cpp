@@ -6,7 +6,7 @@
 // function here is one pass over the data. Inputs of many values (prefill chunks, a decode
 // step of tens of users) are split over rows with OpenMP; small ones stay on the calling
 // thread, where a fork would cost more than the work.
-#include <torch/extension.h>
+#include "kernel_api.h"
 
 #include <algorithm>
 #include <cmath>
@@ -29,16 +29,16 @@ inline void store(c10::BFloat16* p, int64_t i, float v) { p[i] = c10::BFloat16(v
 // Calls f with a value of the tensor's element type: float or c10::BFloat16.
 template <typename F>
 void dispatch(at::ScalarType type, F&& f) {
-  if (type == torch::kBFloat16) {
+  if (type == at::kBFloat16) {
     f(c10::BFloat16{});
   } else {
     f(0.0f);
   }
 }
 
-void check_rows(const torch::Tensor& t, const char* what) {
+void check_rows(const at::Tensor& t, const char* what) {
   TORCH_CHECK(t.dim() == 2 && t.stride(1) == 1, what, ": rows of contiguous values expected");
-  TORCH_CHECK(t.scalar_type() == torch::kFloat32 || t.scalar_type() == torch::kBFloat16, what,
+  TORCH_CHECK(t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16, what,
               ": float32 or bfloat16 only");
 }
 
@@ -110,9 +110,8 @@ void silu_mul_rows(const T* gate_up, T* out, int64_t rows, int64_t width, int64_
 }  // namespace
 
 // residual += delta (unless delta is empty); returns rmsnorm(residual) * weight.
-torch::Tensor add_rms_norm(torch::Tensor residual, torch::Tensor delta, torch::Tensor weight,
-                           double eps) {
-  pybind11::gil_scoped_release no_gil;
+at::Tensor add_rms_norm(at::Tensor residual, at::Tensor delta, at::Tensor weight,
+                        double eps) {
   check_rows(residual, "add_rms_norm");
   TORCH_CHECK(residual.is_contiguous(), "add_rms_norm: contiguous residual expected");
   const bool has_delta = delta.numel() > 0;
@@ -124,7 +123,7 @@ torch::Tensor add_rms_norm(torch::Tensor residual, torch::Tensor delta, torch::T
   TORCH_CHECK(weight.is_contiguous() && weight.dtype() == residual.dtype() &&
                   weight.numel() == residual.size(1),
               "add_rms_norm: weight");
-  auto out = torch::empty_like(residual);
+  auto out = at::empty_like(residual);
   const int64_t rows = residual.size(0), dim = residual.size(1);
   dispatch(residual.scalar_type(), [&](auto tag) {
     using scalar_t = decltype(tag);
@@ -138,8 +137,7 @@ torch::Tensor add_rms_norm(torch::Tensor residual, torch::Tensor delta, torch::T
 }
 
 // qk: [rows, heads * dim] (a view into the QKV output is fine); cos, sin: [rows, dim].
-void rope_inplace(torch::Tensor qk, int64_t heads, torch::Tensor cos, torch::Tensor sin) {
-  pybind11::gil_scoped_release no_gil;
+void rope_inplace(at::Tensor qk, int64_t heads, at::Tensor cos, at::Tensor sin) {
   check_rows(qk, "rope_inplace");
   check_rows(cos, "rope_inplace");
   TORCH_CHECK(sin.sizes() == cos.sizes() && sin.strides() == cos.strides() &&
@@ -155,12 +153,11 @@ void rope_inplace(torch::Tensor qk, int64_t heads, torch::Tensor cos, torch::Ten
   });
 }
 
-torch::Tensor silu_mul(torch::Tensor gate_up) {
-  pybind11::gil_scoped_release no_gil;
+at::Tensor silu_mul(at::Tensor gate_up) {
   check_rows(gate_up, "silu_mul");
   TORCH_CHECK(gate_up.size(1) % 2 == 0, "silu_mul: gate and up of equal width expected");
   const int64_t rows = gate_up.size(0), width = gate_up.size(1) / 2;
-  auto out = torch::empty({rows, width}, gate_up.options());
+  auto out = at::empty({rows, width}, gate_up.options());
   dispatch(gate_up.scalar_type(), [&](auto tag) {
     using scalar_t = decltype(tag);
     silu_mul_rows<scalar_t>(gate_up.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), rows, width,

@@ -25,8 +25,8 @@ inline void prefetch_ahead(const uint8_t* p, int64_t bytes) {
     _mm_prefetch(reinterpret_cast<const char*>(p + kAhead * bytes + line), _MM_HINT_T0);
 }
 
-void check_x(const torch::Tensor& x, const char* name) {
-  TORCH_CHECK(x.dtype() == torch::kFloat32 && x.dim() == 2 && x.is_contiguous(), name,
+void check_x(const at::Tensor& x, const char* name) {
+  TORCH_CHECK(x.dtype() == at::kFloat && x.dim() == 2 && x.is_contiguous(), name,
               ": x must be a contiguous float32 [rows, in] tensor");
   TORCH_CHECK(x.size(1) % kBlock == 0, name, ": x's ", x.size(1), " inputs are not blocks of ",
               kBlock);

@@ -64,14 +64,13 @@ void group(int64_t M, const QuantizedX& xq, int64_t blocks, const uint8_t* w, fl
 
 // Threads first quantize x's blocks between them, then split the output groups.
 template <class F>
-torch::Tensor int8act_linear(const torch::Tensor& x, const torch::Tensor& packed, int64_t N,
-                             const char* name) {
+at::Tensor int8act_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N,
+                          const char* name) {
   check_x(x, name);
   quantized_checks::check_packed(x, packed, N, F::kBytes, name);
   const int64_t M = x.size(0), K = x.size(1), groups = packed.size(0), blocks = K / kBlock;
-  auto y = torch::empty({M, N}, x.options());
+  auto y = at::empty({M, N}, x.options());
   if (M == 0) return y;
-  pybind11::gil_scoped_release no_gil;  // pure C++ from here on
   // Everything is allocated here: nothing may throw inside the OpenMP region.
   std::vector<int32_t> words(M * K / 4), sum(M * blocks);
   std::vector<float> scale(M * blocks), scaled_sum(M * blocks);
@@ -88,7 +87,7 @@ torch::Tensor int8act_linear(const torch::Tensor& x, const torch::Tensor& packed
 #pragma omp barrier
 #pragma omp for schedule(static)
     for (int64_t g = 0; g < groups; ++g)
-      group<F>(M, xq, blocks, wp + g * group_bytes, yp, N, g);
+   group<F>(M, xq, blocks, wp + g * group_bytes, yp, N, g);
   }
   return y;
 }
@@ -96,22 +95,22 @@ torch::Tensor int8act_linear(const torch::Tensor& x, const torch::Tensor& packed
 }  // namespace
 
 // The entry points of this instruction set's copy (declared by whoever dispatches to it).
-torch::Tensor q4_1(const torch::Tensor& x, const torch::Tensor& packed, int64_t n) {
+at::Tensor q4_1(const at::Tensor& x, const at::Tensor& packed, int64_t n) {
   return int8act_linear<Q4_1>(x, packed, n, "q4_1_int8act_linear");
 }
 
-torch::Tensor q8_0(const torch::Tensor& x, const torch::Tensor& packed, int64_t n) {
+at::Tensor q8_0(const at::Tensor& x, const at::Tensor& packed, int64_t n) {
   return int8act_linear<Q8_0>(x, packed, n, "q8_0_int8act_linear");
 }
 
 // x's int8 codes [M, K], scales [M, K / 32] and scaled sums [M, K / 32], exactly as the
 // matmuls compute them (for the tests).
-std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> quantize_rows(const torch::Tensor& x) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_rows(const at::Tensor& x) {
   check_x(x, "quantize_rows_int8");
   const int64_t M = x.size(0), K = x.size(1), blocks = K / kBlock;
-  auto codes = torch::empty({M, K}, x.options().dtype(torch::kInt8));
-  auto scale = torch::empty({M, blocks}, x.options());
-  auto scaled_sum = torch::empty({M, blocks}, x.options());
+  auto codes = at::empty({M, K}, x.options().dtype(at::kChar));
+  auto scale = at::empty({M, blocks}, x.options());
+  auto scaled_sum = at::empty({M, blocks}, x.options());
   std::vector<int32_t> words(M * K / 4), sum(M * blocks);
   const QuantizedX xq{words.data(), scale.data_ptr<float>(), scaled_sum.data_ptr<float>(),
                       sum.data()};

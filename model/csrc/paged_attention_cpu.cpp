@@ -22,7 +22,7 @@
 // and the first pass asks for whole rows a few tokens ahead; bf16 rows are widened 32 values
 // at a time, as their even and odd values (load16). Any other shape runs the plain loop
 // (attend_generic). Both sum in fp32; they differ only in the order of the sums.
-#include <torch/extension.h>
+#include "kernel_api.h"
 
 #include <algorithm>
 #include <cmath>
@@ -146,7 +146,7 @@ inline __m512 load16(const float* row, int v) { return _mm512_loadu_ps(row + 16 
 inline __m512 load16(const c10::BFloat16* row, int v) {
   const __m512i pairs = _mm512_loadu_si512(row + 32 * (v / 2));
   return _mm512_castsi512_ps(v % 2 ? _mm512_and_si512(pairs, _mm512_set1_epi32(-65536))
-                                   : _mm512_slli_epi32(pairs, 16));
+                             : _mm512_slli_epi32(pairs, 16));
 }
 
 // r[0..16) -> one vector whose lane i is the sum of r[i]'s 16 lanes (a transpose and add,
@@ -306,36 +306,35 @@ struct Buffers {
 }  // namespace
 
 template <typename T>
-torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_cache,
-                               const torch::Tensor& v_cache, const torch::Tensor& block_tables,
-                               const torch::Tensor& context_lens, double scale,
-                               int64_t window);
+at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_cache,
+                            const at::Tensor& v_cache, const at::Tensor& block_tables,
+                            const at::Tensor& context_lens, double scale,
+                            int64_t window);
 
-torch::Tensor paged_decode_attention(torch::Tensor q,             // [batch, heads, dim]
-                                     torch::Tensor k_cache,       // [blocks, block_size, kv_heads, dim]
-                                     torch::Tensor v_cache,       // same
-                                     torch::Tensor block_tables,  // [batch, max_blocks] int64
-                                     torch::Tensor context_lens,  // [batch] int64
-                                     double scale,
-                                     int64_t window) {            // 0: the whole context
+at::Tensor paged_decode_attention(at::Tensor q,             // [batch, heads, dim]
+                                  at::Tensor k_cache,       // [blocks, block_size, kv_heads, dim]
+                                  at::Tensor v_cache,       // same
+                                  at::Tensor block_tables,  // [batch, max_blocks] int64
+                                  at::Tensor context_lens,  // [batch] int64
+                                  double scale,
+                                  int64_t window) {            // 0: the whole context
   // Pure C++ from here on: let the server's other Python threads run meanwhile.
-  pybind11::gil_scoped_release no_gil;
   TORCH_CHECK(q.dtype() == k_cache.dtype() && q.dtype() == v_cache.dtype() &&
-                  (q.dtype() == torch::kFloat32 || q.dtype() == torch::kBFloat16),
+                  (q.dtype() == at::kFloat || q.dtype() == at::kBFloat16),
               "paged_decode_attention: q, K and V all float32 or all bfloat16");
-  if (q.dtype() == torch::kBFloat16)
+  if (q.dtype() == at::kBFloat16)
     return decode_attention<c10::BFloat16>(q, k_cache, v_cache, block_tables, context_lens, scale,
                                            window);
   return decode_attention<float>(q, k_cache, v_cache, block_tables, context_lens, scale, window);
 }
 
 template <typename T>
-torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_cache,
-                               const torch::Tensor& v_cache, const torch::Tensor& block_tables,
-                               const torch::Tensor& context_lens, double scale,
-                               int64_t window) {
+at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_cache,
+                            const at::Tensor& v_cache, const at::Tensor& block_tables,
+                            const at::Tensor& context_lens, double scale,
+                            int64_t window) {
   TORCH_CHECK(window >= 0, "paged_decode_attention: window must be >= 0");
-  TORCH_CHECK(block_tables.dtype() == torch::kInt64 && context_lens.dtype() == torch::kInt64,
+  TORCH_CHECK(block_tables.dtype() == at::kLong && context_lens.dtype() == at::kLong,
               "paged_decode_attention: int64 block tables and lengths");
   TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1 && q.stride(1) == q.size(2) &&
                   k_cache.is_contiguous() && v_cache.is_contiguous() &&
@@ -416,7 +415,7 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_ca
   }
 
   const bool split = splits_pairs<T>(dim);  // the sums below are in even/odd order
-  auto out = torch::empty({batch, heads, dim}, q.options());
+  auto out = at::empty({batch, heads, dim}, q.options());
   T* op = out.data_ptr<T>();
 #pragma omp parallel for
   for (int64_t b = 0; b < batch; ++b) {

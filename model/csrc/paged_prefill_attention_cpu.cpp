@@ -25,7 +25,7 @@
 #ifdef PREFILL_TASK_ONLY
 #include <c10/util/BFloat16.h>
 #else
-#include <torch/extension.h>
+#include "kernel_api.h"
 #endif
 
 #include <algorithm>
@@ -315,9 +315,9 @@ int64_t count_tiles(int64_t n, int64_t group, int64_t kv_heads, int64_t threads)
 
 #ifndef PREFILL_TASK_ONLY
 template <typename T>
-torch::Tensor prefill_attention(const torch::Tensor& q, const torch::Tensor& k_cache,
-                                const torch::Tensor& v_cache, const torch::Tensor& block_table,
-                                int64_t context_len, double scale, int64_t window) {
+at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k_cache,
+                             const at::Tensor& v_cache, const at::Tensor& block_table,
+                             int64_t context_len, double scale, int64_t window) {
   Shape sh{};
   sh.n = q.size(0);
   sh.heads = q.size(1);
@@ -341,7 +341,7 @@ torch::Tensor prefill_attention(const torch::Tensor& q, const torch::Tensor& k_c
   sh.positions = (sh.n + tiles - 1) / tiles;  // query positions per task
   const int64_t tasks = tiles * sh.kv_heads;
 
-  auto out = torch::empty_like(q);
+  auto out = at::empty_like(q);
   const T* qp = q.data_ptr<T>();
   const T* kp = k_cache.data_ptr<T>();
   const T* vp = v_cache.data_ptr<T>();
@@ -362,23 +362,22 @@ torch::Tensor prefill_attention(const torch::Tensor& q, const torch::Tensor& k_c
 }  // namespace
 
 #ifndef PREFILL_TASK_ONLY
-torch::Tensor paged_prefill_attention(torch::Tensor q,            // [n, heads, dim]
-                                      torch::Tensor k_cache,      // [blocks, block_size, kv_heads, dim]
-                                      torch::Tensor v_cache,      // same
-                                      torch::Tensor block_table,  // [>= blocks of context] int64
-                                      int64_t context_len,        // cached + these n tokens
-                                      double scale,
-                                      int64_t window) {           // 0: the whole context
-  pybind11::gil_scoped_release no_gil;
+at::Tensor paged_prefill_attention(at::Tensor q,            // [n, heads, dim]
+                                   at::Tensor k_cache,      // [blocks, block_size, kv_heads, dim]
+                                   at::Tensor v_cache,      // same
+                                   at::Tensor block_table,  // [>= blocks of context] int64
+                                   int64_t context_len,        // cached + these n tokens
+                                   double scale,
+                                   int64_t window) {           // 0: the whole context
   TORCH_CHECK(q.dtype() == k_cache.dtype() && q.dtype() == v_cache.dtype() &&
-                  (q.dtype() == torch::kFloat32 || q.dtype() == torch::kBFloat16),
+                  (q.dtype() == at::kFloat || q.dtype() == at::kBFloat16),
               "paged_prefill_attention: q, K and V all float32 or all bfloat16");
   TORCH_CHECK(window >= 0, "paged_prefill_attention: window must be >= 0");
-  TORCH_CHECK(block_table.dtype() == torch::kInt64, "paged_prefill_attention: int64 block table");
+  TORCH_CHECK(block_table.dtype() == at::kLong, "paged_prefill_attention: int64 block table");
   TORCH_CHECK(q.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous() &&
                   block_table.is_contiguous(),
               "paged_prefill_attention: contiguous tensors expected");
-  if (q.dtype() == torch::kBFloat16)
+  if (q.dtype() == at::kBFloat16)
     return prefill_attention<c10::BFloat16>(q, k_cache, v_cache, block_table, context_len, scale,
                                             window);
   return prefill_attention<float>(q, k_cache, v_cache, block_table, context_len, scale, window);

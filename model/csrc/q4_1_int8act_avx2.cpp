@@ -15,7 +15,7 @@
 //   2 * 128 * 127 = 32512 fit int16, and each product register goes to int32 at once. That
 //   sum is dot(q, xq) itself, exact, where the VNNI copy takes 128 sum(xq) off dot(u, xq).
 // Tiles of 4 rows of x: 8 registers of sums; the unpacked codes stay in L1.
-#include <torch/extension.h>
+#include "kernel_api.h"
 
 #include "quantized_checks.h"
 

@@ -30,7 +30,7 @@
 // stay in L1 or L2 for its next row tile. Only AVX-512F/BW/VL/DQ and VNNI: no CPU-specific tuning.
 // The parts that do not depend on the instruction set are in int8act_kernel.h; CPUs without
 // VNNI run the AVX2 copy (q4_1_int8act_avx2.cpp), chosen at run time.
-#include <torch/extension.h>
+#include "kernel_api.h"
 
 #include "quantized_checks.h"
 
@@ -153,9 +153,9 @@ inline __m512 block_product(const Codes& c, const QuantizedX& xq, int64_t i, __m
 
 // The AVX2 copy (q4_1_int8act_avx2.cpp).
 namespace int8act_avx2 {
-torch::Tensor q4_1(const torch::Tensor& x, const torch::Tensor& packed, int64_t n);
-torch::Tensor q8_0(const torch::Tensor& x, const torch::Tensor& packed, int64_t n);
-std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> quantize_rows(const torch::Tensor& x);
+at::Tensor q4_1(const at::Tensor& x, const at::Tensor& packed, int64_t n);
+at::Tensor q8_0(const at::Tensor& x, const at::Tensor& packed, int64_t n);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_rows(const at::Tensor& x);
 }  // namespace int8act_avx2
 
 bool quantized_avx2_forced();  // quantized_linear_cpu.cpp: set_quantized_avx2
@@ -165,8 +165,8 @@ namespace {
 // FMA and F16C.
 bool use_vnni() {
   const bool vnni = !quantized_avx2_forced() && __builtin_cpu_supports("avx512f") &&
-                    __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-                    __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vnni");
+                 __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+                 __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vnni");
   TORCH_CHECK(vnni || (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
                        __builtin_cpu_supports("f16c")),
               "int8act_linear: this CPU has neither AVX512-VNNI nor AVX2 with FMA and F16C");
@@ -174,14 +174,14 @@ bool use_vnni() {
 }
 }  // namespace
 
-torch::Tensor q4_1_int8act_linear(torch::Tensor x, torch::Tensor packed, int64_t N) {
+at::Tensor q4_1_int8act_linear(at::Tensor x, at::Tensor packed, int64_t N) {
   return use_vnni() ? int8act_avx512::q4_1(x, packed, N) : int8act_avx2::q4_1(x, packed, N);
 }
 
-torch::Tensor q8_0_int8act_linear(torch::Tensor x, torch::Tensor packed, int64_t N) {
+at::Tensor q8_0_int8act_linear(at::Tensor x, at::Tensor packed, int64_t N) {
   return use_vnni() ? int8act_avx512::q8_0(x, packed, N) : int8act_avx2::q8_0(x, packed, N);
 }
 
-std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> quantize_rows_int8(torch::Tensor x) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_rows_int8(at::Tensor x) {
   return use_vnni() ? int8act_avx512::quantize_rows(x) : int8act_avx2::quantize_rows(x);
 }

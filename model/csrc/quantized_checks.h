@@ -4,16 +4,16 @@
 // target: include it before a file's target pragma.
 #pragma once
 
-#include <torch/extension.h>
+#include "kernel_api.h"
 
 #include <cstdint>
 
 namespace quantized_checks {
 namespace {
 
-inline void check_packed(const torch::Tensor& x, const torch::Tensor& packed, int64_t n,
+inline void check_packed(const at::Tensor& x, const at::Tensor& packed, int64_t n,
                          int64_t block_bytes, const char* name) {
-  TORCH_CHECK(packed.dtype() == torch::kUInt8 && packed.dim() == 3 && packed.is_contiguous() &&
+  TORCH_CHECK(packed.dtype() == at::kByte && packed.dim() == 3 && packed.is_contiguous() &&
                   packed.size(2) == block_bytes,
               name, ": packed weights must be contiguous uint8 [groups, blocks, ", block_bytes,
               "]");

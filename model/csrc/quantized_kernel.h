@@ -250,15 +250,14 @@ void tile_many_rows(int64_t M, const float* x, int64_t K, const uint8_t* w,
 }
 
 template <class Format>
-torch::Tensor quantized_linear(const torch::Tensor& x, const torch::Tensor& packed, int64_t N,
-                               const char* name) {
-  TORCH_CHECK(x.dtype() == torch::kFloat32 && x.dim() == 2 && x.is_contiguous(), name,
+at::Tensor quantized_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N,
+                            const char* name) {
+  TORCH_CHECK(x.dtype() == at::kFloat && x.dim() == 2 && x.is_contiguous(), name,
               ": x must be a contiguous float32 [rows, in] tensor");
   quantized_checks::check_packed(x, packed, N, Format::kBytes, name);
   const int64_t M = x.size(0), K = x.size(1), groups = packed.size(0);
-  auto y = torch::empty({M, N}, x.options());
+  auto y = at::empty({M, N}, x.options());
   if (M == 0) return y;
-  pybind11::gil_scoped_release no_gil;  // pure C++ from here on
   const float* xp = x.data_ptr<float>();
   const uint8_t* wp = packed.data_ptr<uint8_t>();
   float* yp = y.data_ptr<float>();
@@ -300,18 +299,18 @@ torch::Tensor quantized_linear(const torch::Tensor& x, const torch::Tensor& pack
 }  // namespace
 
 // The entry points of this instruction set's copy (declared by whoever dispatches to it).
-torch::Tensor q4_1(const torch::Tensor& x, const torch::Tensor& packed, int64_t n) {
+at::Tensor q4_1(const at::Tensor& x, const at::Tensor& packed, int64_t n) {
   return quantized_linear<Q4_1>(x, packed, n, "q4_1_linear");
 }
-torch::Tensor q8_0(const torch::Tensor& x, const torch::Tensor& packed, int64_t n) {
+at::Tensor q8_0(const at::Tensor& x, const at::Tensor& packed, int64_t n) {
   return quantized_linear<Q8_0>(x, packed, n, "q8_0_linear");
 }
-torch::Tensor q5_0(const torch::Tensor& x, const torch::Tensor& packed, int64_t n) {
+at::Tensor q5_0(const at::Tensor& x, const at::Tensor& packed, int64_t n) {
   return quantized_linear<Q5_0>(x, packed, n, "q5_0_linear");
 }
-torch::Tensor q4_k(const torch::Tensor& x, const torch::Tensor& packed, int64_t n) {
+at::Tensor q4_k(const at::Tensor& x, const at::Tensor& packed, int64_t n) {
   return quantized_linear<Q4_K>(x, packed, n, "q4_k_linear");
 }
-torch::Tensor q6_k(const torch::Tensor& x, const torch::Tensor& packed, int64_t n) {
+at::Tensor q6_k(const at::Tensor& x, const at::Tensor& packed, int64_t n) {
   return quantized_linear<Q6_K>(x, packed, n, "q6_k_linear");
 }

@@ -3,7 +3,7 @@
 // (quantized_kernel.h) over 16-lane vectors of two 8-lane registers each. With 16 registers
 // instead of 32, a tile is up to 4 rows of one group of 16 outputs: 8 registers of
 // accumulators, 4 for a block's scales, 4 for the weights of a step.
-#include <torch/extension.h>
+#include "kernel_api.h"
 
 #include <immintrin.h>
 #include <omp.h>

@@ -26,7 +26,7 @@
 // it AVX2's (two registers each, so 4-row tiles of one group: 16 registers instead of 32).
 // Both compute every output lane with the same FMAs in the same order within a block; only
 // how a block's 32 products are split between one or two chains (kOneChain) may differ.
-#include <torch/extension.h>
+#include "kernel_api.h"
 
 #include <immintrin.h>
 #include <omp.h>
@@ -83,11 +83,11 @@ inline V tofloat(VI v) { return _mm512_cvtepi32_ps(v); }
 
 // The AVX2 copy (quantized_linear_avx2.cpp).
 namespace quantized_avx2 {
-torch::Tensor q4_1(const torch::Tensor& x, const torch::Tensor& packed, int64_t n);
-torch::Tensor q8_0(const torch::Tensor& x, const torch::Tensor& packed, int64_t n);
-torch::Tensor q5_0(const torch::Tensor& x, const torch::Tensor& packed, int64_t n);
-torch::Tensor q4_k(const torch::Tensor& x, const torch::Tensor& packed, int64_t n);
-torch::Tensor q6_k(const torch::Tensor& x, const torch::Tensor& packed, int64_t n);
+at::Tensor q4_1(const at::Tensor& x, const at::Tensor& packed, int64_t n);
+at::Tensor q8_0(const at::Tensor& x, const at::Tensor& packed, int64_t n);
+at::Tensor q5_0(const at::Tensor& x, const at::Tensor& packed, int64_t n);
+at::Tensor q4_k(const at::Tensor& x, const at::Tensor& packed, int64_t n);
+at::Tensor q6_k(const at::Tensor& x, const at::Tensor& packed, int64_t n);
 }  // namespace quantized_avx2
 
 namespace {
@@ -96,8 +96,8 @@ bool g_force_avx2 = false;  // set_quantized_avx2: the AVX2 copy even where AVX-
 // AVX-512 where the CPU has it (and the AVX2 copy is not forced), else AVX2 with FMA and F16C.
 bool use_avx512() {
   const bool avx512 = !g_force_avx2 && __builtin_cpu_supports("avx512f") &&
-                      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-                      __builtin_cpu_supports("avx512dq");
+                   __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+                   __builtin_cpu_supports("avx512dq");
   TORCH_CHECK(avx512 || (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
                          __builtin_cpu_supports("f16c")),
               "quantized_linear: this CPU has neither AVX-512 nor AVX2 with FMA and F16C");
@@ -105,27 +105,27 @@ bool use_avx512() {
 }
 }  // namespace
 
-torch::Tensor q4_1_linear(torch::Tensor x, torch::Tensor packed, int64_t out_features) {
+at::Tensor q4_1_linear(at::Tensor x, at::Tensor packed, int64_t out_features) {
   return use_avx512() ? quantized_avx512::q4_1(x, packed, out_features)
                       : quantized_avx2::q4_1(x, packed, out_features);
 }
 
-torch::Tensor q8_0_linear(torch::Tensor x, torch::Tensor packed, int64_t out_features) {
+at::Tensor q8_0_linear(at::Tensor x, at::Tensor packed, int64_t out_features) {
   return use_avx512() ? quantized_avx512::q8_0(x, packed, out_features)
                       : quantized_avx2::q8_0(x, packed, out_features);
 }
 
-torch::Tensor q5_0_linear(torch::Tensor x, torch::Tensor packed, int64_t out_features) {
+at::Tensor q5_0_linear(at::Tensor x, at::Tensor packed, int64_t out_features) {
   return use_avx512() ? quantized_avx512::q5_0(x, packed, out_features)
                       : quantized_avx2::q5_0(x, packed, out_features);
 }
 
-torch::Tensor q4_k_linear(torch::Tensor x, torch::Tensor packed, int64_t out_features) {
+at::Tensor q4_k_linear(at::Tensor x, at::Tensor packed, int64_t out_features) {
   return use_avx512() ? quantized_avx512::q4_k(x, packed, out_features)
                       : quantized_avx2::q4_k(x, packed, out_features);
 }
 
-torch::Tensor q6_k_linear(torch::Tensor x, torch::Tensor packed, int64_t out_features) {
+at::Tensor q6_k_linear(at::Tensor x, at::Tensor packed, int64_t out_features) {
   return use_avx512() ? quantized_avx512::q6_k(x, packed, out_features)
                       : quantized_avx2::q6_k(x, packed, out_features);
 }
