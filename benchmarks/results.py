@@ -338,3 +338,20 @@ class RooflineRun(JsonFile):
 
     def peak(self, dtype: str) -> ComputePeak:
         return next(c for c in self.compute if c.dtype == dtype)
+
+
+@dataclass
+class StartupRun(JsonFile):
+    """startup.py: one server's first start (no compiled kernels, no cached thread choice)
+    and a later one, each in seconds to the first healthy /health."""
+
+    label: str
+    machine: Machine
+    started_at: str
+    command: str
+    first_s: float
+    later_s: float
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> StartupRun:
+        return cls(**{**raw, "machine": Machine(**raw["machine"])})

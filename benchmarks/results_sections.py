@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
-from benchmarks.results import InterleavedRun
+from benchmarks.results import InterleavedRun, StartupRun
 from benchmarks.results_page import Section, level, level_by_order, pairs, ratio
 from benchmarks.tables import markdown_table
 
@@ -157,6 +158,15 @@ def thirty_users_vs_llama(folder: Path) -> list[str]:
                                         "their ITL p50 over ours, per turn (median)"], rows)
 
 
+def startups(*labels: str) -> Callable[[Path], list[str]]:
+    """One row per startup.py run: its first and later start, in seconds."""
+    def body(folder: Path) -> list[str]:
+        runs = [StartupRun.load(folder / f"startup-intel/{label}.json") for label in labels]
+        return markdown_table("tree", ["first start (s)", "later start (s)"],
+                              [(r.label, [f"{r.first_s:.1f}", f"{r.later_s:.1f}"]) for r in runs])
+    return body
+
+
 def new_sections(folder: Path) -> list[Section]:
     return [
         interleaved_section(
@@ -173,6 +183,17 @@ def new_sections(folder: Path) -> list[Section]:
             "token ([engine-process.md](engine-process.md#the-load-generators-share)), which both "
             "servers lose on the same 2 cores.", "one-user-interleaved-aiohttp",
             " -- --users 1 --max-tokens 100 --client aiohttp"),
+        Section(
+            "Start-up on an Intel Xeon, the kernels built from ATen's headers",
+            "A first start (no compiled kernels, no cached thread choice: what a fresh machine "
+            "pays once the model is prepared) and a later one, to the first healthy "
+            "`/health`: the tree before the kernel files stopped including "
+            "`<torch/extension.h>` and the tree after, one after the other.",
+            ["git worktree add --detach /tmp/before 4bf7217",
+             "python3 benchmarks/startup.py results/startup-intel before=/tmp/before/server.py "
+             "after=server.py"],
+            ["startup-intel/before.json", "startup-intel/after.json"],
+            startups("before", "after")),
         Section(
             "Tool calls under load",
             "`benchmarks/structured.py --constraint tool` against `server.py`: 30 chat "
