@@ -1,6 +1,6 @@
-"""The results page's sections on tool calls, the int8-activation mode, vLLM's CPU build and
-Gemma 3: the same Section shape as benchmarks/results_page.py's, kept apart to keep that
-module to one screenful of sections per concern."""
+"""The results page's sections on start-up times, tool calls, the int8-activation mode, vLLM's
+CPU build and Gemma 3: the same Section shape as benchmarks/results_page.py's, kept apart to
+keep that module to one screenful of sections per concern."""
 
 from __future__ import annotations
 
@@ -158,10 +158,10 @@ def thirty_users_vs_llama(folder: Path) -> list[str]:
                                         "their ITL p50 over ours, per turn (median)"], rows)
 
 
-def startups(*labels: str) -> Callable[[Path], list[str]]:
-    """One row per startup.py run: its first and later start, in seconds."""
+def startups(subfolder: str, *labels: str) -> Callable[[Path], list[str]]:
+    """One row per startup.py run in results/`subfolder`: its first and later start, in s."""
     def body(folder: Path) -> list[str]:
-        runs = [StartupRun.load(folder / f"startup-intel/{label}.json") for label in labels]
+        runs = [StartupRun.load(folder / subfolder / f"{label}.json") for label in labels]
         return markdown_table("tree", ["first start (s)", "later start (s)"],
                               [(r.label, [f"{r.first_s:.1f}", f"{r.later_s:.1f}"]) for r in runs])
     return body
@@ -193,7 +193,7 @@ def new_sections(folder: Path) -> list[Section]:
              "python3 benchmarks/startup.py results/startup-intel before=/tmp/before/server.py "
              "after=server.py"],
             ["startup-intel/before.json", "startup-intel/after.json"],
-            startups("before", "after")),
+            startups("startup-intel", "after", "before")),
         Section(
             "Tool calls under load",
             "`benchmarks/structured.py --constraint tool` against `server.py`: 30 chat "

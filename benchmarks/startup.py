@@ -10,7 +10,7 @@ folder, one at a time, and OUT/LABEL.json records both times. Run nothing else m
 
 Two checkouts, before and after a change (results/startup-intel/{before,after}.json):
 
-    git worktree add --detach /tmp/before HEAD~1
+    git worktree add --detach /tmp/before 4bf7217
     python3 benchmarks/startup.py results/startup-intel before=/tmp/before/server.py \\
         after=server.py
 """
@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 import tempfile
-import time
+from datetime import datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # see benchmarks/__init__.py
@@ -40,16 +41,18 @@ def seconds_to_health(script: Path, flags: list[str], env: dict[str, str], log: 
 
 
 def measure(label: str, script: Path, flags: list[str]) -> StartupRun:
+    """Two starts of `script` with caches of their own: the first compiles the kernels and
+    measures the thread choice into them, the later one reads both."""
+    started_at = datetime.now().astimezone().isoformat(timespec="seconds")
     with tempfile.TemporaryDirectory(prefix=f"startup-{label}-") as scratch:
         env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(Path(scratch) / "kernels"),
                "NANO_THREADS_CACHE": str(Path(scratch) / "thread-choices.json")}
-        log = Path(tempfile.gettempdir()) / f"nano-vllm-startup-{label}.log"
-        started_at = time.strftime("%Y-%m-%dT%H:%M:%S")
-        first = seconds_to_health(script, flags, env, log)
-        later = seconds_to_health(script, flags, env, log)
+        logs = Path(tempfile.gettempdir())
+        first = seconds_to_health(script, flags, env, logs / f"nano-vllm-startup-{label}-first.log")
+        later = seconds_to_health(script, flags, env, logs / f"nano-vllm-startup-{label}-later.log")
     print(f"{label}: first start {first:.1f} s, later start {later:.1f} s", flush=True)
-    return StartupRun(label, Machine.this_one(), started_at, " ".join(sys.argv), round(first, 1),
-                      round(later, 1))
+    return StartupRun(label, Machine.this_one(), started_at, "python3 " + shlex.join(sys.argv),
+                      round(first, 1), round(later, 1))
 
 
 def main() -> int:

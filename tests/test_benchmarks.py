@@ -27,6 +27,7 @@ from benchmarks.results import (
     RooflineRun,
     ServedOverheadRun,
     SpecDecodeRun,
+    StartupRun,
     result_path,
 )
 from benchmarks.results_page import build_page
@@ -54,6 +55,8 @@ def result_kind(path: Path) -> type | None:
         return ServedOverheadRun
     if path.stem == "interleaved":
         return InterleavedRun
+    if path.parent.name.startswith("startup"):
+        return StartupRun
     return DashboardOverheadRun if path.parent.name == "dashboard" else BenchRun
 
 

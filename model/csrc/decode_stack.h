@@ -5,6 +5,9 @@
 
 #include "kernel_api.h"
 
+#include <c10/util/Optional.h>
+
+#include <cstdint>
 #include <tuple>
 #include <vector>
 

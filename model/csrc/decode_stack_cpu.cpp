@@ -15,6 +15,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <utility>
 
 at::Tensor dense_linear(at::Tensor x, at::Tensor packed, int64_t n, int64_t threads);
 at::Tensor q4_1_linear(at::Tensor x, at::Tensor packed, int64_t out_features);
@@ -90,9 +91,9 @@ void DecodeStack::add_layer(at::Tensor input_norm, int64_t qkv_kind, at::Tensor 
 }
 
 std::tuple<at::Tensor, at::Tensor> DecodeStack::forward(at::Tensor x, at::Tensor cos,
-                                                       at::Tensor sin, at::Tensor slot_mapping,
-                                                       at::Tensor block_tables,
-                                                       at::Tensor context_lens) const {
+                                                        at::Tensor sin, at::Tensor slot_mapping,
+                                                        at::Tensor block_tables,
+                                                        at::Tensor context_lens) const {
   TORCH_CHECK(!layers_.empty(), "decode stack: no layers");
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "decode stack: x must be [tokens, hidden]");
   const int64_t tokens = x.size(0);

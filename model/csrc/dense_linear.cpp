@@ -438,9 +438,9 @@ at::Tensor dense_linear(at::Tensor x, at::Tensor packed, int64_t n, int64_t thre
   // whole B tiles of 16.
   const bool amx = avx512 && bf16 && g_amx_rows > 0 && M >= g_amx_rows && (ldx / 2) % 16 == 0 &&
                    dense_amx::amx_usable();
-  const int64_t fma_blocks = bf16 && avx512 ? dense_bf16_fma_blocks() : 0;  // with the GIL
+  const int64_t fma_blocks = bf16 && avx512 ? dense_bf16_fma_blocks() : 0;
 
-  // Pure C++ from here on (every check done above: nothing may throw inside OpenMP).
+  // Nothing throws from here on (every check done above: nothing may throw inside OpenMP).
   if (!avx512) {
     if (bf16) {
       dense_avx2::linear_bf16(xin.data_ptr<c10::BFloat16>(), M, ldx,

@@ -179,7 +179,7 @@ void run(const B* x, int64_t M, int64_t ldx, const B* packed, int64_t panels, in
           if (valid - j <= 0) break;
           const __m256i out = (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(total + row * NB + j));
           const __mmask16 mask = valid - j >= 16 ? static_cast<__mmask16>(0xFFFF)
-                                              : static_cast<__mmask16>((1u << (valid - j)) - 1);
+                                                 : static_cast<__mmask16>((1u << (valid - j)) - 1);
           _mm256_mask_storeu_epi16(y + m * N + p * NB + j, mask, out);
         }
       }

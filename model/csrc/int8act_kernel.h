@@ -11,7 +11,7 @@
 //   block_product<F>  total + one row of x's block times the group's block,
 // then includes this in the same namespace: its kernels have internal linkage, its entry
 // points (q4_1, q8_0, quantize_rows) that namespace's name, so each file keeps the copy built
-// for its target. No includes here: include <torch/extension.h>, <omp.h>, <immintrin.h>,
+// for its target. No includes here: include "kernel_api.h", <omp.h>, <immintrin.h>,
 // <algorithm>, <cstring>, <tuple>, <vector> and "quantized_checks.h" before it.
 #pragma once
 
@@ -87,7 +87,7 @@ at::Tensor int8act_linear(const at::Tensor& x, const at::Tensor& packed, int64_t
 #pragma omp barrier
 #pragma omp for schedule(static)
     for (int64_t g = 0; g < groups; ++g)
-   group<F>(M, xq, blocks, wp + g * group_bytes, yp, N, g);
+      group<F>(M, xq, blocks, wp + g * group_bytes, yp, N, g);
   }
   return y;
 }

@@ -146,7 +146,7 @@ inline __m512 load16(const float* row, int v) { return _mm512_loadu_ps(row + 16 
 inline __m512 load16(const c10::BFloat16* row, int v) {
   const __m512i pairs = _mm512_loadu_si512(row + 32 * (v / 2));
   return _mm512_castsi512_ps(v % 2 ? _mm512_and_si512(pairs, _mm512_set1_epi32(-65536))
-                             : _mm512_slli_epi32(pairs, 16));
+                                   : _mm512_slli_epi32(pairs, 16));
 }
 
 // r[0..16) -> one vector whose lane i is the sum of r[i]'s 16 lanes (a transpose and add,
@@ -317,8 +317,7 @@ at::Tensor paged_decode_attention(at::Tensor q,             // [batch, heads, di
                                   at::Tensor block_tables,  // [batch, max_blocks] int64
                                   at::Tensor context_lens,  // [batch] int64
                                   double scale,
-                                  int64_t window) {            // 0: the whole context
-  // Pure C++ from here on: let the server's other Python threads run meanwhile.
+                                  int64_t window) {         // 0: the whole context
   TORCH_CHECK(q.dtype() == k_cache.dtype() && q.dtype() == v_cache.dtype() &&
                   (q.dtype() == at::kFloat || q.dtype() == at::kBFloat16),
               "paged_decode_attention: q, K and V all float32 or all bfloat16");

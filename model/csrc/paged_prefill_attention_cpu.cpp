@@ -366,9 +366,9 @@ at::Tensor paged_prefill_attention(at::Tensor q,            // [n, heads, dim]
                                    at::Tensor k_cache,      // [blocks, block_size, kv_heads, dim]
                                    at::Tensor v_cache,      // same
                                    at::Tensor block_table,  // [>= blocks of context] int64
-                                   int64_t context_len,        // cached + these n tokens
+                                   int64_t context_len,     // cached + these n tokens
                                    double scale,
-                                   int64_t window) {           // 0: the whole context
+                                   int64_t window) {        // 0: the whole context
   TORCH_CHECK(q.dtype() == k_cache.dtype() && q.dtype() == v_cache.dtype() &&
                   (q.dtype() == at::kFloat || q.dtype() == at::kBFloat16),
               "paged_prefill_attention: q, K and V all float32 or all bfloat16");

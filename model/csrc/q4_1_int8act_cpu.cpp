@@ -165,8 +165,8 @@ namespace {
 // FMA and F16C.
 bool use_vnni() {
   const bool vnni = !quantized_avx2_forced() && __builtin_cpu_supports("avx512f") &&
-                 __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-                 __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vnni");
+                    __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+                    __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vnni");
   TORCH_CHECK(vnni || (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
                        __builtin_cpu_supports("f16c")),
               "int8act_linear: this CPU has neither AVX512-VNNI nor AVX2 with FMA and F16C");

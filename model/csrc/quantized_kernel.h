@@ -14,7 +14,7 @@
 // (unaligned), vstore_first(p, v, count) (lanes [0, count)), halves(p) (16 fp16 -> fp32),
 // u8s(p) / i8s(p) (16 bytes, zero- / sign-extended to int32), iset1, iand, ior, isub,
 // isrli<n>, isrl(v, n) / isll(v, n) (every lane by n bits), iload(p) (16 int32), tofloat.
-// No includes here (this text goes inside a namespace): include <torch/extension.h>, <omp.h>,
+// No includes here (this text goes inside a namespace): include "kernel_api.h", <omp.h>,
 // <immintrin.h>, <algorithm>, <vector> and "quantized_checks.h" before it.
 #pragma once
 

@@ -96,8 +96,8 @@ bool g_force_avx2 = false;  // set_quantized_avx2: the AVX2 copy even where AVX-
 // AVX-512 where the CPU has it (and the AVX2 copy is not forced), else AVX2 with FMA and F16C.
 bool use_avx512() {
   const bool avx512 = !g_force_avx2 && __builtin_cpu_supports("avx512f") &&
-                   __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-                   __builtin_cpu_supports("avx512dq");
+                      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+                      __builtin_cpu_supports("avx512dq");
   TORCH_CHECK(avx512 || (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
                          __builtin_cpu_supports("f16c")),
               "quantized_linear: this CPU has neither AVX-512 nor AVX2 with FMA and F16C");
