@@ -5,10 +5,11 @@ A decode step of a few sequences runs faster on one OpenMP thread on some CPUs (
 threads' start and join cost more than they share) and slower on others. The engine core
 process, when --single-thread-below is not given, times decode steps here at batch sizes 1,
 2, 4, 8 and 16, on one thread and on all of them in turns, and picks the first batch size
-where all threads win. The choice is kept in a JSON file under the cache root, keyed by what it
-depends on (the CPU's model, the thread count, the model, its dtype and weights, the
-attention and matmul paths, whether decode steps run as one C++ call), so a later start
-reads it in no time.
+where all threads win (it stops there: larger steps are not timed, which on a CPU where all
+threads win at once leaves a first start a fifth of the measuring). The choice is kept in a
+JSON file under the cache root, keyed by what it depends on (the CPU's model, the thread
+count, the model, its dtype and weights, the attention and matmul paths, whether decode
+steps run as one C++ call), so a later start reads it in no time.
 
 Then, where the dense matmul kernel runs (model/csrc/dense_linear.cpp), decode steps of
 PREFETCH_BATCH sequences are timed with each of PREFETCH_BYTES as the prefetch distance for
@@ -208,8 +209,9 @@ def timing_steps(core: PagedEngineCore) -> Iterator[None]:
 def measure(core: PagedEngineCore, batch_sizes: Sequence[int] | None = None) -> list[Timing]:
     """Median decode step times at each batch size (default BATCH_SIZES; those that fit the
     seats and the free blocks, one each), on one thread and on all in turns (ROUNDS of
-    TIMED_STEPS each), with no speculation; the
-    core is left as it was (asserted): no request, no block held."""
+    TIMED_STEPS each), with no speculation, up to the first batch size where all threads win
+    (threshold_from's answer is then settled); the core is left as it was (asserted): no
+    request, no block held."""
     policy, scheduler = core.runner.threads, core.scheduler
     before = policy.single_below
     fits = min(scheduler.max_num_seqs, core.allocator.num_free)
@@ -225,6 +227,8 @@ def measure(core: PagedEngineCore, batch_sizes: Sequence[int] | None = None) -> 
                         times.extend(_timed_steps(core, batch))
                 timings.append(Timing(batch, round(statistics.median(one), 2),
                                       round(statistics.median(every), 2)))
+                if timings[-1].all_threads_ms < timings[-1].one_thread_ms:
+                    break
         finally:
             policy.single_below = before
     return timings

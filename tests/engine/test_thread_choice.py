@@ -142,6 +142,22 @@ def default_prefetch():
         kernels.set_prefetch_one_block(thread_choice.PREFETCH_BYTES[0])
 
 
+def test_measuring_stops_at_the_first_batch_where_all_threads_win(monkeypatch, model,
+                                                                  tokenizer):
+    measured: list[int] = []
+
+    def steps(core, batch: int) -> list[float]:  # all threads win from 4 sequences on
+        measured.append(batch)
+        if core.runner.threads.single_below > batch:
+            return [10.0]  # one thread
+        return [8.0 if batch >= 4 else 12.0]
+
+    monkeypatch.setattr(thread_choice, "_timed_steps", steps)
+    found = thread_choice.measure(engine(model, tokenizer).core)
+    assert [t.batch for t in found] == [1, 2, 4] and max(measured) == 4
+    assert threshold_from(found) == 4
+
+
 def test_measures_leaving_the_engine_clean_then_reads_the_cache(tmp_path, monkeypatch,
                                                                model, tokenizer, caplog,
                                                                default_prefetch):
@@ -158,7 +174,8 @@ def test_measures_leaving_the_engine_clean_then_reads_the_cache(tmp_path, monkey
     assert "batch 16" not in caplog.text
     assert first.core.runner.threads.single_below == first.config.single_thread_below == chosen
     assert f"cached in {tmp_path / 'choices.json'}" in caplog.text
-    assert "batch 4: 1 thread" in caplog.text and "2 threads" in caplog.text
+    assert "batch 1: 1 thread" in caplog.text and "2 threads" in caplog.text
+    assert ("batch 4: 1 thread" in caplog.text) == (chosen != 0)  # measured up to a win
     if thread_choice.dense_kernel(first.core) is not None:  # the dense kernel runs here
         assert "matmul prefetch" in caplog.text
     stats = first.core.stats()
