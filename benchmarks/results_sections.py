@@ -189,11 +189,7 @@ def new_sections(folder: Path) -> list[Section]:
             "pays once the model is prepared) and a later one, to the first healthy "
             "`/health`: this tree (`after`, run first) and the tree before its kernel files "
             "stopped including `<torch/extension.h>` and its thread measurement stopped at the "
-            "first batch size where all threads win (`before`). In this run the compile took "
-            "74 s against 297 s and the thread measurement 9.8 s against 19.6 s (the servers' "
-            "logs). Two earlier runs without the second change, to a first `/health`: 90.6 s "
-            "against 284.7 s (`before` first, a faster hour of the machine) and 121.0 s "
-            "against 360.7 s (`after` first, a slower one).",
+            "first batch size where all threads win (`before`).",
             ["git worktree add --detach /tmp/before 4bf7217",
              "python3 benchmarks/startup.py results/startup-intel before=/tmp/before/server.py "
              "after=server.py"],
