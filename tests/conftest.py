@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ import torch
 from model.llama import LlamaModel
 from model.loader import load_model
 from model.prepare import prepare_default_model
+from tests.fp_watch import FloatWatch
 
 # Our forward pass against Hugging Face's on the same fp32 weights. Both are fp32 roundings
 # of the same math, summed in different orders (our weights are fused and transposed), so
@@ -86,16 +88,36 @@ def model_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
-def model(model_dir: Path) -> LlamaModel:
-    torch.manual_seed(0)
-    return load_model(model_dir)
+def float_watch() -> FloatWatch:
+    return FloatWatch()
+
+
+@pytest.fixture(autouse=True)
+def floats_unchanged(request: pytest.FixtureRequest, float_watch: FloatWatch) -> Iterator[None]:
+    """After each test: PyTorch still rounds as at the session's start, and the RoPE tables
+    are untouched (tests/fp_watch.py); otherwise this test is named as where it changed."""
+    yield
+    changed = float_watch.changes()
+    assert not changed, (f"after {request.node.nodeid}, this process's floating-point "
+                         f"results differ from the session's start: {', '.join(changed)}")
 
 
 @pytest.fixture(scope="session")
-def hf_model(model_dir: Path):
+def model(model_dir: Path, float_watch: FloatWatch) -> LlamaModel:
+    torch.manual_seed(0)
+    loaded = load_model(model_dir)
+    float_watch.keep("the session model's RoPE cos", loaded.rotary.cos)
+    float_watch.keep("the session model's RoPE sin", loaded.rotary.sin)
+    return loaded
+
+
+@pytest.fixture(scope="session")
+def hf_model(model_dir: Path, float_watch: FloatWatch):
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    float_watch.keep("Hugging Face's RoPE inverse frequencies", hf.model.rotary_emb.inv_freq)
+    return hf
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,74 @@
+"""A watch on the test process's floating-point behaviour, kept by tests/conftest.py.
+
+Every comparison with Hugging Face in this suite runs in one long process, and rests on two
+things no test states: that PyTorch's elementwise and matmul results are the same from one
+test to the next (the rounding mode, denormal handling and kernel choice never change), and
+that the tables computed once at load (our RoPE cos/sin, Hugging Face's inverse frequencies)
+still hold what they held. If either changes, the comparisons fail far from the cause, in
+RoPE-heavy tests, by amounts that look like a precision bug. The watch checks both after each
+test (well under a millisecond) and names the first test after which something changed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+
+import torch
+from torch import Tensor
+
+
+def _fegetround():
+    """C's fegetround, where the C library has it (the rounding mode of the calling thread)."""
+    name = ctypes.util.find_library("m")
+    try:
+        return ctypes.CDLL(name).fegetround if name else None
+    except OSError:
+        return None
+
+
+_ROUNDING = _fegetround()
+
+
+def fingerprint() -> dict[str, Tensor]:
+    """Results of the operations RoPE and the comparisons lean on, on small inputs (below
+    PyTorch's threshold for splitting work across threads, so the thread count cannot move
+    them); an odd length gives the vectorized loops a scalar tail too."""
+    x = torch.linspace(0.001, 150.0, 4099)
+    inv_freq = 1.0 / (100_000.0 ** (torch.arange(0, 64, 2).float() / 64))
+    positions = torch.arange(100, 140).float()
+    prints = {
+        "cos": x.cos(), "sin": x.sin(), "exp": (x / 16).exp(), "reciprocal": 1.0 / x,
+        "pow": inv_freq, "outer": torch.outer(positions, inv_freq),
+        "bmm": inv_freq[None, :, None] @ positions[None, None, :],
+        "matmul": x[:4096].reshape(64, 64) @ x[3:4099].reshape(64, 64),
+        "denormal product": torch.tensor([1e-39]) * 1.0,
+    }
+    prints = {f"PyTorch's {name}": value for name, value in prints.items()}
+    if _ROUNDING is not None:
+        prints["the C library's rounding mode"] = torch.tensor([_ROUNDING()])
+    return prints
+
+
+class FloatWatch:
+    """The fingerprint taken at the session's start, and tensors that must not change."""
+
+    def __init__(self) -> None:
+        self.baseline = fingerprint()
+        self.kept: dict[str, tuple[Tensor, Tensor]] = {}  # name -> (the tensor, its copy)
+
+    def keep(self, name: str, tensor: Tensor) -> None:
+        self.kept[name] = (tensor, tensor.detach().clone())
+
+    def changes(self) -> list[str]:
+        """What differs from the session's start; the baseline then moves on, so a change is
+        reported once, by the test after which it appeared."""
+        now = fingerprint()
+        changed = [name for name, value in now.items()
+                   if not torch.equal(value, self.baseline[name])]
+        self.baseline = now
+        for name, (tensor, copy) in self.kept.items():
+            if not torch.equal(tensor, copy):
+                changed.append(f"{name} (changed in place)")
+                self.keep(name, tensor)
+        return changed

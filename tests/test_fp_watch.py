@@ -1,0 +1,43 @@
+"""The suite's floating-point watch (tests/fp_watch.py) sees what it is there to see."""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import platform
+
+import pytest
+import torch
+
+from tests.fp_watch import FloatWatch
+
+
+def test_a_quiet_test_changes_nothing():
+    watch = FloatWatch()
+    torch.randn(300, 300) @ torch.randn(300, 300)
+    assert watch.changes() == []
+
+
+def test_a_table_changed_in_place_is_named_once():
+    table = torch.linspace(0, 1, 1000)
+    watch = FloatWatch()
+    watch.keep("the table", table)
+    table[500] += 1e-7
+    assert watch.changes() == ["the table (changed in place)"]
+    assert watch.changes() == []
+
+
+@pytest.mark.skipif(ctypes.util.find_library("m") is None or platform.machine() != "x86_64",
+                    reason="x86-64's rounding-mode constants, set through the C library")
+def test_another_rounding_mode_is_seen():
+    libm = ctypes.CDLL(ctypes.util.find_library("m"))
+    watch = FloatWatch()
+    before = libm.fegetround()
+    libm.fesetround(0xC00)  # x86's FE_TOWARDZERO
+    try:
+        changed = watch.changes()
+    finally:
+        libm.fesetround(before)
+    assert "the C library's rounding mode" in changed
+    assert "PyTorch's reciprocal" in changed
+    watch.changes()
