@@ -13,7 +13,7 @@ import torch
 from model.llama import LlamaModel
 from model.loader import load_model
 from model.prepare import prepare_default_model
-from tests.fp_watch import FloatWatch
+from tests.fp_watch import FloatWatch, rope_table_error
 
 # Our forward pass against Hugging Face's on the same fp32 weights. Both are fp32 roundings
 # of the same math, summed in different orders (our weights are fused and transposed), so
@@ -106,6 +106,8 @@ def floats_unchanged(request: pytest.FixtureRequest, float_watch: FloatWatch) ->
 def model(model_dir: Path, float_watch: FloatWatch) -> LlamaModel:
     torch.manual_seed(0)
     loaded = load_model(model_dir)
+    error = rope_table_error(loaded.rotary.cos, loaded.rotary.sin, loaded.cfg.rope_theta)
+    assert error < 1e-4, f"the session model's RoPE table is off by {error:.1e} at load"
     float_watch.keep("the session model's RoPE cos", loaded.rotary.cos)
     float_watch.keep("the session model's RoPE sin", loaded.rotary.sin)
     return loaded

@@ -72,3 +72,16 @@ class FloatWatch:
                 changed.append(f"{name} (changed in place)")
                 self.keep(name, tensor)
         return changed
+
+
+def rope_table_error(cos: Tensor, sin: Tensor, theta: float, positions: int = 256) -> float:
+    """How far a plain (unscaled) RoPE table's first `positions` rows are from the same
+    angles' cos and sin in float64. An fp32 table is off by about one rounding of its angle
+    (below 2e-5 up to position 255); a table made in lower precision, or written over, is off
+    by far more."""
+    half = cos.shape[-1] // 2
+    inv_freq = 1.0 / theta ** (torch.arange(0, 2 * half, 2, dtype=torch.float64) / (2 * half))
+    angles = torch.outer(torch.arange(positions, dtype=torch.float64), inv_freq)
+    angles = torch.cat([angles, angles], dim=-1)
+    return max((cos[:positions].double() - angles.cos()).abs().max().item(),
+               (sin[:positions].double() - angles.sin()).abs().max().item())

@@ -9,7 +9,8 @@ import platform
 import pytest
 import torch
 
-from tests.fp_watch import FloatWatch
+from model.layers import RotaryEmbedding
+from tests.fp_watch import FloatWatch, rope_table_error
 
 
 def test_a_quiet_test_changes_nothing():
@@ -41,3 +42,14 @@ def test_another_rounding_mode_is_seen():
     assert "the C library's rounding mode" in changed
     assert "PyTorch's reciprocal" in changed
     watch.changes()
+
+
+def test_the_rope_check_passes_an_fp32_table_and_fails_a_rounded_one():
+    rotary = RotaryEmbedding(64, 100_000.0, 1024)
+    error = rope_table_error(rotary.cos, rotary.sin, 100_000.0)
+    print(f"fp32 table: {error:.1e} from float64")
+    assert error < 2e-5
+    halved = rope_table_error(rotary.cos.half().float(), rotary.sin.half().float(), 100_000.0)
+    print(f"fp16-rounded table: {halved:.1e}")
+    assert halved > 1e-4
+    assert rope_table_error(rotary.cos, rotary.sin, 10_000.0) > 0.1
