@@ -14,10 +14,15 @@ machine with AVX-512 can run the suite the way such a CPU (AMD Zen 3, say) does.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import logging
 import os
-from collections.abc import Callable
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from functools import cache
 from pathlib import Path
 from types import ModuleType
@@ -123,6 +128,41 @@ def cpu_identity() -> str:
     return "\n".join(wanted[:2] + (["as x86-64-v3"] if as_avx2() else []))
 
 
+def module_name() -> str:
+    """The kernels module's name: keyed by the sources, this CPU and the flags (docstring)."""
+    digest = hashlib.sha256()
+    for part in [*(f.read_bytes() for f in sorted(CSRC.glob("*.cpp")) + sorted(CSRC.glob("*.h"))),
+                 cpu_identity().encode(), *(flag.encode() for flag in cflags())]:
+        digest.update(part + b"\0")
+    return f"nano_vllm_cpu_kernels_{digest.hexdigest()[:12]}"
+
+
+def build_directory(name: str) -> Path:
+    """Where PyTorch builds (and caches) the module `name`: under $TORCH_EXTENSIONS_DIR, or
+    ~/.cache/torch_extensions."""
+    from torch.utils.cpp_extension import _get_build_directory
+
+    return Path(_get_build_directory(name, verbose=False))
+
+
+@contextmanager
+def build_lock(directory: Path) -> Iterator[None]:
+    """Hold the build of the module in `directory` for this process.
+
+    PyTorch's own lock is a file that its builder deletes when done: a builder that dies
+    (a server stopped during its first start) leaves it behind, and every later start would
+    wait on it for ever. This lock is an flock, which the kernel drops with its holder; whoever
+    holds it is the only builder, so a PyTorch lock file found then is a dead one's."""
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory.parent / f"{directory.name}.lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        stale = directory / "lock"
+        if stale.exists():
+            log.warning("removing %s, left by a kernel build that did not finish", stale)
+            stale.unlink()
+        yield
+
+
 @cache
 def build_cpu_kernels() -> tuple[ModuleType | None, str | None]:
     """The extension module with every kernel in model/csrc/ (bindings.cpp lists them), and
@@ -131,16 +171,11 @@ def build_cpu_kernels() -> tuple[ModuleType | None, str | None]:
     try:
         from torch.utils.cpp_extension import load
 
-        sources = sorted(CSRC.glob("*.cpp"))
-        headers = sorted(CSRC.glob("*.h"))
-        digest = hashlib.sha256()
-        for part in [*(f.read_bytes() for f in sources + headers), cpu_identity().encode(),
-                     *(flag.encode() for flag in cflags())]:
-            digest.update(part + b"\0")
+        name = module_name()
         log.info("loading the CPU kernels (compiled on first use, about a minute) ...")
-        module = load(name=f"nano_vllm_cpu_kernels_{digest.hexdigest()[:12]}",
-                      sources=[str(f) for f in sources], extra_cflags=cflags(),
-                      extra_ldflags=["-fopenmp"])
+        with build_lock(build_directory(name)):
+            module = load(name=name, sources=[str(f) for f in sorted(CSRC.glob("*.cpp"))],
+                          extra_cflags=cflags(), extra_ldflags=["-fopenmp"])
         if as_avx2():
             module.set_dense_avx2(True)
             module.set_quantized_avx2(True)
@@ -152,6 +187,50 @@ def build_cpu_kernels() -> tuple[ModuleType | None, str | None]:
     except Exception as exc:  # no compiler, no ninja, ...: fall back, loudly
         log.warning("CPU kernels unavailable (%s); using the PyTorch paths", exc)
         return None, f"{type(exc).__name__}: {exc}"
+
+
+def build_in_background() -> subprocess.Popen | None:
+    """Start compiling the kernels in a process of their own (`python3 -m model.cpu_kernel`),
+    unless they are built already; the caller stops it (stop_background_build) if it gives up
+    first. A server's first start prepares the model meanwhile, and its engine core, loading
+    the kernels, waits on build_lock until the module is there."""
+    try:
+        if (build_directory(module_name()) / f"{module_name()}.so").exists():
+            return None
+    except OSError:
+        return None
+    root = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+    return subprocess.Popen([sys.executable, "-m", "model.cpu_kernel", "--parent",
+                             str(os.getpid())], cwd=root, env=env, stdin=subprocess.DEVNULL,
+                            start_new_session=True)
+
+
+def stop_background_build(builder: subprocess.Popen | None, grace: float = 0.0) -> None:
+    """End a build_in_background process and its compilers (its process group) unless it
+    ends within `grace` seconds; reap it."""
+    if builder is None:
+        return
+    with suppress(subprocess.TimeoutExpired):
+        builder.wait(timeout=grace)
+    if builder.poll() is None:
+        with suppress(ProcessLookupError):
+            os.killpg(builder.pid, signal.SIGKILL)
+    builder.wait()
+
+
+def end_with_parent(parent: int) -> None:
+    """Linux: this process (a background build, the leader of its process group) and its
+    compilers end when `parent` does, whatever ends it (a server killed during its first
+    start leaves no compile behind)."""
+    signal.signal(signal.SIGTERM, lambda *_: os.killpg(0, signal.SIGKILL))
+    with suppress(OSError, AttributeError):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # it ended before the line above took effect
+        os.killpg(0, signal.SIGKILL)
 
 
 def load_cpu_kernels() -> ModuleType | None:
@@ -180,3 +259,20 @@ def load_fused_ops() -> ModuleType | None:
     """The fused small ops (RMSNorm with its residual add, RoPE, SwiGLU's activation): the
     kernels module itself, or None."""
     return load_cpu_kernels()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Build (or find) the kernels module: 0 if it loads, 1 if it cannot be built here."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Build the CPU kernels (cached after).")
+    parser.add_argument("--parent", type=int, help="end when this process ends")
+    args = parser.parse_args(argv)
+    if args.parent is not None:
+        end_with_parent(args.parent)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    return 0 if load_cpu_kernels() is not None else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
