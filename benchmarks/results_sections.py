@@ -196,6 +196,20 @@ def new_sections(folder: Path) -> list[Section]:
             ["startup-intel/before.json", "startup-intel/after.json"],
             startups("startup-intel", "after", "before")),
         Section(
+            "A first start from nothing on an Intel Xeon: compiling while the model is prepared",
+            "A first start with no prepared model as well (`--fresh-model`: the default "
+            "model's wheel fetched and converted, the kernels compiled, the threads "
+            "measured), to the first healthy `/health`, then a later start: `after` is "
+            "44d6510, which compiled the kernels in a background process while the API "
+            "process prepared the model (run first); `before` is 4c6cdc6, without it. On 2 "
+            "cores the two jobs already keep both cores busy, so the overlap was dropped.",
+            ["git worktree add --detach /tmp/after 44d6510",
+             "git worktree add --detach /tmp/before-bg 4c6cdc6",
+             "python3 benchmarks/startup.py results/startup-fresh-intel "
+             "after=/tmp/after/server.py before=/tmp/before-bg/server.py --fresh-model"],
+            ["startup-fresh-intel/after.json", "startup-fresh-intel/before.json"],
+            startups("startup-fresh-intel", "after", "before")),
+        Section(
             "Tool calls under load",
             "`benchmarks/structured.py --constraint tool` against `server.py`: 30 chat "
             "requests at once with one function tool and `tool_choice: \"required\"` (its "

@@ -96,32 +96,12 @@ class RemoteMetrics:
         return {"finished": float(self.finishes.total)}
 
 
-def compiles_kernels(config: EngineConfig, core: str) -> bool:
-    """Does this engine core use our CPU kernels (nano-vLLM's own core, on the CPU)?"""
-    from model.loader import pick_device
-
-    return core == PAGED_CORE and pick_device(config.device).type == "cpu"
-
-
 class EngineProcessClient:
     def __init__(self, config: EngineConfig, cpus: str | None = None,
                  start_timeout: float = START_TIMEOUT, core: str = PAGED_CORE) -> None:
         """Start the core process (pinned to `cpus`, e.g. "0,1"; default all; its engine
         core the class at `core`, "module:Class") and wait until it has loaded the model;
         EngineStartError if it exits or takes too long."""
-        from model.cpu_kernel import build_in_background, stop_background_build
-
-        # The kernels compile (a first start) while the model is prepared and the core starts.
-        builder = build_in_background() if compiles_kernels(config, core) else None
-        try:
-            self._start(config, cpus, start_timeout, core)
-        except BaseException:
-            stop_background_build(builder)
-            raise
-        stop_background_build(builder, grace=5.0)  # done: the core waited for it to load them
-
-    def _start(self, config: EngineConfig, cpus: str | None, start_timeout: float,
-               core: str) -> None:
         from model.gguf_source import load_tokenizer
         from model.prepare import resolve_model_dir
 

@@ -18,11 +18,8 @@ import fcntl
 import hashlib
 import logging
 import os
-import signal
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
 from types import ModuleType
@@ -130,9 +127,10 @@ def cpu_identity() -> str:
 
 def module_name() -> str:
     """The kernels module's name: keyed by the sources, this CPU and the flags (docstring)."""
+    files = sorted(CSRC.glob("*.cpp")) + sorted(CSRC.glob("*.h"))
     digest = hashlib.sha256()
-    for part in [*(f.read_bytes() for f in sorted(CSRC.glob("*.cpp")) + sorted(CSRC.glob("*.h"))),
-                 cpu_identity().encode(), *(flag.encode() for flag in cflags())]:
+    for part in [*(f.read_bytes() for f in files), cpu_identity().encode(),
+                 *(flag.encode() for flag in cflags())]:
         digest.update(part + b"\0")
     return f"nano_vllm_cpu_kernels_{digest.hexdigest()[:12]}"
 
@@ -189,50 +187,6 @@ def build_cpu_kernels() -> tuple[ModuleType | None, str | None]:
         return None, f"{type(exc).__name__}: {exc}"
 
 
-def build_in_background() -> subprocess.Popen | None:
-    """Start compiling the kernels in a process of their own (`python3 -m model.cpu_kernel`),
-    unless they are built already; the caller stops it (stop_background_build) if it gives up
-    first. A server's first start prepares the model meanwhile, and its engine core, loading
-    the kernels, waits on build_lock until the module is there."""
-    try:
-        if (build_directory(module_name()) / f"{module_name()}.so").exists():
-            return None
-    except OSError:
-        return None
-    root = str(Path(__file__).resolve().parents[1])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        p for p in (root, os.environ.get("PYTHONPATH")) if p)}
-    return subprocess.Popen([sys.executable, "-m", "model.cpu_kernel", "--parent",
-                             str(os.getpid())], cwd=root, env=env, stdin=subprocess.DEVNULL,
-                            start_new_session=True)
-
-
-def stop_background_build(builder: subprocess.Popen | None, grace: float = 0.0) -> None:
-    """End a build_in_background process and its compilers (its process group) unless it
-    ends within `grace` seconds; reap it."""
-    if builder is None:
-        return
-    with suppress(subprocess.TimeoutExpired):
-        builder.wait(timeout=grace)
-    if builder.poll() is None:
-        with suppress(ProcessLookupError):
-            os.killpg(builder.pid, signal.SIGKILL)
-    builder.wait()
-
-
-def end_with_parent(parent: int) -> None:
-    """Linux: this process (a background build, the leader of its process group) and its
-    compilers end when `parent` does, whatever ends it (a server killed during its first
-    start leaves no compile behind)."""
-    signal.signal(signal.SIGTERM, lambda *_: os.killpg(0, signal.SIGKILL))
-    with suppress(OSError, AttributeError):
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    if os.getppid() != parent:  # it ended before the line above took effect
-        os.killpg(0, signal.SIGKILL)
-
-
 def load_cpu_kernels() -> ModuleType | None:
     """The kernels module, or None if it could not be built here (cpu_kernels_error says
     why)."""
@@ -261,15 +215,8 @@ def load_fused_ops() -> ModuleType | None:
     return load_cpu_kernels()
 
 
-def main(argv: list[str] | None = None) -> int:
+def main() -> int:
     """Build (or find) the kernels module: 0 if it loads, 1 if it cannot be built here."""
-    import argparse
-
-    parser = argparse.ArgumentParser(description="Build the CPU kernels (cached after).")
-    parser.add_argument("--parent", type=int, help="end when this process ends")
-    args = parser.parse_args(argv)
-    if args.parent is not None:
-        end_with_parent(args.parent)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     return 0 if load_cpu_kernels() is not None else 1
 
