@@ -69,9 +69,18 @@ class FloatWatch:
         self.baseline = now
         for name, (tensor, copy) in self.kept.items():
             if not torch.equal(tensor, copy):
-                changed.append(f"{name} (changed in place)")
+                changed.append(f"{name} (changed in place: {describe_change(copy, tensor)})")
                 self.keep(name, tensor)
         return changed
+
+
+def describe_change(before: Tensor, after: Tensor) -> str:
+    """Where and by how much a tensor changed: a stray write and a rounding look different."""
+    differs = (before != after).reshape(before.shape[0], -1).any(-1).nonzero().flatten()
+    delta = (after.double() - before.double()).abs().max().item()
+    rows = differs.tolist()
+    shown = ", ".join(map(str, rows[:8])) + (", ..." if len(rows) > 8 else "")
+    return f"{len(rows)} rows of {before.shape[0]} (rows {shown}), max |change| {delta:.2e}"
 
 
 def rope_table_error(cos: Tensor, sin: Tensor, theta: float, positions: int = 256) -> float:

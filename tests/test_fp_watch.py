@@ -24,7 +24,8 @@ def test_a_table_changed_in_place_is_named_once():
     watch = FloatWatch()
     watch.keep("the table", table)
     table[500] += 1e-7
-    assert watch.changes() == ["the table (changed in place)"]
+    assert watch.changes() == ["the table (changed in place: 1 rows of 1000 (rows 500), "
+                               "max |change| 1.19e-07)"]
     assert watch.changes() == []
 
 
