@@ -18,9 +18,9 @@ beside it to share the GIL:
 
 A thread answers the API's metrics queries meanwhile. The process exits when told to
 (status 0), when the engine dies (after reporting the failure; status 70), or when its
-parent is gone (status 0): it never outlives the server. It ignores SIGINT and SIGTERM, which
-a terminal or a supervisor may send the whole process group: the server drains first, then
-tells the core to stop.
+parent is gone (status 0; while it loads, a watch thread checks): it never outlives the
+server. It ignores SIGINT and SIGTERM, which a terminal or a supervisor may send the whole
+process group: the server drains first, then tells the core to stop.
 """
 
 from __future__ import annotations
@@ -257,6 +257,18 @@ def core_class_at(path: str) -> type[EngineCore]:
     return getattr(importlib.import_module(module), name)
 
 
+def exit_if_orphaned_while(loading: threading.Event, parent: int) -> None:
+    """While the core loads (the model, a first start's kernel compile and thread
+    measurement: a minute or more), exit as soon as the server that started it is gone, as
+    the busy loop does between steps later: a server killed during its start-up leaves no
+    core behind (its kernel build's lock goes with it, model/cpu_kernel.build_lock)."""
+    while loading.is_set():
+        if os.getppid() != parent:
+            log.warning("the server process is gone while loading: stopping")
+            os._exit(0)
+        time.sleep(IDLE_POLL_MS / 1000)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="nano-vLLM's engine core process")
     parser.add_argument("--requests", required=True)
@@ -271,6 +283,10 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     parent = os.getppid()
+    loading = threading.Event()
+    loading.set()
+    threading.Thread(target=exit_if_orphaned_while, args=(loading, parent), daemon=True,
+                     name="parent-watch").start()
     pin_to({int(c) for c in args.cpus.split(",")} if args.cpus else None)
     try:
         config = decode_config(args.config)
@@ -281,6 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     if config.measure_threads != "no":
         choose_threads(engine.core, again=config.measure_threads == "again")
     addresses = {"requests": args.requests, "outputs": args.outputs, "metrics": args.metrics}
+    loading.clear()  # from here the busy loop checks the parent itself, between steps
     core = CoreProcess(engine, addresses, parent)
     code = core.run()
     core.outputs.close()  # lingers until what was sent is delivered

@@ -440,6 +440,32 @@ def test_the_core_exits_when_the_server_is_killed(tmp_path):
     wait_for(lambda: gone(core), timeout=5)
 
 
+def test_a_core_still_loading_exits_when_the_server_is_killed(tmp_path):
+    """kill -9 of the server while its core loads (a first start compiles the kernels for a
+    minute): the core exits at once, not when its loading ends."""
+    mark = tmp_path / "importing"
+    core_argv = [sys.executable, "-m", "engine.core_process", "--config", "{}",
+                 "--core", "tests.api.slow_core:Core",
+                 *(f"--{name}=ipc://{tmp_path}/{name}" for name in ("requests", "outputs",
+                                                                    "metrics"))]
+    server = subprocess.Popen(
+        [sys.executable, "-c", "import subprocess, sys, time\n"
+         "print(subprocess.Popen(sys.argv[1:]).pid, flush=True); time.sleep(120)", *core_argv],
+        cwd=ROOT, env={**os.environ, "SLOW_CORE_MARK": str(mark), "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE, text=True)
+    core = int(server.stdout.readline())
+    try:
+        wait_for(mark.exists, timeout=60)
+        server.kill()
+        server.wait()
+        wait_for(lambda: gone(core), timeout=5)
+    finally:
+        server.kill()
+        server.wait()
+        if not gone(core):
+            os.kill(core, signal.SIGKILL)
+
+
 def test_the_baseline_core_runs_in_a_core_process(tmp_path, server: RunningServer):
     """baseline_server.py behind the same front end: its core in a process of its own, an
     answer, /v1/models as the in-process engine says, and no pool for the dashboard."""
