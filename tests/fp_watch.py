@@ -6,7 +6,7 @@ test to the next (the rounding mode, denormal handling and kernel choice never c
 that the tables computed once at load (our RoPE cos/sin, Hugging Face's inverse frequencies)
 still hold what they held. If either changes, the comparisons fail far from the cause, in
 RoPE-heavy tests, by amounts that look like a precision bug. The watch checks both after each
-test (well under a millisecond) and names the first test after which something changed.
+test (about a millisecond) and names the first test after which something changed.
 """
 
 from __future__ import annotations
