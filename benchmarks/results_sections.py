@@ -203,10 +203,10 @@ def new_sections(folder: Path) -> list[Section]:
             "44d6510, which compiled the kernels in a background process while the API "
             "process prepared the model (run first); `before` is 4c6cdc6, without it. On 2 "
             "cores the two jobs already keep both cores busy, so the overlap was dropped.",
-            ["git worktree add --detach /tmp/after 44d6510",
+            ["git checkout 44d6510  # the tree measured as `after` (committed after the run)",
              "git worktree add --detach /tmp/before-bg 4c6cdc6",
-             "python3 benchmarks/startup.py results/startup-fresh-intel "
-             "after=/tmp/after/server.py before=/tmp/before-bg/server.py --fresh-model"],
+             "python3 benchmarks/startup.py results/startup-fresh-intel after=server.py "
+             "before=/tmp/before-bg/server.py --fresh-model"],
             ["startup-fresh-intel/after.json", "startup-fresh-intel/before.json"],
             startups("startup-fresh-intel", "after", "before")),
         Section(

@@ -40,7 +40,8 @@ class SpawnedCore:
         pinned to `cpus` (e.g. "0,1"; None: all), connecting to `addresses` (socket name to
         ZMQ address)."""
         argv = [sys.executable, "-m", "engine.core_process", "--config",
-                encode_config(config), "--core", core, *(["--cpus", cpus] if cpus else [])]
+                encode_config(config), "--core", core, "--parent", str(os.getpid()),
+                *(["--cpus", cpus] if cpus else [])]
         for name, address in addresses.items():
             argv += [f"--{name}", address]
         path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)

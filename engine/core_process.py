@@ -278,11 +278,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cpus", default=None, help="CPU ids to pin to, e.g. 0,1")
     parser.add_argument("--core", default=PAGED_CORE,
                         help="the engine core class, as module:Class")
+    parser.add_argument("--parent", type=int, default=None,
+                        help="the server's process id (default: this process's parent)")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server drains, then says stop
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    parent = os.getppid()
+    # From the server, which may have died while this process imported its modules.
+    parent = os.getppid() if args.parent is None else args.parent
     loading = threading.Event()
     loading.set()
     threading.Thread(target=exit_if_orphaned_while, args=(loading, parent), daemon=True,

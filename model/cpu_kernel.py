@@ -5,7 +5,9 @@ minute each, then cached under ~/.cache/torch_extensions). The build is keyed by
 source and by this CPU's model and instruction flags: `-march=native` code built on one
 CPU must not be loaded on another, and two checkouts with different sources must not
 rebuild over each other. If a kernel cannot be built, the caller is told (None) and
-falls back to a PyTorch path, loudly.
+falls back to a PyTorch path, loudly. One build at a time per module (build_lock): a
+build that died (a server stopped during its first start) does not stop the next one.
+`python3 -m model.cpu_kernel` builds the module ahead, e.g. into an image.
 
 NANO_VLLM_CPU=avx2 builds and runs everything as on a CPU with AVX2 and FMA but no AVX-512
 (`-march=x86-64-v3`, the AVX-512 flags hidden, the matmuls' AVX2 paths forced), so a
@@ -18,6 +20,8 @@ import fcntl
 import hashlib
 import logging
 import os
+import signal
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import cache
@@ -135,30 +139,59 @@ def module_name() -> str:
     return f"nano_vllm_cpu_kernels_{digest.hexdigest()[:12]}"
 
 
-def build_directory(name: str) -> Path:
+def build_directory(name: str) -> Path | None:
     """Where PyTorch builds (and caches) the module `name`: under $TORCH_EXTENSIONS_DIR, or
-    ~/.cache/torch_extensions."""
-    from torch.utils.cpp_extension import _get_build_directory
+    ~/.cache/torch_extensions; None if this PyTorch does not say (then no build_lock)."""
+    try:
+        from torch.utils.cpp_extension import _get_build_directory
 
-    return Path(_get_build_directory(name, verbose=False))
+        return Path(_get_build_directory(name, verbose=False))
+    except (ImportError, AttributeError, TypeError):
+        return None
 
 
 @contextmanager
-def build_lock(directory: Path) -> Iterator[None]:
+def build_lock(directory: Path | None) -> Iterator[None]:
     """Hold the build of the module in `directory` for this process.
 
     PyTorch's own lock is a file that its builder deletes when done: a builder that dies
     (a server stopped during its first start) leaves it behind, and every later start would
-    wait on it for ever. This lock is an flock, which the kernel drops with its holder; whoever
-    holds it is the only builder, so a PyTorch lock file found then is a dead one's."""
+    wait on it for ever. This lock is an flock in the same folder, which the kernel drops with
+    its holder; whoever holds it is the only live builder, so a PyTorch lock file found then
+    is a dead one's: the compilers that build may have left running (ninja starts each in a
+    process group of its own) are ended, and the file removed."""
+    if directory is None:
+        yield
+        return
     directory.mkdir(parents=True, exist_ok=True)
-    with open(directory.parent / f"{directory.name}.lock", "w") as held:
+    with open(directory / "nano-vllm.flock", "w") as held:
         fcntl.flock(held, fcntl.LOCK_EX)
         stale = directory / "lock"
         if stale.exists():
-            log.warning("removing %s, left by a kernel build that did not finish", stale)
+            ended = end_processes_working_in(directory)
+            log.warning("removing %s, left by a kernel build that did not finish%s", stale,
+                        f" (ended {ended} of its compilers)" if ended else "")
             stale.unlink()
         yield
+
+
+def end_processes_working_in(directory: Path, timeout: float = 10.0) -> int:
+    """SIGKILL every process whose working folder is `directory` or below (a dead build's
+    compilers: ninja runs them there); wait until they are gone. How many there were."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and Path(os.readlink(entry / "cwd")).is_relative_to(directory):
+                os.kill(int(entry.name), signal.SIGKILL)
+                pids.append(int(entry.name))
+        except OSError:  # gone meanwhile, or not ours to read
+            pass
+    deadline = time.monotonic() + timeout
+    while any(Path(f"/proc/{pid}/cwd").exists() for pid in pids):
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    return len(pids)
 
 
 @cache

@@ -6,13 +6,14 @@ test to the next (the rounding mode, denormal handling and kernel choice never c
 that the tables computed once at load (our RoPE cos/sin, Hugging Face's inverse frequencies)
 still hold what they held. If either changes, the comparisons fail far from the cause, in
 RoPE-heavy tests, by amounts that look like a precision bug. The watch checks both after each
-test (about a millisecond) and names the first test after which something changed.
+test and names the first test after which something changed.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -31,9 +32,18 @@ _ROUNDING = _fegetround()
 
 
 def fingerprint() -> dict[str, Tensor]:
-    """Results of the operations RoPE and the comparisons lean on, on small inputs (below
-    PyTorch's threshold for splitting work across threads, so the thread count cannot move
-    them); an odd length gives the vectorized loops a scalar tail too."""
+    """Results of the operations RoPE and the comparisons lean on, on small inputs, on one
+    thread (the engine sets the process's thread count as it goes, and a matmul may sum in
+    another order on two); an odd length gives the vectorized loops a scalar tail too."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _fingerprint()
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _fingerprint() -> dict[str, Tensor]:
     x = torch.linspace(0.001, 150.0, 4099)
     inv_freq = 1.0 / (100_000.0 ** (torch.arange(0, 64, 2).float() / 64))
     positions = torch.arange(100, 140).float()
@@ -55,10 +65,14 @@ class FloatWatch:
 
     def __init__(self) -> None:
         self.baseline = fingerprint()
-        self.kept: dict[str, tuple[Tensor, Tensor]] = {}  # name -> (the tensor, its copy)
+        # name -> (where the tensor is found, the tensor found there, a copy of its values)
+        self.kept: dict[str, tuple[Callable[[], Tensor], Tensor, Tensor]] = {}
 
-    def keep(self, name: str, tensor: Tensor) -> None:
-        self.kept[name] = (tensor, tensor.detach().clone())
+    def keep(self, name: str, find: Callable[[], Tensor]) -> None:
+        """Watch the tensor that `find` returns (e.g. a model's buffer, which `.to()` or a
+        swapped module would replace rather than change)."""
+        tensor = find()
+        self.kept[name] = (find, tensor, tensor.detach().clone())
 
     def changes(self) -> list[str]:
         """What differs from the session's start; the baseline then moves on, so a change is
@@ -67,10 +81,15 @@ class FloatWatch:
         changed = [name for name, value in now.items()
                    if not torch.equal(value, self.baseline[name])]
         self.baseline = now
-        for name, (tensor, copy) in self.kept.items():
-            if not torch.equal(tensor, copy):
-                changed.append(f"{name} (changed in place: {describe_change(copy, tensor)})")
-                self.keep(name, tensor)
+        for name, (find, tensor, copy) in self.kept.items():
+            found = find()
+            if found is not tensor:
+                changed.append(f"{name} (replaced by another tensor)")
+            elif not torch.equal(found, copy):
+                changed.append(f"{name} (changed in place: {describe_change(copy, found)})")
+            else:
+                continue
+            self.keep(name, find)
         return changed
 
 

@@ -19,10 +19,19 @@ def test_a_quiet_test_changes_nothing():
     assert watch.changes() == []
 
 
+def test_a_table_replaced_is_named_once():
+    holder = {"table": torch.linspace(0, 1, 1000)}
+    watch = FloatWatch()
+    watch.keep("the table", lambda: holder["table"])
+    holder["table"] = holder["table"].half().float()
+    assert watch.changes() == ["the table (replaced by another tensor)"]
+    assert watch.changes() == []
+
+
 def test_a_table_changed_in_place_is_named_once():
     table = torch.linspace(0, 1, 1000)
     watch = FloatWatch()
-    watch.keep("the table", table)
+    watch.keep("the table", lambda: table)
     table[500] += 1e-7
     assert watch.changes() == ["the table (changed in place: 1 rows of 1000 (rows 500), "
                                "max |change| 1.19e-07)"]

@@ -462,6 +462,7 @@ def test_a_core_still_loading_exits_when_the_server_is_killed(tmp_path):
     finally:
         server.kill()
         server.wait()
+        server.stdout.close()
         if not gone(core):
             os.kill(core, signal.SIGKILL)
 
