@@ -18,7 +18,7 @@ beside it to share the GIL:
 
 A thread answers the API's metrics queries meanwhile. The process exits when told to
 (status 0), when the engine dies (after reporting the failure; status 70), or when its
-parent is gone (status 0; while it loads, a watch thread checks): it never outlives the
+parent is gone (status 0; a thread watches, while it loads too): it never outlives the
 server. It ignores SIGINT and SIGTERM, which a terminal or a supervisor may send the whole
 process group: the server drains first, then tells the core to stop.
 """
@@ -73,7 +73,8 @@ log = logging.getLogger("nano_vllm.core")
 
 FAILURE_EXIT_CODE = 70  # as api/lifecycle.py's ENGINE_FAILURE_EXIT_CODE
 COMPILE_POLL_MS = 5  # with only requests whose grammar compiles: how soon to look again
-IDLE_POLL_MS = 200  # with nothing to do: how long to wait for a message (and check the parent)
+IDLE_POLL_MS = 200  # with nothing to do: how long to wait for a message
+PARENT_POLL_S = 0.2  # how often the watch thread looks for the server process
 PAGED_CORE = "engine.core:PagedEngineCore"  # --core's default: nano-vLLM's own
 
 
@@ -82,9 +83,8 @@ def no_custom_types(kind: type, value: object) -> object:
 
 
 class CoreProcess:
-    def __init__(self, engine: BatchEngine, addresses: dict[str, str], parent: int) -> None:
+    def __init__(self, engine: BatchEngine, addresses: dict[str, str]) -> None:
         self.engine = engine
-        self.parent = parent
         self.context = zmq.Context()
         self.requests = self._socket(zmq.PULL, addresses["requests"])
         self.outputs = self._socket(zmq.PUSH, addresses["outputs"])
@@ -121,9 +121,6 @@ class CoreProcess:
                         engine.snapshots is not None))
         try:
             while not self._stopping:
-                if os.getppid() != self.parent:
-                    log.warning("the server process is gone: stopping")
-                    return 0
                 self._take(0 if engine.has_work() else
                            COMPILE_POLL_MS if self._compiling else IDLE_POLL_MS)
                 self._queue_compiled()
@@ -257,16 +254,15 @@ def core_class_at(path: str) -> type[EngineCore]:
     return getattr(importlib.import_module(module), name)
 
 
-def exit_if_orphaned_while(loading: threading.Event, parent: int) -> None:
-    """While the core loads (the model, a first start's kernel compile and thread
-    measurement: a minute or more), exit as soon as the server that started it is gone, as
-    the busy loop does between steps later: a server killed during its start-up leaves no
-    core behind (its kernel build's lock goes with it, model/cpu_kernel.build_lock)."""
-    while loading.is_set():
-        if os.getppid() != parent:
-            log.warning("the server process is gone while loading: stopping")
-            os._exit(0)
-        time.sleep(IDLE_POLL_MS / 1000)
+def exit_when_orphaned(parent: int) -> None:
+    """Exit (status 0) as soon as the server that started this process is gone, whatever
+    the core is doing: loading (the model, a first start's kernel compile and thread
+    measurement, a minute or more; its kernel build's lock goes with it,
+    model/cpu_kernel.build_lock), stepping or idle."""
+    while os.getppid() == parent:
+        time.sleep(PARENT_POLL_S)
+    log.warning("the server process is gone: stopping")
+    os._exit(0)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -286,9 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     # From the server, which may have died while this process imported its modules.
     parent = os.getppid() if args.parent is None else args.parent
-    loading = threading.Event()
-    loading.set()
-    threading.Thread(target=exit_if_orphaned_while, args=(loading, parent), daemon=True,
+    threading.Thread(target=exit_when_orphaned, args=(parent,), daemon=True,
                      name="parent-watch").start()
     pin_to({int(c) for c in args.cpus.split(",")} if args.cpus else None)
     try:
@@ -300,8 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     if config.measure_threads != "no":
         choose_threads(engine.core, again=config.measure_threads == "again")
     addresses = {"requests": args.requests, "outputs": args.outputs, "metrics": args.metrics}
-    loading.clear()  # from here the busy loop checks the parent itself, between steps
-    core = CoreProcess(engine, addresses, parent)
+    core = CoreProcess(engine, addresses)
     code = core.run()
     core.outputs.close()  # lingers until what was sent is delivered
     return code

@@ -23,7 +23,7 @@ import os
 import signal
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from functools import cache
 from pathlib import Path
 from types import ModuleType
@@ -175,21 +175,28 @@ def build_lock(directory: Path | None) -> Iterator[None]:
         yield
 
 
-def end_processes_working_in(directory: Path, timeout: float = 10.0) -> int:
-    """SIGKILL every process whose working folder is `directory` or below (a dead build's
-    compilers: ninja runs them there); wait until they are gone. How many there were."""
-    pids = []
+def processes_working_in(directory: Path) -> list[int]:
+    """The live processes whose working folder is `directory` or below (a build's compilers:
+    ninja runs them there; a zombie has no working folder)."""
+    found = []
     for entry in Path("/proc").iterdir():
         try:
             if entry.name.isdigit() and Path(os.readlink(entry / "cwd")).is_relative_to(directory):
-                os.kill(int(entry.name), signal.SIGKILL)
-                pids.append(int(entry.name))
-        except OSError:  # gone meanwhile, or not ours to read
+                found.append(int(entry.name))
+        except OSError:  # gone meanwhile, a zombie, or not ours to read
             pass
+    return found
+
+
+def end_processes_working_in(directory: Path, timeout: float = 10.0) -> int:
+    """SIGKILL every process working in `directory` (a dead build's compilers); wait until
+    they are gone. How many there were."""
+    pids = processes_working_in(directory)
+    for pid in pids:
+        with suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + timeout
-    while any(Path(f"/proc/{pid}/cwd").exists() for pid in pids):
-        if time.monotonic() > deadline:
-            break
+    while processes_working_in(directory) and time.monotonic() < deadline:
         time.sleep(0.05)
     return len(pids)
 

@@ -8,8 +8,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,18 +17,11 @@ from model.cpu_kernel import (
     build_lock,
     end_processes_working_in,
     module_name,
+    processes_working_in,
 )
+from tests.api.test_lifecycle import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def wait_until(condition: Callable[[], object], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return condition()
 
 
 def test_a_dead_builders_lock_file_is_cleared(tmp_path):
@@ -76,27 +67,16 @@ def test_a_build_killed_midway_is_cleared_by_the_next(tmp_path, monkeypatch):
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                start_new_session=True)  # its own group: it and its ninja
     try:
-        assert wait_until(lambda: working_in(directory), 120), "no compiler ever started"
+        wait_for(lambda: processes_working_in(directory), timeout=120)  # compilers running
     finally:
         os.killpg(builder.pid, signal.SIGKILL)
         builder.wait()
     try:
         assert (directory / "lock").exists()
-        assert working_in(directory)  # the compilers outlive the build that started them
+        assert processes_working_in(directory)  # the compilers outlive the build that started them
         with build_lock(directory):
             assert not (directory / "lock").exists()
-            assert not working_in(directory)
+            assert not processes_working_in(directory)
     finally:
         end_processes_working_in(directory)
 
-
-def working_in(directory: Path) -> list[int]:
-    """The live processes whose working folder is `directory` or below (not zombies)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and Path(os.readlink(entry / "cwd")).is_relative_to(directory):
-                found.append(int(entry.name))
-        except OSError:  # gone meanwhile, or a zombie
-            pass
-    return found
