@@ -18,6 +18,7 @@ from api.security import AccessConfig
 from engine.config import EngineConfig
 from engine.core_client import EngineProcessClient, EngineStartError
 from engine.core_process import PAGED_CORE, core_class_at
+from engine.heap import freeze_startup_heap
 from engine.load import load_engine
 from model.prepare import MODEL_NAME, ModelPreparationError
 from model.quantized import QuantizedKernelUnavailable
@@ -59,6 +60,7 @@ def serve(engine: ServedEngine, args: argparse.Namespace, model_name: str,
                        timeout_graceful_shutdown=RESPONSE_GRACE_SECONDS),
         engine, args.shutdown_timeout, args.exit_on_engine_failure)
     engine.start()
+    freeze_startup_heap()  # what start-up made is never garbage: no collection walks it
     try:
         server.run()
     finally:

@@ -27,6 +27,7 @@ from ray import serve
 from api.app import create_app
 from deploy.asgi_call import ForwardedRequest, call_asgi
 from engine.config import EngineConfig
+from engine.heap import freeze_startup_heap
 from engine.load import load_engine
 
 REPLICA_HEADER = "x-nano-vllm-replica"
@@ -43,6 +44,7 @@ class EngineReplica:
         self.app = create_app(self.engine, model_name,
                               grammar_timeout=config.grammar_compile_timeout)
         self.engine.start()
+        freeze_startup_heap()  # see engine/heap.py
         self.replica_id = serve.get_replica_context().replica_id.unique_id
         log.info("replica %s (pid %d): %s", self.replica_id, os.getpid(),
                  self.engine.describe())

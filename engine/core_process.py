@@ -60,6 +60,7 @@ from engine.core_messages import (
     decode_config,
     open_socket,
 )
+from engine.heap import freeze_startup_heap
 from engine.load import load_engine
 from engine.request import Request, RequestOutput
 from engine.snapshot import EngineSnapshot
@@ -295,6 +296,7 @@ def main(argv: list[str] | None = None) -> int:
         choose_threads(engine.core, again=config.measure_threads == "again")
     addresses = {"requests": args.requests, "outputs": args.outputs, "metrics": args.metrics}
     core = CoreProcess(engine, addresses)
+    freeze_startup_heap()  # the model and its imports: no collection between steps walks them
     code = core.run()
     core.outputs.close()  # lingers until what was sent is delivered
     return code
