@@ -4,7 +4,6 @@ cap, and a Retry-After measured from the drain rate."""
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 
 import httpx
@@ -14,6 +13,7 @@ from engine.batch_engine import BatchEngine
 from engine.config import EngineConfig
 from tests.api.conftest import RunningServer, serve
 from tests.api.test_server import check_error, stats_when_idle
+from tests.waiting import wait_for
 
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
@@ -25,13 +25,6 @@ def one_seat_priority(model, tokenizer) -> Iterator[RunningServer]:
     config = EngineConfig(num_blocks=64, max_num_seqs=1, scheduling_policy="priority",
                           priority_aging=0, max_num_queued_tokens=120, max_waiting=8)
     yield from serve(BatchEngine(config, model, tokenizer))
-
-
-def wait_for(condition, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out waiting"
-        time.sleep(0.01)
 
 
 def occupy_seat(server: RunningServer, max_tokens: int) -> threading.Thread:

@@ -41,10 +41,10 @@ from tests.api.test_lifecycle import (
     START_TIMEOUT,
     StreamReader,
     small_server,
-    wait_for,
 )
 from tests.api.test_server import check_error, stream
 from tests.api.test_structured_outputs import ASK, ITEM, schema_format
+from tests.waiting import wait_for
 
 CHAT = "/v1/chat/completions"
 

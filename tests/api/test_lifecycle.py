@@ -20,6 +20,7 @@ from engine.batch_engine import BatchEngine
 from engine.config import EngineConfig
 from tests.api.conftest import RunningServer, serve
 from tests.api.test_server import check_error
+from tests.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPLETIONS = "/v1/completions"
@@ -65,13 +66,6 @@ class StreamReader(threading.Thread):
     def error(self) -> dict | None:
         return next((e["error"] for e in self.events if isinstance(e, dict) and "error" in e),
                     None)
-
-
-def wait_for(condition, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out waiting"
-        time.sleep(0.02)
 
 
 def test_a_dead_engine_fails_its_requests_and_refuses_new_ones(doomed):

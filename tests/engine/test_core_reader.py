@@ -15,6 +15,7 @@ import zmq
 
 from engine.core_messages import Failed, FromCore
 from engine.core_reader import OutputReader
+from tests.waiting import wait_for
 
 LAST = "last"
 
@@ -54,13 +55,6 @@ def sockets() -> Iterator[tuple[zmq.Socket, zmq.Socket]]:
 def send(push: zmq.Socket, *texts: str) -> None:
     for text in texts:
         push.send(msgspec.msgpack.encode(Failed(text)))
-
-
-def wait_for(condition, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.005)
 
 
 async def until(condition, timeout: float = 5.0) -> None:

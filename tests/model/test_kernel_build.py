@@ -19,7 +19,7 @@ from model.cpu_kernel import (
     module_name,
     processes_working_in,
 )
-from tests.api.test_lifecycle import wait_for
+from tests.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 
