@@ -242,7 +242,7 @@ async def run(args: argparse.Namespace) -> list[LevelResult]:
             status = f"error: {res.error}" if res.error else f"{res.tokens} tokens"
             print(f"warmup {i + 1}/{args.warmup}: {res.finish - res.send:.2f} s, {status}",
                   file=sys.stderr, flush=True)
-        levels, serial = [], 0
+        levels, serial = [], args.first_serial
         for users in args.users:
             results: list[UserResult] = []
             wall = 0.0
@@ -295,6 +295,10 @@ def parse_args() -> argparse.Namespace:
                    help="concurrency levels; each level starts that many users together")
     p.add_argument("--max-tokens", type=int, default=100, help="output tokens per request")
     p.add_argument("--rounds", type=int, default=1, help="repeat each level this many times")
+    p.add_argument("--first-serial", type=int, default=0,
+                   help="number the prompts from this (each prompt holds its number, so a "
+                        "later run against the same server sends new prompts only if it "
+                        "starts past the numbers an earlier run used)")
     p.add_argument("--system-repeats", type=int, default=0,
                    help="sentences (~10 tokens each) in the shared system prompt")
     p.add_argument("--results-dir", default="results", help="where to save {label}.json")

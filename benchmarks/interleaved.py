@@ -17,6 +17,11 @@ turn's figures in OUT/interleaved.json. Printed: each server's median over the t
 its median ratio to the first server within a turn, the statistic the drift cancels out
 of. Run nothing else meanwhile.
 
+Each turn sends prompts no earlier turn sent (bench.py --first-serial): the servers stay up
+from turn to turn, and one that keeps whole prompts cached would otherwise answer the second
+turn's from its cache. llama.cpp's server does (a slot keeps its last prompt): 30 users'
+first token came 1.7-1.8 s in with new prompts and 0.15 s in with the same prompts again.
+
 How memory was handed out matters too. On an Intel Xeon VM (family 6, model 167), after runs
 that had filled the page cache, the server started first streamed one user's fp32 tokens
 12% slower than identical servers started after it, whatever its place in a turn; with the
@@ -45,6 +50,9 @@ from benchmarks.results import BenchRun, InterleavedRun, Machine, result_path
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks" / "bench.py"
+# Turn t numbers its prompts from FIRST_SERIAL + SERIALS_PER_TURN * t: new prompts every
+# turn, of the same length in every turn (as many digits) for up to 899 turns of 1,000.
+FIRST_SERIAL, SERIALS_PER_TURN = 100_000, 1_000
 DEFAULT_LOAD = ["--users", "1", "--max-tokens", "100"]
 
 
@@ -102,7 +110,9 @@ def main(argv: list[str] | None = None) -> int:
                      ["--users", "1", "--max-tokens", "8"])
         for turn in range(1, args.turns + 1):
             for label, url in urls.items():
-                level = run_turn(f"{label}-{turn}", url, args.out, bench_flags).levels[0]
+                new_prompts = ["--first-serial", str(FIRST_SERIAL + SERIALS_PER_TURN * turn)]
+                level = run_turn(f"{label}-{turn}", url, args.out,
+                                 new_prompts + bench_flags).levels[0]
                 run.itl_p50_ms[label].append(level.itl_p50_ms or float("nan"))
                 run.throughput_tok_s[label].append(level.throughput_tok_s or float("nan"))
                 print(f"turn {turn} {label}: ITL p50 {level.itl_p50_ms:.2f} ms, "
