@@ -63,6 +63,7 @@ class Job:
     prompt_logprobs: dict[int, list[TokenLogprobs | None]] = field(default_factory=dict)
     streams: dict[int, Any] = field(default_factory=dict)  # what a stream keeps per choice
     cached_tokens: dict[int, int] = field(default_factory=dict)  # per prompt
+    client_id: str = ""  # the request's id as the client sees it (X-Request-Id)
 
     def record(self, prompt_index: int, output: RequestOutput) -> SampleResult:
         sample = self.samples.setdefault((prompt_index, output.sample_index), SampleResult())

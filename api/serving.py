@@ -14,8 +14,8 @@ import asyncio
 import threading
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator
-from contextlib import aclosing
+from collections.abc import AsyncIterator, Iterator
+from contextlib import aclosing, contextmanager
 from dataclasses import replace
 from typing import Any, ClassVar, Generic, TypeVar
 
@@ -58,6 +58,27 @@ def failure(output: RequestOutput) -> APIError:
     return APIError(output.error or "internal error", status=500, err_type="server_error")
 
 
+class Arrivals:
+    """How many requests this process's endpoints have taken in and not yet handed to the
+    engine (or refused): each request tells the engine how many are behind it, so that an
+    idle engine's first step waits for a burst's rest (engine/arrivals.py). Counted on the
+    event loop's thread only."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    @contextmanager
+    def taken_in(self) -> Iterator[None]:
+        self.count += 1
+        try:
+            yield
+        finally:
+            self.count -= 1
+
+
+ARRIVALS = Arrivals()
+
+
 async def remind(queue: asyncio.Queue[Any], seconds: float) -> None:
     """Put None in `queue` every `seconds`, until cancelled."""
     while True:
@@ -83,6 +104,15 @@ class OpenAIServing(ABC, Generic[Body]):
 
     async def create(self, body: Body, http_request: Request) -> Response:
         """Validate, submit, and answer with one JSON body or an SSE stream."""
+        with ARRIVALS.taken_in():
+            job = await self.take_in(body, http_request)
+        if body.stream:
+            return EventStream(self.events(job, body, http_request), ping=SSE_PING_SECONDS,
+                               headers={REQUEST_ID_HEADER: job.client_id})
+        return await self.collect(job, body, http_request, {REQUEST_ID_HEADER: job.client_id})
+
+    async def take_in(self, body: Body, http_request: Request) -> Job:
+        """Check the request, tokenize it and hand it to the engine: its job."""
         self.check_model(body)
         body.check_supported()
         body.check_samples(self.engine.max_num_seqs)
@@ -98,13 +128,9 @@ class OpenAIServing(ABC, Generic[Body]):
             params = [replace(p, grammar=grammar) for p in params]
         client_id = http_request.headers.get(REQUEST_ID_HEADER) or uuid.uuid4().hex
         job = Job(f"{self.request_id_prefix}-{client_id}", self.model_name, prompts, body.n,
-                  body.num_samples())
-        self.submit(job, params, body.request_timeout, body.priority)
-        headers = {REQUEST_ID_HEADER: client_id}
-        if body.stream:
-            return EventStream(self.events(job, body, http_request), ping=SSE_PING_SECONDS,
-                               headers=headers)
-        return await self.collect(job, body, http_request, headers)
+                  body.num_samples(), client_id=client_id)
+        self.submit(job, params, body.request_timeout, body.priority, ARRIVALS.count - 1)
+        return job
 
     async def compile_grammar(self, spec: GrammarSpec) -> CompiledGrammar:
         """The spec compiled off the engine thread (or cached); a 400 naming the problem
@@ -123,11 +149,12 @@ class OpenAIServing(ABC, Generic[Body]):
                            f"'{self.model_name}'.", "model", status=404, code="model_not_found")
 
     def submit(self, job: Job, params: list[SamplingParams], timeout: float | None = None,
-               priority: int = 0) -> None:
+               priority: int = 0, behind: int = 0) -> None:
         """One engine request per prompt (unique ids, whatever the client's id); outputs go
         to job.queue tagged with their prompt's index. `timeout`: the request's own deadline,
-        seconds from now. All or none are submitted: a full line is a 429 with the engine's
-        Retry-After, an engine that takes no requests (it is shutting down, or dead) a 503."""
+        seconds from now; `behind`: other requests taken in and not yet submitted. All or none
+        are submitted: a full line is a 429 with the engine's Retry-After, an engine that
+        takes no requests (it is shutting down, or dead) a 503."""
         loop, loop_thread = asyncio.get_running_loop(), threading.get_ident()
         engine_id = f"{self.request_id_prefix}-{uuid.uuid4().hex}"
         for i, (prompt, prompt_params) in enumerate(zip(job.prompts, params, strict=True)):
@@ -139,9 +166,9 @@ class OpenAIServing(ABC, Generic[Body]):
 
             request_id = f"{engine_id}-{i}"
             try:
-                self.engine.add_request(EngineRequest(request_id, prompt.token_ids,
-                                                      prompt_params, deliver, timeout=timeout,
-                                                      priority=priority))
+                self.engine.add_request(EngineRequest(
+                    request_id, prompt.token_ids, prompt_params, deliver, timeout=timeout,
+                    priority=priority, arrivals_behind=behind + len(job.prompts) - 1 - i))
             except QueueFullError as exc:
                 for submitted in job.request_ids:
                     self.engine.abort(submitted)

@@ -40,6 +40,7 @@ from engine.admission import (
     LineTracker,
     check_samples,
 )
+from engine.arrivals import gather
 from engine.config import EngineConfig
 from engine.core import EngineCore, EngineStats, PagedEngineCore, StepResult
 from engine.in_flight import InFlight
@@ -286,6 +287,16 @@ class BatchEngine:
                 self.snapshot_when_idle()
                 self._wakeup.wait(timeout=1.0)
                 self._wakeup.clear()  # anything that arrived meanwhile is seen above
+                gather(self._arrivals_behind, self._wait_for_arrival)  # engine/arrivals.py
+
+    def _arrivals_behind(self) -> int:
+        """What the latest arrival says is still coming (0 with none waiting)."""
+        with self._lock:
+            return self._inbox[-1].arrivals_behind if self._inbox else 0
+
+    def _wait_for_arrival(self, seconds: float) -> None:
+        self._wakeup.wait(timeout=seconds)
+        self._wakeup.clear()
 
     def _answer_block_queries(self) -> None:
         with self._lock:

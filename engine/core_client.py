@@ -235,7 +235,7 @@ class EngineProcessClient:
             message = self._encoder.encode(AddRequest(
                 self._seq, request.request_id, request.prompt_token_ids,
                 replace(params, grammar=None), grammar, time.monotonic() - request.arrival_time,
-                request.priority, request.timeout))
+                request.priority, request.timeout, request.arrivals_behind))
             self.in_flight.add(request)  # first: the core's first Report may be back at once
             self._send_encoded(message)
             self._unacked.append((self._seq, request.num_prompt_tokens))

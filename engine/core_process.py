@@ -10,7 +10,8 @@ beside it to share the GIL:
    already), aborts, the samples whose text reached a stop string there (the API process
    detokenizes: this one sends token ids), the end of every request at a drain's timeout,
    shutdown; for the dashboard, that someone watches, and queries for a cached-free block's
-   content (answered at once: between steps, this thread may read the pool);
+   content (answered at once: between steps, this thread may read the pool); after an idle
+   spell, also the rest of a burst its first request announces (engine/arrivals.py);
 2. one step of the engine;
 3. send the outputs that step produced (token ids, no text), and the core's counts, as one
    Report; and the
@@ -28,6 +29,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import math
 import os
 import signal
 import sys
@@ -38,6 +40,7 @@ from concurrent.futures import Future
 import msgspec
 import zmq
 
+from engine.arrivals import gather
 from engine.batch_engine import BatchEngine
 from engine.core import EngineCore
 from engine.core_messages import (
@@ -99,6 +102,7 @@ class CoreProcess:
         self._compiling: dict[str, tuple[Future[CompiledGrammar], AddRequest]] = {}
         self._pending: list[tuple[str, RequestOutput]] = []  # filled by the step's callbacks
         self._received = 0  # the last AddRequest.seq received
+        self._behind = 0  # the last AddRequest.behind received
         self._stopping = False
         self._sent_snapshot: EngineSnapshot | None = None
 
@@ -122,8 +126,7 @@ class CoreProcess:
                         engine.snapshots is not None))
         try:
             while not self._stopping:
-                self._take(0 if engine.has_work() else
-                           COMPILE_POLL_MS if self._compiling else IDLE_POLL_MS)
+                self._take_messages()
                 self._queue_compiled()
                 if engine.has_work():
                     engine.guarded_step()
@@ -153,6 +156,15 @@ class CoreProcess:
             self._sent_snapshot = board.latest
             self.send(Snapshot(msgspec.json.encode(board.latest)))
 
+    def _take_messages(self) -> None:
+        """What the API process sent: waiting for it while there is nothing to do, and after
+        an idle spell, the rest of the burst the first request announces (engine/arrivals.py)."""
+        idle = not self.engine.has_work()
+        self._take(0 if not idle else COMPILE_POLL_MS if self._compiling else IDLE_POLL_MS)
+        if idle and self.engine.has_work():
+            gather(lambda: self._behind, lambda seconds: self._take(math.ceil(seconds * 1000)))
+        self._behind = 0  # said once: a later idle spell waits only for what it is told
+
     def _take(self, timeout_ms: int) -> None:
         """Handle every message waiting, after waiting up to `timeout_ms` for the first."""
         if not self.requests.poll(timeout_ms):
@@ -168,6 +180,7 @@ class CoreProcess:
         engine = self.engine
         if isinstance(message, AddRequest):
             self._received = message.seq
+            self._behind = message.behind
             self._add(message)
         elif isinstance(message, Abort):
             self._queue_compiled(message.request_id)  # so that it ends as any other does

@@ -121,6 +121,9 @@ class Request:
     on_output: Callable[[RequestOutput], None]  # must be safe to call from the engine thread
     arrival_time: float = field(default_factory=time.monotonic)
     priority: int = 0  # --scheduling-policy priority: lower is seated first
+    # Requests the HTTP process had taken in and not yet sent when it sent this one: after an
+    # idle spell the first step waits for them (engine/arrivals.py).
+    arrivals_behind: int = 0
 
     status: Status = Status.WAITING
     token_ids: list[int] = field(init=False)  # prompt, then every generated token

@@ -1,0 +1,115 @@
+"""engine/arrivals.py: after an idle spell, the first step waits for the rest of a burst its
+first request announces, and for nothing when none is announced. `gather` alone; the engine
+core process's intake over a real socket with a stand-in engine; the in-process engine."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import msgspec
+import zmq
+
+from engine.arrivals import GATHER_LIMIT_S, gather
+from engine.core_messages import AddRequest, ToCore, open_socket
+from engine.core_process import CoreProcess, no_custom_types
+from engine.request import Request, RequestOutput, SamplingParams
+from tests.engine.test_engine import make_engine, record_step_tokens
+from tests.waiting import wait_for
+
+SPACING_S = 0.008  # between a burst's requests: well inside GATHER_LIMIT_S for four
+assert SPACING_S * 4 < GATHER_LIMIT_S / 1.5
+
+
+def test_gather_takes_in_until_nothing_is_announced() -> None:
+    announced = [2]
+    waits: list[float] = []
+
+    def take(seconds: float) -> None:
+        waits.append(seconds)
+        announced[0] -= 1
+
+    gather(lambda: announced[0], take)
+    assert len(waits) == 2 and announced[0] == 0
+
+
+def test_gather_waits_for_nothing_unannounced_and_gives_up_at_its_limit() -> None:
+    gather(lambda: 0, lambda seconds: (_ for _ in ()).throw(AssertionError("waited")))
+    start = time.monotonic()
+    gather(lambda: 1, time.sleep, limit_s=0.03)  # announced, never comes
+    assert 0.03 <= time.monotonic() - start < 0.03 + 0.05
+
+
+class Engine:
+    """The core's engine, as its intake sees it: requests queued."""
+
+    def __init__(self) -> None:
+        self.queued: list[str] = []
+
+    def has_work(self) -> bool:
+        return bool(self.queued)
+
+    def enqueue(self, request: Request) -> None:
+        self.queued.append(request.request_id)
+
+
+def send_burst(address: str, behind: list[int]) -> threading.Thread:
+    """AddRequests with these `behind` counts, SPACING_S apart, from a thread."""
+    def run() -> None:
+        context = zmq.Context.instance()
+        push = open_socket(context, zmq.PUSH, address, bind=False, linger_ms=1000)
+        encoder = msgspec.msgpack.Encoder()
+        for i, count in enumerate(behind):
+            time.sleep(SPACING_S if i else 0)
+            push.send(encoder.encode(AddRequest(i + 1, f"r{i}", [1, 2, 3],
+                                                SamplingParams(max_tokens=1), None, 0.0,
+                                                behind=count)))
+        push.close()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+def intake_of(behind: list[int]) -> list[str]:
+    """What an idle core's intake takes in, in one call, of a burst sent with `behind`."""
+    address = f"inproc://arrivals-{id(behind)}"
+    context = zmq.Context.instance()
+    core = CoreProcess.__new__(CoreProcess)  # no engine, no outputs: the intake only
+    core.engine, core.requests = Engine(), open_socket(context, zmq.PULL, address, bind=True,
+                                                        linger_ms=0)
+    core._decoder = msgspec.msgpack.Decoder(ToCore, dec_hook=no_custom_types)
+    core._compiling, core._pending, core._received, core._behind = {}, [], 0, 0
+    sender = send_burst(address, behind)
+    try:
+        core._take_messages()
+        return list(core.engine.queued)
+    finally:
+        sender.join()
+        core.requests.close()
+
+
+def test_an_idle_core_takes_in_the_announced_burst_before_its_first_step() -> None:
+    assert intake_of([3, 2, 1, 0]) == ["r0", "r1", "r2", "r3"]
+
+
+def test_an_idle_core_starts_at_once_for_a_request_that_announces_none() -> None:
+    assert intake_of([0, 0]) == ["r0"]
+
+
+def test_the_in_process_engine_seats_an_announced_burst_in_one_step(model, tokenizer) -> None:
+    engine = make_engine(model, tokenizer)
+    steps = record_step_tokens(engine)
+    done: list[RequestOutput] = []
+    prompts = [tokenizer(f"Question {i}: why is the sky blue?").input_ids for i in range(4)]
+    engine.start()
+    try:
+        time.sleep(0.05)  # idle
+        for i, ids in enumerate(prompts):
+            time.sleep(SPACING_S if i else 0)
+            engine.add_request(Request(str(i), ids, SamplingParams(max_tokens=1, temperature=0),
+                                       done.append, arrivals_behind=len(prompts) - 1 - i))
+        wait_for(lambda: sum(o.finished for o in done) == len(prompts), timeout=60)
+    finally:
+        engine.shutdown()
+    assert steps[0] == sum(len(ids) for ids in prompts)  # all four prompts in the first step
