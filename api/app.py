@@ -53,7 +53,7 @@ from api.responses import (
 from api.responses_messages import STREAM_EVENTS as MESSAGE_EVENTS
 from api.responses_messages import MessageResponse, TokenCount
 from api.security import AccessConfig, guard, install_access
-from api.serving import REQUEST_ID_HEADER
+from api.serving import REQUEST_ID_HEADER, Arrivals
 from api.serving_chat import ChatServing
 from api.serving_completion import CompletionServing
 from api.serving_messages import MessagesServing
@@ -128,10 +128,11 @@ def create_app(engine: EngineClient, model_name: str, access: AccessConfig | Non
     install_access(app, access or AccessConfig())                   # carries CORS headers
     install_error_handlers(app)
     grammars = GrammarCompiler(engine.tokenizer, grammar_timeout)  # one cache for both
-    completion_serving = CompletionServing(engine, model_name, grammars, bound)
-    chat_serving = ChatServing(engine, model_name, grammars, bound)
-    responses_serving = ResponsesServing(engine, model_name, grammars, bound)
-    messages_serving = MessagesServing(engine, model_name, grammars, bound)
+    arrivals = Arrivals()  # requests being checked, for every endpoint (engine/arrivals.py)
+    completion_serving = CompletionServing(engine, model_name, grammars, bound, arrivals)
+    chat_serving = ChatServing(engine, model_name, grammars, bound, arrivals)
+    responses_serving = ResponsesServing(engine, model_name, grammars, bound, arrivals)
+    messages_serving = MessagesServing(engine, model_name, grammars, bound, arrivals)
     tokenization = TokenizationServing(engine, completion_serving.accepted_model_names)
     created = int(time.time())
     guarded = guard(app)

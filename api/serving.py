@@ -59,10 +59,10 @@ def failure(output: RequestOutput) -> APIError:
 
 
 class Arrivals:
-    """How many requests this process's endpoints have taken in and not yet handed to the
-    engine (or refused): each request tells the engine how many are behind it, so that an
-    idle engine's first step waits for a burst's rest (engine/arrivals.py). Counted on the
-    event loop's thread only."""
+    """How many requests an app's endpoints are checking and tokenizing: each request handed
+    to the engine says how many are behind it, so that an idle engine's first step waits for
+    a burst's rest (engine/arrivals.py). One per app, counted on its event loop's thread.
+    A request whose grammar compiles after that is not counted: it may take seconds."""
 
     def __init__(self) -> None:
         self.count = 0
@@ -75,8 +75,6 @@ class Arrivals:
         finally:
             self.count -= 1
 
-
-ARRIVALS = Arrivals()
 
 
 async def remind(queue: asyncio.Queue[Any], seconds: float) -> None:
@@ -93,8 +91,10 @@ class OpenAIServing(ABC, Generic[Body]):
 
     def __init__(self, engine: EngineClient, model_name: str,
                  grammars: GrammarCompiler | None = None,
-                 prompt_bound: PromptBound | None = None) -> None:
+                 prompt_bound: PromptBound | None = None,
+                 arrivals: Arrivals | None = None) -> None:
         self.engine = engine
+        self.arrivals = arrivals or Arrivals()  # create_app shares one among its endpoints
         self.grammars = grammars or GrammarCompiler(engine.tokenizer)
         self.prompt_bound = prompt_bound or PromptBound(engine.tokenizer)
         self.tokenizer = engine.tokenizer
@@ -104,8 +104,7 @@ class OpenAIServing(ABC, Generic[Body]):
 
     async def create(self, body: Body, http_request: Request) -> Response:
         """Validate, submit, and answer with one JSON body or an SSE stream."""
-        with ARRIVALS.taken_in():
-            job = await self.take_in(body, http_request)
+        job = await self.take_in(body, http_request)
         if body.stream:
             return EventStream(self.events(job, body, http_request), ping=SSE_PING_SECONDS,
                                headers={REQUEST_ID_HEADER: job.client_id})
@@ -113,13 +112,14 @@ class OpenAIServing(ABC, Generic[Body]):
 
     async def take_in(self, body: Body, http_request: Request) -> Job:
         """Check the request, tokenize it and hand it to the engine: its job."""
-        self.check_model(body)
-        body.check_supported()
-        body.check_samples(self.engine.max_num_seqs)
-        body.check_priority(self.engine.scheduling_policy)
-        # Tokenizing (and rendering a chat template) takes time in the prompt's length: on a
-        # worker thread, so that other requests' streams keep flowing meanwhile.
-        prompts = await run_in_threadpool(self.prompts, body)
+        with self.arrivals.taken_in():  # requests handed over meanwhile announce this one
+            self.check_model(body)
+            body.check_supported()
+            body.check_samples(self.engine.max_num_seqs)
+            body.check_priority(self.engine.scheduling_policy)
+            # Tokenizing (and rendering a chat template) takes time in the prompt's length: on
+            # a worker thread, so that other requests' streams keep flowing meanwhile.
+            prompts = await run_in_threadpool(self.prompts, body)
         params = [body.to_sampling_params(len(p.token_ids), self.engine.max_tokens_per_request,
                                           len(self.tokenizer)) for p in prompts]
         spec = body.grammar_spec()
@@ -129,7 +129,7 @@ class OpenAIServing(ABC, Generic[Body]):
         client_id = http_request.headers.get(REQUEST_ID_HEADER) or uuid.uuid4().hex
         job = Job(f"{self.request_id_prefix}-{client_id}", self.model_name, prompts, body.n,
                   body.num_samples(), client_id=client_id)
-        self.submit(job, params, body.request_timeout, body.priority, ARRIVALS.count - 1)
+        self.submit(job, params, body.request_timeout, body.priority, self.arrivals.count)
         return job
 
     async def compile_grammar(self, spec: GrammarSpec) -> CompiledGrammar:

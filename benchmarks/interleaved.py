@@ -17,10 +17,10 @@ turn's figures in OUT/interleaved.json. Printed: each server's median over the t
 its median ratio to the first server within a turn, the statistic the drift cancels out
 of. Run nothing else meanwhile.
 
-Each turn sends prompts no earlier turn sent (bench.py --first-serial): the servers stay up
-from turn to turn, and one that keeps whole prompts cached would otherwise answer the second
-turn's from its cache. llama.cpp's server does (a slot keeps its last prompt): 30 users'
-first token came 1.7-1.8 s in with new prompts and 0.15 s in with the same prompts again.
+Each turn sends prompts no earlier turn sent (bench.py --first-serial; BENCH FLAGS may not
+set it): the servers stay up from turn to turn, and one that keeps whole prompts cached would
+otherwise answer the second turn's from its cache. llama.cpp's server does (a slot keeps its
+last prompt): docs/results.md, *30 users against llama.cpp, interleaved*.
 
 How memory was handed out matters too. On an Intel Xeon VM (family 6, model 167), after runs
 that had filled the page cache, the server started first streamed one user's fp32 tokens
@@ -51,7 +51,8 @@ from benchmarks.results import BenchRun, InterleavedRun, Machine, result_path
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks" / "bench.py"
 # Turn t numbers its prompts from FIRST_SERIAL + SERIALS_PER_TURN * t: new prompts every
-# turn, of the same length in every turn (as many digits) for up to 899 turns of 1,000.
+# turn, of the same length in every turn (as many digits), for up to 899 turns of at most
+# 1,000 prompts (users x rounds, over all levels).
 FIRST_SERIAL, SERIALS_PER_TURN = 100_000, 1_000
 DEFAULT_LOAD = ["--users", "1", "--max-tokens", "100"]
 
@@ -96,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.drop_caches:
         drop_caches()
     bench_flags = bench_flags or DEFAULT_LOAD
+    if any(flag.startswith("--first-serial") for flag in bench_flags):
+        parser.error("--first-serial is set per turn, so that every turn sends new prompts")
     run = InterleavedRun(Machine.this_one(), time.strftime("%Y-%m-%dT%H:%M:%S"), bench_flags,
                          {label: shlex.join(command) for label, command in args.servers},
                          {label: [] for label, _ in args.servers},

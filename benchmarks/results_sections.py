@@ -346,11 +346,13 @@ def new_sections(folder: Path) -> list[Section]:
             "30 users against llama.cpp, interleaved",
             "Both servers up at once, 30 users x 100 tokens to each in turn, three turns. "
             "llama.cpp serves the Q4_1 file with `--no-repack` (as in the section above). "
-            "Every turn sends prompts no earlier turn sent (interleaved.py); in an earlier "
-            "run, whose turns after the first repeated the first turn's prompts, llama.cpp "
-            "answered those from its slots' cache (30 users' first token in about 0.15 s "
-            "instead of 1.5-1.7 s), and the fp32 throughput ratio per turn came to 2.07, "
-            "1.89 and 1.99 (465, 474, 483 against 225, 251, 243 tok/s) on this tree.",
+            "Every turn sends prompts no earlier turn sent (interleaved.py). An earlier fp32 "
+            "run on the same engine, whose turns after the first repeated the first turn's "
+            "prompts (the harness before that change), is saved in "
+            "`results/vs-llama-cpp-30-users/f32-repeated-prompts/`: llama.cpp answered the "
+            "repeats from its slots' cache, 30 users' first token at 153 and 157 ms in turns "
+            "2 and 3 against 1,609 ms in turn 1, and our throughput over its came to 2.07, "
+            "1.89 and 1.99 per turn.",
             ["python3 benchmarks/interleaved.py results/vs-llama-cpp-30-users/f32 "
              '"nano-vllm=python3 server.py --port {port}" "llama-cpp=bash '
              'benchmarks/llama_cpp.sh serve f32 {port}" --turns 3 -- --users 30 --max-tokens 100',

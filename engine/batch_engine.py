@@ -287,7 +287,8 @@ class BatchEngine:
                 self.snapshot_when_idle()
                 self._wakeup.wait(timeout=1.0)
                 self._wakeup.clear()  # anything that arrived meanwhile is seen above
-                gather(self._arrivals_behind, self._wait_for_arrival)  # engine/arrivals.py
+                gather(self._arrivals_behind, self._wait_for_arrival,  # engine/arrivals.py
+                       self.config.burst_wait_ms / 1000)
 
     def _arrivals_behind(self) -> int:
         """What the latest arrival says is still coming (0 with none waiting)."""

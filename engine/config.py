@@ -41,6 +41,7 @@ class EngineConfig:
     scheduling_policy: str = "fcfs"  # "fcfs" or "priority" (lower `priority` first)
     priority_aging: float = 10.0  # priority: seconds of waiting worth one level; 0 = none
     grammar_compile_timeout: float = 5.0  # structured outputs: seconds to compile a grammar
+    burst_wait_ms: float = 50.0  # after an idle spell, the longest wait for a burst's rest
     speculative: SpeculativeConfig | None = None  # n-gram speculative decoding; None = off
     chat_template: str | None = None  # a Jinja file replacing the model's chat template
 
@@ -126,6 +127,11 @@ class EngineConfig:
                             default=d.grammar_compile_timeout,
                             help="a structured output's grammar that takes longer to compile "
                                  "gets HTTP 400")
+        parser.add_argument("--burst-wait-ms", type=float, default=d.burst_wait_ms,
+                            help="after an idle spell, the first step waits up to this long "
+                                 "for the requests the HTTP process says are on their way "
+                                 "(users who sent theirs at the same moment), so they start "
+                                 "together; 0: start at once")
         parser.add_argument("--speculative-config", default=None,
                             help="speculative decoding by n-gram prompt lookup, as JSON with "
                                  "vLLM's keys, e.g. '{\"method\": \"ngram\", "
@@ -158,6 +164,7 @@ class EngineConfig:
                      scheduling_policy=args.scheduling_policy,
                      priority_aging=args.priority_aging,
                      grammar_compile_timeout=args.grammar_compile_timeout,
+                     burst_wait_ms=args.burst_wait_ms,
                      speculative=(None if args.speculative_config is None
                                   else SpeculativeConfig.from_json(args.speculative_config)),
                      chat_template=args.chat_template)
@@ -195,6 +202,8 @@ class EngineConfig:
             raise ValueError("--priority-aging must be 0 or more seconds")
         if not self.grammar_compile_timeout > 0:
             raise ValueError("--grammar-compile-timeout must be above 0")
+        if not self.burst_wait_ms >= 0:
+            raise ValueError("--burst-wait-ms must be 0 or more")
 
 
 def threshold_arg(text: str) -> int | str:

@@ -161,8 +161,9 @@ class CoreProcess:
         an idle spell, the rest of the burst the first request announces (engine/arrivals.py)."""
         idle = not self.engine.has_work()
         self._take(0 if not idle else COMPILE_POLL_MS if self._compiling else IDLE_POLL_MS)
-        if idle and self.engine.has_work():
-            gather(lambda: self._behind, lambda seconds: self._take(math.ceil(seconds * 1000)))
+        if idle and (self.engine.has_work() or self._compiling):
+            gather(lambda: self._behind, lambda seconds: self._take(math.ceil(seconds * 1000)),
+                   self.engine.config.burst_wait_ms / 1000)
         self._behind = 0  # said once: a later idle spell waits only for what it is told
 
     def _take(self, timeout_ms: int) -> None:

@@ -68,3 +68,10 @@ def test_every_turn_sends_new_prompts_the_same_to_every_server(tmp_path: Path) -
     warm_up, one, two = turns["first"]
     assert len(one) == 3 and len(two) == 3
     assert not one & two and not warm_up & (one | two)
+
+
+def test_bench_flags_may_not_set_the_prompt_numbers(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "benchmarks/interleaved.py", str(tmp_path),
+                           f"one={sys.executable} -c pass {{port}}", "--", "--first-serial", "5"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "--first-serial is set per turn" in done.stderr
