@@ -76,7 +76,6 @@ class Arrivals:
             self.count -= 1
 
 
-
 async def remind(queue: asyncio.Queue[Any], seconds: float) -> None:
     """Put None in `queue` every `seconds`, until cancelled."""
     while True:

@@ -285,8 +285,7 @@ class BatchEngine:
                 self.guarded_step()
             else:
                 self.snapshot_when_idle()
-                self._wakeup.wait(timeout=1.0)
-                self._wakeup.clear()  # anything that arrived meanwhile is seen above
+                self._wait_for_arrival(1.0)  # anything that arrived meanwhile is seen above
                 gather(self._arrivals_behind, self._wait_for_arrival,  # engine/arrivals.py
                        self.config.burst_wait_ms / 1000)
 
@@ -296,6 +295,7 @@ class BatchEngine:
             return self._inbox[-1].arrivals_behind if self._inbox else 0
 
     def _wait_for_arrival(self, seconds: float) -> None:
+        """Sleep until something is handed to the engine, or `seconds` pass."""
         self._wakeup.wait(timeout=seconds)
         self._wakeup.clear()
 

@@ -52,7 +52,7 @@ class AddRequest(msgspec.Struct, tag=True):
     age: float  # seconds since arrival when sent (the processes' clocks need not agree)
     priority: int = 0
     timeout: float | None = None
-    behind: int = 0  # Request.arrivals_behind: requests taken in, not yet sent, after this one
+    behind: int = 0  # Request.arrivals_behind: others still being checked when this was sent
 
 
 class Abort(msgspec.Struct, tag=True):
