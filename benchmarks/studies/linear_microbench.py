@@ -9,8 +9,7 @@ Paths: ours (model/dense_linear.py's PackedLinear), ours-avx2 (the same, its AVX
 where the CPU would run the AVX-512 one; packed at the AVX-512 path's panel widths unless
 --panel is given, 32 being the AVX2 path's own), ours-noamx (bf16 without the AMX path, where
 the CPU has AMX), ours-dot and ours-fma (bf16 without AMX, by vdpbf16ps and by FMAs on
-widened weights, whichever this CPU would pick), ours-amx (fp32 on AMX as three bf16 pieces
-of every value, where the CPU has AMX), ours-1stream and ours-avx2-1stream (one row
+widened weights, whichever this CPU would pick), ours-1stream and ours-avx2-1stream (one row
 reading one panel after another instead of several side by side), `x @ weight_t` (what
 model/layers.py's Linear does), and oneDNN with its weights reordered once
 (`torch.ops.mkldnn._reorder_linear_weight` + `torch.ops.mkldnn._linear_pointwise`).
@@ -35,26 +34,22 @@ from model.dense_linear import load_dense_linear
 
 ROWS = [1, 2, 4, 8, 16, 30, 64]
 AMX_ROWS, AMX_CHUNK = 8, 0  # the kernel's defaults (model/csrc/dense_linear.cpp)
-AMX_F32_ROWS, AMX_F32_CHUNK = 0, 64
 # Our paths' kernel settings: (AVX2 forced, AMX from rows, bf16 by FMAs: 1, 0, or -1 as chosen,
-# one row's panels side by side, fp32 on AMX from rows).
-OUR_PATHS = {"ours": (False, AMX_ROWS, -1, True, AMX_F32_ROWS),
-             "ours-avx2": (True, AMX_ROWS, -1, True, 0),
-             "ours-noamx": (False, 0, -1, True, 0), "ours-dot": (False, 0, 0, True, 0),
-             "ours-fma": (False, 0, 1, True, 0), "ours-1stream": (False, AMX_ROWS, -1, False, 0),
-             "ours-avx2-1stream": (True, AMX_ROWS, -1, False, 0),
-             "ours-amx": (False, AMX_ROWS, -1, True, 1)}
+# one row's panels side by side).
+OUR_PATHS = {"ours": (False, AMX_ROWS, -1, True), "ours-avx2": (True, AMX_ROWS, -1, True),
+             "ours-noamx": (False, 0, -1, True), "ours-dot": (False, 0, 0, True),
+             "ours-fma": (False, 0, 1, True), "ours-1stream": (False, AMX_ROWS, -1, False),
+             "ours-avx2-1stream": (True, AMX_ROWS, -1, False)}
 
 
 def set_path(path: str) -> None:
     """The kernel's knobs for one of OUR_PATHS (the defaults for any other path)."""
-    avx2, amx_rows, bf16_fma, streams, amx_f32_rows = OUR_PATHS.get(path, OUR_PATHS["ours"])
+    avx2, amx_rows, bf16_fma, streams = OUR_PATHS.get(path, OUR_PATHS["ours"])
     kernels = load_dense_linear()
     kernels.set_dense_avx2(avx2)
     kernels.set_dense_amx(amx_rows, AMX_CHUNK)
     kernels.set_dense_bf16_fma(bf16_fma)
     kernels.set_dense_row_streams(streams)
-    kernels.set_dense_amx_f32(amx_f32_rows, AMX_F32_CHUNK, True)
 
 
 def main() -> None:

@@ -23,7 +23,6 @@ void set_prefetch_one_block(int64_t bytes);
 void set_chunk_steps(int64_t steps);
 void set_dense_avx2(bool on);
 void set_dense_amx(int64_t rows, int64_t chunk_steps);
-void set_dense_amx_f32(int64_t rows, int64_t chunk_steps, bool prefetch);
 bool dense_amx_usable();
 int64_t dense_amx_calls();
 int64_t dense_bf16_fma_blocks();
@@ -70,9 +69,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_dense_amx", &set_dense_amx,
         "dense_linear: bf16 rows from which AMX runs where the CPU has it (0: never), and its "
         "steps per chunk");
-  m.def("set_dense_amx_f32", &set_dense_amx_f32,
-        "dense_linear: fp32 rows from which AMX runs (as bf16 pieces) where the CPU has it "
-        "(0: never), its steps per chunk, and whether it prefetches the next chunk");
   m.def("dense_amx_usable", &dense_amx_usable,
         "dense_linear: does this CPU have AMX (tile, bf16) and may this process use it?");
   m.def("dense_amx_calls", &dense_amx_calls,

@@ -80,12 +80,6 @@ bool g_force_avx2 = false;
 // rows), chunks of 64, 128 and 256 steps took 20.1, 18.7 and 18.1 ms, all of K 17.4 ms.
 int64_t g_amx_rows = 8;
 int64_t g_amx_chunk_steps = 0;
-// fp32 rows from which AMX takes over where the CPU has it, as three bf16 pieces of every
-// value (dense_linear_amx_f32.cpp; 0 = never), its steps per chunk, and whether it prefetches
-// the next chunk while the tiles multiply.
-int64_t g_amx_f32_rows = 0;
-int64_t g_amx_f32_chunk_steps = 128;
-bool g_amx_f32_prefetch = true;
 std::atomic<int64_t> g_amx_calls{0};  // products run on AMX so far (dense_amx_calls, tests)
 
 // How the AVX-512 path computes bf16 (set_dense_bf16_fma): by FMAs on weights widened to fp32
@@ -395,12 +389,6 @@ void linear_bf16(const c10::BFloat16* x, int64_t M, int64_t ldx, const c10::BFlo
                  int64_t chunk, int64_t prefetch);
 }  // namespace dense_amx
 
-// The fp32 product on CPUs with AMX, for many rows (dense_linear_amx_f32.cpp).
-namespace dense_amx_f32 {
-void linear_f32(const float* x, int64_t M, int64_t K, const float* packed, int64_t panels,
-                int64_t NB, int64_t N, float* y, int nthreads, int64_t chunk, int64_t prefetch);
-}  // namespace dense_amx_f32
-
 // x: [..., K] (any float32 or bfloat16 tensor, made contiguous here); packed: the layout
 // above, same dtype; n: the true output count; threads: OpenMP threads, 0 = torch's own
 // setting (torch.get_num_threads()). Returns y [..., n] in x's dtype.
@@ -450,8 +438,6 @@ at::Tensor dense_linear(at::Tensor x, at::Tensor packed, int64_t n, int64_t thre
   // whole B tiles of 16.
   const bool amx = avx512 && bf16 && g_amx_rows > 0 && M >= g_amx_rows && (ldx / 2) % 16 == 0 &&
                    dense_amx::amx_usable();
-  const bool amx_f32 = avx512 && !bf16 && g_amx_f32_rows > 0 && M >= g_amx_f32_rows &&
-                       dense_amx::amx_usable();
   const int64_t fma_blocks = bf16 && avx512 ? dense_bf16_fma_blocks() : 0;
 
   // Nothing throws from here on (every check done above: nothing may throw inside OpenMP).
@@ -469,12 +455,7 @@ at::Tensor dense_linear(at::Tensor x, at::Tensor packed, int64_t n, int64_t thre
     }
     return y;
   }
-  if (amx_f32) {
-    g_amx_calls.fetch_add(1, std::memory_order_relaxed);
-    dense_amx_f32::linear_f32(xin.data_ptr<float>(), M, K, packed.data_ptr<float>(), panels, NB,
-                              n, y.data_ptr<float>(), nthreads, g_amx_f32_chunk_steps,
-                              g_amx_f32_prefetch);
-  } else if (amx) {
+  if (amx) {
     g_amx_calls.fetch_add(1, std::memory_order_relaxed);
     dense_amx::linear_bf16(xin.data_ptr<c10::BFloat16>(), M, ldx,
                            packed.data_ptr<c10::BFloat16>(), panels, NB, n,
@@ -511,14 +492,6 @@ void set_dense_avx2(bool on) { g_force_avx2 = on; }
 void set_dense_amx(int64_t rows, int64_t chunk_steps) {
   g_amx_rows = std::max<int64_t>(0, rows);
   g_amx_chunk_steps = chunk_steps <= 0 ? 0 : std::max<int64_t>(16, chunk_steps / 16 * 16);
-}
-
-// fp32 rows from which the AMX path runs where the CPU has it (0: never), its steps per chunk
-// (rounded down to whole tile depths of 32), and whether it prefetches.
-void set_dense_amx_f32(int64_t rows, int64_t chunk_steps, bool prefetch) {
-  g_amx_f32_rows = std::max<int64_t>(0, rows);
-  g_amx_f32_chunk_steps = std::max<int64_t>(32, chunk_steps / 32 * 32);
-  g_amx_f32_prefetch = prefetch;
 }
 
 bool dense_amx_usable() { return dense_amx::amx_usable(); }
