@@ -146,18 +146,27 @@ def both_orders_commands() -> list[str]:
 VS_LLAMA_30 = {"fp32": "f32", "bf16": "bf16", "q4_1": "q4_1"}  # precision: results subfolder
 
 
-def thirty_users_vs_llama(folder: Path) -> list[str]:
-    rows = []
-    for precision, sub in VS_LLAMA_30.items():
-        run = InterleavedRun.load(folder / f"vs-llama-cpp-30-users/{sub}/interleaved.json")
-        ours, theirs = run.throughput_tok_s["nano-vllm"], run.throughput_tok_s["llama-cpp"]
-        rows.append((precision, [
-            ", ".join(f"{t:.0f}" for t in ours), ", ".join(f"{t:.0f}" for t in theirs),
-            f"{statistics.median(a / b for a, b in zip(ours, theirs)):.2f}",
-            f"{statistics.median(run.ratios('llama-cpp', 'nano-vllm')):.2f}"]))
-    return markdown_table("precision", ["nano-vLLM tok/s per turn", "llama.cpp tok/s per turn",
-                                        "our tok/s over theirs, per turn (median)",
-                                        "their ITL p50 over ours, per turn (median)"], rows)
+def thirty_users_vs_llama(base: str, subs: dict[str, str],
+                          first: str) -> Callable[[Path], list[str]]:
+    """One row per interleaved run in results/`base`/SUB (subs: row label -> SUB): each
+    server's throughput per turn and the per-turn ratios' medians."""
+    def body(folder: Path) -> list[str]:
+        rows = []
+        for label, sub in subs.items():
+            run = InterleavedRun.load(folder / base / sub / "interleaved.json")
+            ours, theirs = run.throughput_tok_s["nano-vllm"], run.throughput_tok_s["llama-cpp"]
+            rows.append((label, [
+                ", ".join(f"{t:.0f}" for t in ours), ", ".join(f"{t:.0f}" for t in theirs),
+                f"{statistics.median(a / b for a, b in zip(ours, theirs)):.2f}",
+                f"{statistics.median(run.ratios('llama-cpp', 'nano-vllm')):.2f}"]))
+        return markdown_table(first, ["nano-vLLM tok/s per turn", "llama.cpp tok/s per turn",
+                                      "our tok/s over theirs, per turn (median)",
+                                      "their ITL p50 over ours, per turn (median)"], rows)
+    return body
+
+
+# The same load with each of bench.py's HTTP clients: row label -> results subfolder.
+CLIENTS_30 = {"httpx (the default)": "httpx", "aiohttp (`--client aiohttp`)": "aiohttp"}
 
 
 def startups(subfolder: str, *labels: str) -> Callable[[Path], list[str]]:
@@ -365,7 +374,26 @@ def new_sections(folder: Path) -> list[Section]:
              '"llama-cpp=bash benchmarks/llama_cpp.sh serve q4_1 {port} --no-repack" '
              "--turns 3 -- --users 30 --max-tokens 100"],
             [f"vs-llama-cpp-30-users/{sub}/interleaved.json" for sub in VS_LLAMA_30.values()],
-            thirty_users_vs_llama),
+            thirty_users_vs_llama("vs-llama-cpp-30-users", VS_LLAMA_30, "precision")),
+        Section(
+            "30 users against llama.cpp in fp32, through either load generator",
+            "As in the section above, fp32, five turns, once with bench.py streaming through "
+            "aiohttp on uvloop, which takes about half the CPU per streamed token of its "
+            "default client ([engine-process.md](engine-process.md#the-load-generators-"
+            "share)), and right after with the default (httpx). The load generator shares the "
+            "2 cores with both servers, and the server that streams more tokens per second "
+            "pays more for it.",
+            ["python3 benchmarks/interleaved.py results/vs-llama-cpp-30-users-clients/aiohttp "
+             '"nano-vllm=python3 server.py --port {port}" "llama-cpp=bash '
+             'benchmarks/llama_cpp.sh serve f32 {port}" --turns 5 -- --users 30 --max-tokens '
+             "100 --client aiohttp",
+             "python3 benchmarks/interleaved.py results/vs-llama-cpp-30-users-clients/httpx "
+             '"nano-vllm=python3 server.py --port {port}" "llama-cpp=bash '
+             'benchmarks/llama_cpp.sh serve f32 {port}" --turns 5 -- --users 30 --max-tokens '
+             "100"],
+            [f"vs-llama-cpp-30-users-clients/{sub}/interleaved.json"
+             for sub in CLIENTS_30.values()],
+            thirty_users_vs_llama("vs-llama-cpp-30-users-clients", CLIENTS_30, "client")),
     ]
 
 
