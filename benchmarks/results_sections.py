@@ -167,6 +167,8 @@ def thirty_users_vs_llama(base: str, subs: dict[str, str],
 
 # The same load with each of bench.py's HTTP clients: row label -> results subfolder.
 CLIENTS_30 = {"httpx (the default)": "httpx", "aiohttp (`--client aiohttp`)": "aiohttp"}
+# The same load with each server started first: row label -> results subfolder.
+ORDERS_30 = {"nano-vLLM started first": "nano-first", "llama.cpp started first": "llama-first"}
 
 
 def startups(subfolder: str, *labels: str) -> Callable[[Path], list[str]]:
@@ -394,6 +396,27 @@ def new_sections(folder: Path) -> list[Section]:
             [f"vs-llama-cpp-30-users-clients/{sub}/interleaved.json"
              for sub in CLIENTS_30.values()],
             thirty_users_vs_llama("vs-llama-cpp-30-users-clients", CLIENTS_30, "client")),
+        Section(
+            "30 users against llama.cpp in fp32, each server started first in turn",
+            "As in the section above with the default client, the page cache dropped before the "
+            "servers started, once with llama.cpp started first and right after with nano-vLLM "
+            "started first (the order of the runs above). On this VM the server started first "
+            "streams slower, as with one user ([One user against llama.cpp, each server "
+            "started first in turn](#one-user-against-llamacpp-each-server-started-first-in-"
+            "turn)): the order moved the throughput ratio by about 14% here. Over both "
+            "orders' ten turns the median ratio was 1.98 (1.83-2.23). The machine ran slower "
+            "for both servers that hour than in the runs above.",
+            ["python3 benchmarks/interleaved.py results/vs-llama-cpp-30-users-orders/"
+             'llama-first --drop-caches "llama-cpp=bash benchmarks/llama_cpp.sh serve f32 '
+             '{port}" "nano-vllm=python3 server.py --port {port}" --turns 5 -- --users 30 '
+             "--max-tokens 100",
+             "python3 benchmarks/interleaved.py results/vs-llama-cpp-30-users-orders/"
+             'nano-first --drop-caches "nano-vllm=python3 server.py --port {port}" '
+             '"llama-cpp=bash benchmarks/llama_cpp.sh serve f32 {port}" --turns 5 -- --users '
+             "30 --max-tokens 100"],
+            [f"vs-llama-cpp-30-users-orders/{sub}/interleaved.json"
+             for sub in ORDERS_30.values()],
+            thirty_users_vs_llama("vs-llama-cpp-30-users-orders", ORDERS_30, "order")),
     ]
 
 
