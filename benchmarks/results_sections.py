@@ -400,12 +400,17 @@ def new_sections(folder: Path) -> list[Section]:
             "30 users against llama.cpp in fp32, each server started first in turn",
             "As in the section above with the default client, the page cache dropped before the "
             "servers started, once with llama.cpp started first and right after with nano-vLLM "
-            "started first (the order of the runs above). On this VM the server started first "
-            "streams slower, as with one user ([One user against llama.cpp, each server "
-            "started first in turn](#one-user-against-llamacpp-each-server-started-first-in-"
-            "turn)): the order moved the throughput ratio by about 14% here. Over both "
-            "orders' ten turns the median ratio was 1.98 (1.83-2.23). The machine ran slower "
-            "for both servers that hour than in the runs above.",
+            "started first (the order of every run above). The two runs' ratios differ by about "
+            "14%, more than turns within a run do, and over both runs' ten turns the median "
+            "was 1.98 (1.83-2.23). Start order alone does not explain it: three identical "
+            "nano-vLLM servers in the same harness right after (`python3 benchmarks/"
+            "interleaved.py results/interleaved-identical-30-users --drop-caches "
+            '\"a=python3 server.py --port {port}\" \"b=python3 server.py --port {port}\" '
+            '\"c=python3 server.py --port {port}\" --turns 4 -- --users 30 --max-tokens '
+            "100`) agreed within 2% in their medians. What a server "
+            "got at its start (how its memory was placed, as interleaved.py notes) stays with "
+            "it for the whole run, so one run's ratio is one draw of that; the machine ran "
+            "slower for both servers that hour than in the runs above.",
             ["python3 benchmarks/interleaved.py results/vs-llama-cpp-30-users-orders/"
              'llama-first --drop-caches "llama-cpp=bash benchmarks/llama_cpp.sh serve f32 '
              '{port}" "nano-vllm=python3 server.py --port {port}" --turns 5 -- --users 30 '
