@@ -384,7 +384,9 @@ def new_sections(folder: Path) -> list[Section]:
             "default client ([engine-process.md](engine-process.md#the-load-generators-"
             "share)), and right after with the default (httpx). The load generator shares the "
             "2 cores with both servers, and the server that streams more tokens per second "
-            "pays more for it.",
+            "pays more for it; but two runs alike except for start order differed by more "
+            "than these two (next section), so one such pair does not measure the client's "
+            "share.",
             ["python3 benchmarks/interleaved.py results/vs-llama-cpp-30-users-clients/aiohttp "
              '"nano-vllm=python3 server.py --port {port}" "llama-cpp=bash '
              'benchmarks/llama_cpp.sh serve f32 {port}" --turns 5 -- --users 30 --max-tokens '
@@ -400,17 +402,18 @@ def new_sections(folder: Path) -> list[Section]:
             "30 users against llama.cpp in fp32, each server started first in turn",
             "As in the section above with the default client, the page cache dropped before the "
             "servers started, once with llama.cpp started first and right after with nano-vLLM "
-            "started first (the order of every run above). The two runs' ratios differ by about "
-            "14%, more than turns within a run do, and over both runs' ten turns the median "
-            "was 1.98 (1.83-2.23). Start order alone does not explain it: three identical "
-            "nano-vLLM servers in the same harness right after (`python3 benchmarks/"
-            "interleaved.py results/interleaved-identical-30-users --drop-caches "
-            '\"a=python3 server.py --port {port}\" \"b=python3 server.py --port {port}\" '
-            '\"c=python3 server.py --port {port}\" --turns 4 -- --users 30 --max-tokens '
-            "100`) agreed within 2% in their medians. What a server "
-            "got at its start (how its memory was placed, as interleaved.py notes) stays with "
-            "it for the whole run, so one run's ratio is one draw of that; the machine ran "
-            "slower for both servers that hour than in the runs above.",
+            "started first (the order of every 30-user run above). The two runs' ratios differ "
+            "by about 14%, more than turns within a run do, and over both runs' ten turns the "
+            "median was 1.98 (1.83-2.23). Most of the difference is llama.cpp's throughput "
+            "(median 197 tok/s in the run where it started second, 183 where it started "
+            "first; ours 373 and 381). Three identical nano-vLLM servers in the same harness "
+            "right after (`python3 benchmarks/interleaved.py results/interleaved-identical-"
+            '30-users --drop-caches \"a=python3 server.py --port {port}\" \"b=python3 '
+            'server.py --port {port}\" \"c=python3 server.py --port {port}\" --turns 4 -- '
+            "--users 30 --max-tokens 100`) had throughput medians within 2% of each other "
+            "(374-380 tok/s), so start order did not move ours; one run's ratio against "
+            "llama.cpp is uncertain by about that 14%. The machine ran slower for both servers "
+            "that hour than in the runs above.",
             ["python3 benchmarks/interleaved.py results/vs-llama-cpp-30-users-orders/"
              'llama-first --drop-caches "llama-cpp=bash benchmarks/llama_cpp.sh serve f32 '
              '{port}" "nano-vllm=python3 server.py --port {port}" --turns 5 -- --users 30 '
