@@ -171,6 +171,25 @@ CLIENTS_30 = {"httpx (the default)": "httpx", "aiohttp (`--client aiohttp`)": "a
 ORDERS_30 = {"nano-vLLM started first": "nano-first", "llama.cpp started first": "llama-first"}
 
 
+def thirty_users_section(title: str, text: str, commands: list[str], base: str,
+                         subs: dict[str, str], first: str) -> Section:
+    """A section of interleaved 30-user runs in results/`base`/SUB, one table row each."""
+    return Section(title, text, commands,
+                   [f"{base}/{sub}/interleaved.json" for sub in subs.values()],
+                   thirty_users_vs_llama(base, subs, first))
+
+
+def fp32_thirty_users(out: str, llama_first: bool = False, drop_caches: bool = False,
+                      bench: str = "") -> str:
+    """The interleaved.py command of five turns of 30 users in fp32, ours and llama.cpp's."""
+    ours = '"nano-vllm=python3 server.py --port {port}"'
+    theirs = '"llama-cpp=bash benchmarks/llama_cpp.sh serve f32 {port}"'
+    servers = f"{theirs} {ours}" if llama_first else f"{ours} {theirs}"
+    return (f"python3 benchmarks/interleaved.py results/{out}"
+            f"{' --drop-caches' if drop_caches else ''} {servers} --turns 5 -- --users 30 "
+            f"--max-tokens 100{bench}")
+
+
 def startups(subfolder: str, *labels: str) -> Callable[[Path], list[str]]:
     """One row per startup.py run in results/`subfolder`: its first and later start, in s."""
     def body(folder: Path) -> list[str]:
@@ -353,7 +372,7 @@ def new_sections(folder: Path) -> list[Section]:
             both_orders_commands(),
             [f"one-user-both-orders/{p}/{o}/interleaved.json" for p in INTERLEAVED
              for o in ORDERS], both_orders),
-        Section(
+        thirty_users_section(
             "30 users against llama.cpp, interleaved",
             "Both servers up at once, 30 users x 100 tokens to each in turn, three turns. "
             "llama.cpp serves the Q4_1 file with `--no-repack` (as in the section above). "
@@ -375,9 +394,8 @@ def new_sections(folder: Path) -> list[Section]:
              '--drop-caches "nano-vllm=python3 server.py --port {port} --weights q4_1" '
              '"llama-cpp=bash benchmarks/llama_cpp.sh serve q4_1 {port} --no-repack" '
              "--turns 3 -- --users 30 --max-tokens 100"],
-            [f"vs-llama-cpp-30-users/{sub}/interleaved.json" for sub in VS_LLAMA_30.values()],
-            thirty_users_vs_llama("vs-llama-cpp-30-users", VS_LLAMA_30, "precision")),
-        Section(
+            "vs-llama-cpp-30-users", VS_LLAMA_30, "precision"),
+        thirty_users_section(
             "30 users against llama.cpp in fp32, through either load generator",
             "As in the section above, fp32, five turns, once with bench.py streaming through "
             "aiohttp on uvloop, which takes about half the CPU per streamed token of its "
@@ -387,18 +405,11 @@ def new_sections(folder: Path) -> list[Section]:
             "pays more for it; but two runs alike except for start order differed by more "
             "than these two (next section), so one such pair does not measure the client's "
             "share.",
-            ["python3 benchmarks/interleaved.py results/vs-llama-cpp-30-users-clients/aiohttp "
-             '"nano-vllm=python3 server.py --port {port}" "llama-cpp=bash '
-             'benchmarks/llama_cpp.sh serve f32 {port}" --turns 5 -- --users 30 --max-tokens '
-             "100 --client aiohttp",
-             "python3 benchmarks/interleaved.py results/vs-llama-cpp-30-users-clients/httpx "
-             '"nano-vllm=python3 server.py --port {port}" "llama-cpp=bash '
-             'benchmarks/llama_cpp.sh serve f32 {port}" --turns 5 -- --users 30 --max-tokens '
-             "100"],
-            [f"vs-llama-cpp-30-users-clients/{sub}/interleaved.json"
-             for sub in CLIENTS_30.values()],
-            thirty_users_vs_llama("vs-llama-cpp-30-users-clients", CLIENTS_30, "client")),
-        Section(
+            [fp32_thirty_users("vs-llama-cpp-30-users-clients/aiohttp",
+                               bench=" --client aiohttp"),
+             fp32_thirty_users("vs-llama-cpp-30-users-clients/httpx")],
+            "vs-llama-cpp-30-users-clients", CLIENTS_30, "client"),
+        thirty_users_section(
             "30 users against llama.cpp in fp32, each server started first in turn",
             "As in the section above with the default client, the page cache dropped before the "
             "servers started, once with llama.cpp started first and right after with nano-vLLM "
@@ -414,17 +425,10 @@ def new_sections(folder: Path) -> list[Section]:
             "(374-380 tok/s), so start order did not move ours; one run's ratio against "
             "llama.cpp is uncertain by about that 14%. The machine ran slower for both servers "
             "that hour than in the runs above.",
-            ["python3 benchmarks/interleaved.py results/vs-llama-cpp-30-users-orders/"
-             'llama-first --drop-caches "llama-cpp=bash benchmarks/llama_cpp.sh serve f32 '
-             '{port}" "nano-vllm=python3 server.py --port {port}" --turns 5 -- --users 30 '
-             "--max-tokens 100",
-             "python3 benchmarks/interleaved.py results/vs-llama-cpp-30-users-orders/"
-             'nano-first --drop-caches "nano-vllm=python3 server.py --port {port}" '
-             '"llama-cpp=bash benchmarks/llama_cpp.sh serve f32 {port}" --turns 5 -- --users '
-             "30 --max-tokens 100"],
-            [f"vs-llama-cpp-30-users-orders/{sub}/interleaved.json"
-             for sub in ORDERS_30.values()],
-            thirty_users_vs_llama("vs-llama-cpp-30-users-orders", ORDERS_30, "order")),
+            [fp32_thirty_users("vs-llama-cpp-30-users-orders/llama-first", llama_first=True,
+                               drop_caches=True),
+             fp32_thirty_users("vs-llama-cpp-30-users-orders/nano-first", drop_caches=True)],
+            "vs-llama-cpp-30-users-orders", ORDERS_30, "order"),
     ]
 
 
