@@ -10,7 +10,9 @@ where the CPU would run the AVX-512 one; packed at the AVX-512 path's panel widt
 --panel is given, 32 being the AVX2 path's own), ours-noamx (bf16 without the AMX path, where
 the CPU has AMX), ours-dot and ours-fma (bf16 without AMX, by vdpbf16ps and by FMAs on
 widened weights, whichever this CPU would pick), ours-1stream and ours-avx2-1stream (one row
-reading one panel after another instead of several side by side), `x @ weight_t` (what
+reading one panel after another instead of several side by side), ours-1group and
+ours-avx2-1group (many rows all in one row group instead of groups whose x fits a share of
+L2), `x @ weight_t` (what
 model/layers.py's Linear does), and oneDNN with its weights reordered once
 (`torch.ops.mkldnn._reorder_linear_weight` + `torch.ops.mkldnn._linear_pointwise`).
 benchmarks/roofline.py sets the same passes against this CPU's measured peaks.
@@ -35,17 +37,21 @@ from model.dense_linear import load_dense_linear
 ROWS = [1, 2, 4, 8, 16, 30, 64]
 AMX_ROWS, AMX_CHUNK = 8, 0  # the kernel's defaults (model/csrc/dense_linear.cpp)
 # Our paths' kernel settings: (AVX2 forced, AMX from rows, bf16 by FMAs: 1, 0, or -1 as chosen,
-# one row's panels side by side).
-OUR_PATHS = {"ours": (False, AMX_ROWS, -1, True), "ours-avx2": (True, AMX_ROWS, -1, True),
-             "ours-noamx": (False, 0, -1, True), "ours-dot": (False, 0, 0, True),
-             "ours-fma": (False, 0, 1, True), "ours-1stream": (False, AMX_ROWS, -1, False),
-             "ours-avx2-1stream": (True, AMX_ROWS, -1, False)}
+# one row's panels side by side, x bytes per row group: -1 as chosen, 0 all rows in one).
+OUR_PATHS = {"ours": (False, AMX_ROWS, -1, True, -1), "ours-avx2": (True, AMX_ROWS, -1, True, -1),
+             "ours-noamx": (False, 0, -1, True, -1), "ours-dot": (False, 0, 0, True, -1),
+             "ours-fma": (False, 0, 1, True, -1), "ours-1stream": (False, AMX_ROWS, -1, False, -1),
+             "ours-avx2-1stream": (True, AMX_ROWS, -1, False, -1),
+             "ours-1group": (False, AMX_ROWS, -1, True, 0),
+             "ours-avx2-1group": (True, AMX_ROWS, -1, True, 0)}
+GROUP_BYTES = -1  # --group-bytes, for every path that does not set its own
 
 
 def set_path(path: str) -> None:
     """The kernel's knobs for one of OUR_PATHS (the defaults for any other path)."""
-    avx2, amx_rows, bf16_fma, streams = OUR_PATHS.get(path, OUR_PATHS["ours"])
+    avx2, amx_rows, bf16_fma, streams, group_bytes = OUR_PATHS.get(path, OUR_PATHS["ours"])
     kernels = load_dense_linear()
+    kernels.set_dense_group_bytes(GROUP_BYTES if group_bytes < 0 else group_bytes)
     kernels.set_dense_avx2(avx2)
     kernels.set_dense_amx(amx_rows, AMX_CHUNK)
     kernels.set_dense_bf16_fma(bf16_fma)
@@ -63,7 +69,15 @@ def main() -> None:
     parser.add_argument("--prefetch", type=int, default=None,
                         help="ours: prefetch bytes, for rows in one row block and in several")
     parser.add_argument("--chunk", type=int, default=None, help="ours: k steps per chunk")
+    parser.add_argument("--group-bytes", type=int, default=-1,
+                        help="ours: x bytes per row group for many rows (0: one group; -1: as "
+                             "chosen from this CPU's L2)")
+    parser.add_argument("--no-lm-head", action="store_true",
+                        help="leave the LM head out of each pass (prefill runs it on each "
+                             "prompt's last token only)")
     args = parser.parse_args()
+    global GROUP_BYTES
+    GROUP_BYTES = args.group_bytes
     torch.set_num_threads(args.threads)
     torch.set_grad_enabled(False)
     load_dense_linear()
@@ -75,12 +89,14 @@ def main() -> None:
     kw = {} if args.panel is None else {"panel": args.panel}
 
     print(f"threads={args.threads}, best of {args.repeats} passes, ms per pass "
-          "(30 layers' qkv, o, gate_up, down + LM head)\n")
+          f"(30 layers' qkv, o, gate_up, down{'' if args.no_lm_head else ' + LM head'})\n")
     print("| dtype | path | " + " | ".join(f"M={m}" for m in args.rows) + " | GB/s at M=1 |")
     print("|---|---|" + "---|" * (len(args.rows) + 1))
     for name in args.dtypes:
         dtype = getattr(torch, name)
         weights = make_weights(dtype)
+        if args.no_lm_head:
+            weights = weights[:-1]
         nbytes = weight_bytes(weights)
         for path in args.paths:
             try:

@@ -31,6 +31,7 @@ double bf16_dot_rate();
 bool dense_bf16_dot_is_two_fmas();
 double dense_fma_peak(int64_t threads);
 void set_dense_row_streams(bool on);
+void set_dense_group_bytes(int64_t bytes);
 torch::Tensor q4_1_linear(torch::Tensor x, torch::Tensor packed, int64_t out_features);
 torch::Tensor q8_0_linear(torch::Tensor x, torch::Tensor packed, int64_t out_features);
 torch::Tensor q5_0_linear(torch::Tensor x, torch::Tensor packed, int64_t out_features);
@@ -64,6 +65,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_prefetch_one_block", &set_prefetch_one_block,
         "dense_linear tuning knob: the prefetch distance for rows in one row block");
   m.def("set_chunk_steps", &set_chunk_steps, "dense_linear tuning knob");
+  m.def("set_dense_group_bytes", &set_dense_group_bytes,
+        "dense_linear: x bytes per row group for many rows (0: one group)");
   m.def("set_dense_avx2", &set_dense_avx2,
         "dense_linear: use the AVX2 path even where AVX-512 would run (tests, studies)");
   m.def("set_dense_amx", &set_dense_amx,

@@ -19,6 +19,7 @@
 // W from memory, not 30. Each chunk prefetches the next one (16 KB ahead in the stream),
 // the requests spread over all its row blocks, so memory keeps streaming while the rows
 // are computed (30 rows: 19 ms instead of 25 ms for the whole model's matmuls).
+// Many rows (a prefill chunk) are taken a row group at a time, each group's x a share of L2.
 //
 // Arithmetic (the micro-kernels are in dense_tile_avx512.h). fp32: one FMA per multiply-add,
 // in k order per output (exact fp32, summed in a different order from MKL). bf16: vdpbf16ps
@@ -31,6 +32,7 @@
 
 #include <immintrin.h>
 #include <omp.h>
+#include <unistd.h>
 
 // The kernel's code (this file's, up to its entry point: it is its own object in the kernels
 // module) may use AVX-512 and AVX512_BF16 even where -march=native lacks them; the entry
@@ -125,8 +127,25 @@ int64_t one_row_side_by_side(const T* x, const T* packed, int64_t p, int64_t p1,
   return p;
 }
 
+// Rows of x per row group (set_dense_group_bytes): with more rows than fit in this many bytes
+// of x, the rows are taken a group at a time, each group over all of the thread's panels.
+// -1: 3/8 of this CPU's L2 per core (768 KB of a 2 MB L2). On an Intel Xeon, family 6 model
+// 167, the model's layer matmuls at 512 rows took 269-286 ms with groups of 256 KB to 1 MB of
+// x, 297 with 1.5 MB and 310 in one group (benchmarks/studies/linear_microbench.py --rows 512
+// --no-lm-head --group-bytes N; docs/performance.md).
+int64_t g_group_bytes = -1;
+
+int64_t group_bytes();  // below, outside this file's AVX-512 target
+
 // Where the panel loops below run which tile: T is the packed weight's type; bf16 by FMAs
 // from `fma_blocks` row blocks (0: never).
+//
+// Many rows (a prefill chunk) are taken in row groups of near-equal size whose x fits in
+// g_group_bytes: a panel's chunk is read by every row block of the group, whose x and parked
+// sums then stay in L2 (and the sums mostly in L1) instead of streaming from further out for
+// every panel; the weights are read once per group, which many rows can afford. Each row's
+// sums are the same whatever its group or block (every output sums the same chunks of k in
+// the same order), so the grouping changes the time only, never a result.
 template <typename T, int NR>
 void run(const T* x, int64_t M, int64_t ldx, int64_t steps, const T* packed, int64_t panels,
          int64_t N, T* y, int nthreads, int64_t fma_blocks) {
@@ -136,9 +155,15 @@ void run(const T* x, int64_t M, int64_t ldx, int64_t steps, const T* packed, int
   constexpr int64_t xStep = sizeof(float) / sizeof(T);  // x elements per step (x as T)
   constexpr int MRmax = dense_tile::max_rows<NR>();
   static constexpr auto direct = dense_tile::tiles<T, T, T, NR>();
-  // Row blocks of near-equal size (8 rows -> 4 + 4, not 6 + 2).
-  const int64_t blocks = (M + MRmax - 1) / MRmax;
-  const int64_t base = M / blocks, extra = M % blocks;
+  // Row groups of near-equal size, each of at least a few row blocks.
+  const int64_t row_bytes = ldx * static_cast<int64_t>(sizeof(T));
+  const int64_t most_bytes = group_bytes();
+  const int64_t most_rows = most_bytes > 0
+      ? std::max<int64_t>(4 * MRmax, most_bytes / row_bytes) : M;
+  const int64_t groups = (M + most_rows - 1) / most_rows;
+  const int64_t group_rows = (M + groups - 1) / groups;  // the largest group
+  // Row blocks of near-equal size within a group (8 rows -> 4 + 4, not 6 + 2).
+  const int64_t blocks = (group_rows + MRmax - 1) / MRmax;  // the largest group's
   const int64_t prefetch = blocks == 1 ? g_prefetch_one_block : g_prefetch_bytes;
   // bf16 by FMAs: x in fp32, its pairs swapped (bf16_pairs.h). Each row block widens every
   // step in registers; from kStagedBlocks blocks, the first keeps the chunk it widens in a
@@ -153,7 +178,7 @@ void run(const T* x, int64_t M, int64_t ldx, int64_t steps, const T* packed, int
   const int64_t chunk = std::max<int64_t>(1, g_chunk_steps);
   // One row (and no FMA widening): kStreams panels at a time, read side by side.
   const bool streams = g_row_streams && M == 1 && !fma;
-  const int64_t room = (streams ? kStreams : M) * NB;  // each thread's partial sums
+  const int64_t room = (streams ? kStreams : group_rows) * NB;  // each thread's partial sums
   float* partial = dense_scratch::floats(dense_scratch::kPartial, nthreads * room);
   const int64_t wide_floats = staged ? 2 * NB * chunk : 0;  // a multiple of 16: aligned
   float* wide = dense_scratch::floats(dense_scratch::kWide, nthreads * wide_floats);
@@ -166,42 +191,49 @@ void run(const T* x, int64_t M, int64_t ldx, int64_t steps, const T* packed, int
     const int64_t p0 = panels * t / nt, p1 = panels * (t + 1) / nt;
     float* mine = partial + t * room;
     float* buf = wide + t * wide_floats;
-    int64_t p = streams ? one_row_side_by_side<T, NR>(x, packed, p0, p1, steps, N, chunk, mine, y)
-                        : p0;
-    for (; p < p1; ++p) {  // every panel, or those left over from the streams
-      const T* panel = packed + p * steps * kStep;
-      const int64_t valid = std::min<int64_t>(NB, N - p * NB);
-      for (int64_t s0 = 0; s0 < steps; s0 += chunk) {
-        const int64_t n = std::min(chunk, steps - s0);
-        const bool last = s0 + n == steps;
-        // The chunk's weights, `prefetch` bytes further on in this thread's stream (its
-        // panels are contiguous), are prefetched while it is computed: line l of them by
-        // row block l * blocks / lines, so the requests are spread over the whole chunk.
-        // (Never past the end of the packed weight.)
-        const int64_t offset = ((p * steps + s0) * kStep) * static_cast<int64_t>(sizeof(T));
-        const auto ahead = dense_prefetch::window(bytes, total_bytes, offset, prefetch, n * NR);
-        int64_t row = 0;
-        for (int64_t b = 0; b < blocks; ++b) {
-          const int64_t rows = base + (b < extra ? 1 : 0);
-          float* part = mine + row * NB;
-          T* out = last ? y + row * N + p * NB : nullptr;
-          const char* pf = ahead.part_start(b, blocks);
-          const int64_t pf_lines = ahead.part_lines(b, blocks);
-          if (!fma) {
-            direct[rows - 1](x + row * ldx + s0 * xStep, ldx, panel + s0 * kStep, n, part,
-                             s0 > 0, out, N, valid, pf, pf_lines, nullptr);
-          } else if constexpr (bf16) {
-            static constexpr auto in_registers = dense_tile::tiles<float, BF16, BF16, NR>();
-            static constexpr auto from_buffer = dense_tile::tiles<float, float, BF16, NR>();
-            const float* xr = xf + row * ldx + 2 * s0;
-            if (!staged || b == 0)  // widens in registers (keeping the chunk when staged)
-              in_registers[rows - 1](xr, ldx, panel + s0 * kStep, n, part, s0 > 0, out, N,
-                                     valid, pf, pf_lines, staged ? buf : nullptr);
-            else
-              from_buffer[rows - 1](xr, ldx, buf, 2 * n, part, s0 > 0, out, N, valid, pf,
-                                    pf_lines, nullptr);
+    const int64_t first = streams ? one_row_side_by_side<T, NR>(x, packed, p0, p1, steps, N,
+                                                                 chunk, mine, y)
+                                  : p0;
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t g0 = M * g / groups, rows_in_group = M * (g + 1) / groups - g0;
+      const int64_t group_blocks = (rows_in_group + MRmax - 1) / MRmax;
+      const int64_t base = rows_in_group / group_blocks, extra = rows_in_group % group_blocks;
+      for (int64_t p = first; p < p1; ++p) {  // every panel, or those left by the streams
+        const T* panel = packed + p * steps * kStep;
+        const int64_t valid = std::min<int64_t>(NB, N - p * NB);
+        for (int64_t s0 = 0; s0 < steps; s0 += chunk) {
+          const int64_t n = std::min(chunk, steps - s0);
+          const bool last = s0 + n == steps;
+          // The chunk's weights, `prefetch` bytes further on in this thread's stream (its
+          // panels are contiguous), are prefetched while it is computed: line l of them by
+          // row block l * blocks / lines, so the requests are spread over the whole chunk.
+          // (Never past the end of the packed weight.)
+          const int64_t offset = ((p * steps + s0) * kStep) * static_cast<int64_t>(sizeof(T));
+          const auto ahead =
+              dense_prefetch::window(bytes, total_bytes, offset, prefetch, n * NR);
+          int64_t row = g0;
+          for (int64_t b = 0; b < group_blocks; ++b) {
+            const int64_t rows = base + (b < extra ? 1 : 0);
+            float* part = mine + (row - g0) * NB;
+            T* out = last ? y + row * N + p * NB : nullptr;
+            const char* pf = ahead.part_start(b, group_blocks);
+            const int64_t pf_lines = ahead.part_lines(b, group_blocks);
+            if (!fma) {
+              direct[rows - 1](x + row * ldx + s0 * xStep, ldx, panel + s0 * kStep, n, part,
+                               s0 > 0, out, N, valid, pf, pf_lines, nullptr);
+            } else if constexpr (bf16) {
+              static constexpr auto in_registers = dense_tile::tiles<float, BF16, BF16, NR>();
+              static constexpr auto from_buffer = dense_tile::tiles<float, float, BF16, NR>();
+              const float* xr = xf + row * ldx + 2 * s0;
+              if (!staged || b == 0)  // widens in registers (keeping the chunk when staged)
+                in_registers[rows - 1](xr, ldx, panel + s0 * kStep, n, part, s0 > 0, out, N,
+                                       valid, pf, pf_lines, staged ? buf : nullptr);
+              else
+                from_buffer[rows - 1](xr, ldx, buf, 2 * n, part, s0 > 0, out, N, valid, pf,
+                                      pf_lines, nullptr);
+            }
+            row += rows;
           }
-          row += rows;
         }
       }
     }
@@ -301,15 +333,29 @@ bool bf16_dot_is_two_fmas() {
 }  // namespace
 #pragma GCC pop_options
 
+namespace {
+// g_group_bytes, or where it is -1 3/8 of the L2 per core that this CPU reports (384 KB if it
+// reports none).
+int64_t group_bytes() {
+  if (g_group_bytes >= 0) return g_group_bytes;
+  static const int64_t from_l2 = [] {
+    const long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    return l2 > 0 ? static_cast<int64_t>(l2) * 3 / 8 : int64_t{384 * 1024};
+  }();
+  return from_l2;
+}
+}  // namespace
+
 // The same product on CPUs with AVX2 and FMA only (dense_linear_avx2.cpp); bf16 by FMAs.
 namespace dense_avx2 {
 void linear_f32(const float* x, int64_t M, int64_t K, const float* packed, int64_t panels,
                 int64_t NB, int64_t N, float* y, int nthreads, int64_t chunk_steps,
-                int64_t prefetch_one, int64_t prefetch_many, bool row_streams_on);
+                int64_t prefetch_one, int64_t prefetch_many, bool row_streams_on,
+                int64_t group_bytes);
 void linear_bf16(const c10::BFloat16* x, int64_t M, int64_t ldx, const c10::BFloat16* packed,
                  int64_t panels, int64_t NB, int64_t N, c10::BFloat16* y, int nthreads,
                  int64_t chunk_steps, int64_t prefetch_one, int64_t prefetch_many,
-                 bool row_streams_on);
+                 bool row_streams_on, int64_t group_bytes);
 double fma_loop_seconds(int64_t iters);
 extern const double kFmaFlopPerRound;
 }  // namespace dense_avx2
@@ -447,11 +493,11 @@ at::Tensor dense_linear(at::Tensor x, at::Tensor packed, int64_t n, int64_t thre
                               packed.data_ptr<c10::BFloat16>(), panels, NB, n,
                               y.data_ptr<c10::BFloat16>(), nthreads,
                               g_chunk_steps, g_prefetch_one_block, g_prefetch_bytes,
-                              g_row_streams);
+                              g_row_streams, group_bytes());
     } else {
       dense_avx2::linear_f32(xin.data_ptr<float>(), M, K, packed.data_ptr<float>(), panels, NB, n,
                              y.data_ptr<float>(), nthreads, g_chunk_steps, g_prefetch_one_block,
-                             g_prefetch_bytes, g_row_streams);
+                             g_prefetch_bytes, g_row_streams, group_bytes());
     }
     return y;
   }
@@ -480,6 +526,9 @@ void set_prefetch_one_block(int64_t bytes) { g_prefetch_one_block = std::max<int
 
 // Steps (k, or k pairs in bf16) per chunk when several row blocks share a panel.
 void set_chunk_steps(int64_t steps) { g_chunk_steps = std::max<int64_t>(1, steps); }
+
+// x bytes per row group for many rows (see run(); 0: all rows in one group; -1: from the L2).
+void set_dense_group_bytes(int64_t bytes) { g_group_bytes = std::max<int64_t>(-1, bytes); }
 
 // One row over kStreams panels side by side (the default), or one panel after another.
 void set_dense_row_streams(bool on) { g_row_streams = on; }

@@ -287,7 +287,7 @@ int64_t one_row_side_by_side(const float* x, const T* packed, int64_t p, int64_t
 template <typename T>
 void run(const float* x, int64_t M, int64_t ldx, int64_t steps, const T* packed, int64_t panels,
          int64_t NB, int64_t N, T* y, int nthreads, int64_t chunk_steps, int64_t prefetch_one,
-         int64_t prefetch_many, bool row_streams_on) {
+         int64_t prefetch_many, bool row_streams_on, int64_t group_bytes) {
   constexpr bool bf16 = !std::is_same_v<T, float>;
   constexpr int MRdirect = max_rows<T>(), MRwide = max_rows<float>();
   static constexpr auto direct = make_table<T, T>(std::make_integer_sequence<int, MRdirect>{});
@@ -299,20 +299,25 @@ void run(const float* x, int64_t M, int64_t ldx, int64_t steps, const T* packed,
   // Several row blocks of bf16 go through the widened chunk, so they block as fp32 does.
   const bool widened = bf16 && M > MRdirect;
   const int MRmax = widened || !bf16 ? MRwide : MRdirect;
-  const int64_t blocks = (M + MRmax - 1) / MRmax;
-  const int64_t base = M / blocks, extra = M % blocks;
+  // Row groups whose x fits in group_bytes, of near-equal size (as dense_linear.cpp's run()).
+  const int64_t most_rows = group_bytes > 0
+      ? std::max<int64_t>(4 * MRmax, group_bytes / (ldx * static_cast<int64_t>(sizeof(float))))
+      : M;
+  const int64_t row_groups = (M + most_rows - 1) / most_rows;
+  const int64_t group_rows = (M + row_groups - 1) / row_groups;  // the largest group
+  const int64_t blocks = (group_rows + MRmax - 1) / MRmax;      // the largest group's
   const int64_t prefetch = blocks == 1 ? prefetch_one : prefetch_many;
   const int64_t chunk = std::max<int64_t>(1, chunk_steps);
   // One row (and panels narrow enough): S panels at a time, read side by side.
   const int S = M == 1 && row_streams_on ? streams_for<T>(static_cast<int>(groups)) : 1;
-  const int64_t room = std::max<int64_t>(M, S) * NB;  // each thread's partial sums
+  const int64_t room = std::max<int64_t>(group_rows, S) * NB;  // each thread's partial sums
   float* partial = dense_scratch::floats(dense_scratch::kPartial, nthreads * room);
   const int64_t wide_floats = widened ? 2 * kGroup * chunk : 0;  // a multiple of 8: aligned
   float* wide_buf = dense_scratch::floats(dense_scratch::kWide, nthreads * wide_floats);
   const char* bytes = reinterpret_cast<const char*>(packed);
   const int64_t total_bytes = panels * steps * ldw * static_cast<int64_t>(sizeof(T));
-  // Where a chunk's prefetches go: spread over its tiles, or over its widenings.
-  const int64_t calls = widened ? groups : blocks * groups;
+  // Where a chunk's prefetches go: spread over its tiles, or over its widenings (`calls`,
+  // per row group below).
 
 #pragma omp parallel num_threads(nthreads)
   {
@@ -320,47 +325,54 @@ void run(const float* x, int64_t M, int64_t ldx, int64_t steps, const T* packed,
     const int64_t p0 = panels * t / nt, p1 = panels * (t + 1) / nt;
     float* mine = partial + t * room;
     float* buf = wide_buf + t * wide_floats;
-    int64_t p = S > 1 ? one_row_side_by_side(x, packed, p0, p1, S, steps, NB, N, chunk, mine, y)
-                      : p0;
-    for (; p < p1; ++p) {  // every panel, or those left over from the streams
-      const T* panel = packed + p * steps * ldw;
-      const int64_t valid = std::min<int64_t>(NB, N - p * NB);
-      for (int64_t s0 = 0; s0 < steps; s0 += chunk) {
-        const int64_t n = std::min(chunk, steps - s0);
-        const bool last = s0 + n == steps;
-        const int64_t offset = (p * steps + s0) * ldw * static_cast<int64_t>(sizeof(T));
-        const int64_t chunk_lines = n * ldw * static_cast<int64_t>(sizeof(T)) / 64;
-        const auto ahead = dense_prefetch::window(bytes, total_bytes, offset, prefetch,
-                                                  chunk_lines);
-        if (M == 1) {  // one row: the whole panel's steps in order
-          one_row[groups - 1](x + s0 * xStep, panel + s0 * ldw, ldw, n, mine, s0 > 0,
-                              last ? y + p * NB : nullptr, valid, ahead.start, ahead.lines);
-          continue;
-        }
-        int64_t call = 0;
-        for (int64_t g = 0; g < groups; ++g) {
-          const int64_t col = g * kGroup;
-          const T* w = panel + s0 * ldw + (bf16 ? 2 * col : col);  // the group's first element
-          if constexpr (bf16) {
-            if (widened) {
-              widen(w, ldw, n, buf, ahead.part_start(g, calls), ahead.part_lines(g, calls));
-            }
+    const int64_t first = S > 1 ? one_row_side_by_side(x, packed, p0, p1, S, steps, NB, N, chunk,
+                                                       mine, y)
+                                : p0;
+    for (int64_t rg = 0; rg < row_groups; ++rg) {
+      const int64_t g0 = M * rg / row_groups, rows_in_group = M * (rg + 1) / row_groups - g0;
+      const int64_t group_blocks = (rows_in_group + MRmax - 1) / MRmax;
+      const int64_t base = rows_in_group / group_blocks, extra = rows_in_group % group_blocks;
+      const int64_t calls = widened ? groups : group_blocks * groups;  // a chunk's prefetchers
+      for (int64_t p = first; p < p1; ++p) {  // every panel, or those left by the streams
+        const T* panel = packed + p * steps * ldw;
+        const int64_t valid = std::min<int64_t>(NB, N - p * NB);
+        for (int64_t s0 = 0; s0 < steps; s0 += chunk) {
+          const int64_t n = std::min(chunk, steps - s0);
+          const bool last = s0 + n == steps;
+          const int64_t offset = (p * steps + s0) * ldw * static_cast<int64_t>(sizeof(T));
+          const int64_t chunk_lines = n * ldw * static_cast<int64_t>(sizeof(T)) / 64;
+          const auto ahead = dense_prefetch::window(bytes, total_bytes, offset, prefetch,
+                                                    chunk_lines);
+          if (M == 1) {  // one row: the whole panel's steps in order
+            one_row[groups - 1](x + s0 * xStep, panel + s0 * ldw, ldw, n, mine, s0 > 0,
+                                last ? y + p * NB : nullptr, valid, ahead.start, ahead.lines);
+            continue;
           }
-          int64_t row = 0;
-          for (int64_t b = 0; b < blocks; ++b) {
-            const int64_t rows = base + (b < extra ? 1 : 0);
-            const float* xr = x + row * ldx + s0 * xStep;
-            float* part = mine + row * NB + col;
-            T* out = last ? y + row * N + p * NB + col : nullptr;
-            if (widened) {
-              wide[rows - 1](xr, ldx, buf, kGroup, n * 2, part, NB, s0 > 0, out, N, valid - col,
-                             nullptr, 0);
-            } else {
-              direct[rows - 1](xr, ldx, w, ldw, n, part, NB, s0 > 0, out, N, valid - col,
-                               ahead.part_start(call, calls), ahead.part_lines(call, calls));
-              ++call;
+          int64_t call = 0;
+          for (int64_t g = 0; g < groups; ++g) {
+            const int64_t col = g * kGroup;
+            const T* w = panel + s0 * ldw + (bf16 ? 2 * col : col);  // the group's first element
+            if constexpr (bf16) {
+              if (widened) {
+                widen(w, ldw, n, buf, ahead.part_start(g, calls), ahead.part_lines(g, calls));
+              }
             }
-            row += rows;
+            int64_t row = g0;
+            for (int64_t b = 0; b < group_blocks; ++b) {
+              const int64_t rows = base + (b < extra ? 1 : 0);
+              const float* xr = x + row * ldx + s0 * xStep;
+              float* part = mine + (row - g0) * NB + col;
+              T* out = last ? y + row * N + p * NB + col : nullptr;
+              if (widened) {
+                wide[rows - 1](xr, ldx, buf, kGroup, n * 2, part, NB, s0 > 0, out, N,
+                               valid - col, nullptr, 0);
+              } else {
+                direct[rows - 1](xr, ldx, w, ldw, n, part, NB, s0 > 0, out, N, valid - col,
+                                 ahead.part_start(call, calls), ahead.part_lines(call, calls));
+                ++call;
+              }
+              row += rows;
+            }
           }
         }
       }
@@ -399,20 +411,21 @@ double fma_loop_seconds(int64_t iters) {
 
 void linear_f32(const float* x, int64_t M, int64_t K, const float* packed, int64_t panels,
                 int64_t NB, int64_t N, float* y, int nthreads, int64_t chunk_steps,
-                int64_t prefetch_one, int64_t prefetch_many, bool row_streams_on) {
+                int64_t prefetch_one, int64_t prefetch_many, bool row_streams_on,
+                int64_t group_bytes) {
   run<float>(x, M, K, K, packed, panels, NB, N, y, nthreads, chunk_steps, prefetch_one,
-             prefetch_many, row_streams_on);
+             prefetch_many, row_streams_on, group_bytes);
 }
 
 // x in bf16, converted here (each pair swapped).
 void linear_bf16(const c10::BFloat16* x, int64_t M, int64_t ldx, const c10::BFloat16* packed,
                  int64_t panels, int64_t NB, int64_t N, c10::BFloat16* y, int nthreads,
                  int64_t chunk_steps, int64_t prefetch_one, int64_t prefetch_many,
-                 bool row_streams_on) {
+                 bool row_streams_on, int64_t group_bytes) {
   float* xf = dense_scratch::floats(dense_scratch::kX, M * ldx);
   bf16_pairs::to_fp32_swapped(x, M * ldx / 2, xf);
   run<c10::BFloat16>(xf, M, ldx, ldx / 2, packed, panels, NB, N, y, nthreads,
-                     chunk_steps, prefetch_one, prefetch_many, row_streams_on);
+                     chunk_steps, prefetch_one, prefetch_many, row_streams_on, group_bytes);
 }
 
 }  // namespace dense_avx2

@@ -212,6 +212,31 @@ def test_rows_are_batch_invariant_and_threads_do_not_matter(dtype, path):
         assert torch.equal(kernel(x, layer.packed, 960, threads), together)
 
 
+@needs_fp32
+@pytest.mark.parametrize(("dtype", "path"), DTYPE_PATHS, indirect=["path"])
+@pytest.mark.parametrize(("k", "n"), [(576, 960), (1536, 200)])
+def test_many_rows_in_row_groups_with_the_same_sums(dtype, path, k, n):
+    """Many rows are taken in row groups whose x fits a share of L2 (set_dense_group_bytes);
+    each row's sums are the same in any group: bit for bit the result of one group, with the
+    groups of uneven size (150 rows as 6 x 25, 3 x 50 or 2 x 75 rows), on 1 or 2 threads."""
+    if dtype == torch.bfloat16 and not BF16_OK:
+        pytest.skip("no bf16 kernel here")
+    x, w = inputs(150, k, n, dtype, seed=k)
+    layer = PackedLinear(w)
+    kernels, kernel = load_cpu_kernels(), kernel_fn(dtype)
+    row_bytes = k * x.element_size()
+    for threads in [1, 2]:
+        kernels.set_dense_group_bytes(0)
+        try:
+            whole = kernel(x, layer.packed, n, threads)
+            for rows in [25, 50, 75]:
+                kernels.set_dense_group_bytes(rows * row_bytes)
+                assert torch.equal(kernel(x, layer.packed, n, threads), whole), (rows, threads)
+        finally:
+            kernels.set_dense_group_bytes(-1)
+    (check_fp32 if dtype == torch.float32 else check_bf16)(whole, x, w)
+
+
 @pytest.mark.skipif(not FP32_OK, reason="no kernel here")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(("k", "n", "panel"), [(576, 960, 48), (72, 1000, 64), (64, 900, 64),
