@@ -249,6 +249,12 @@ def load_paged_prefill_attention() -> Callable | None:
     return None if kernels is None else kernels.paged_prefill_attention
 
 
+def load_paged_prefill_attention_chunks() -> Callable | None:
+    """The same kernel taking several prefill chunks in one call, or None."""
+    kernels = load_cpu_kernels()
+    return None if kernels is None else kernels.paged_prefill_attention_chunks
+
+
 def load_fused_ops() -> ModuleType | None:
     """The fused small ops (RMSNorm with its residual add, RoPE, SwiGLU's activation): the
     kernels module itself, or None."""

@@ -5,6 +5,11 @@ model's attention shape (9 query heads on 3 K/V heads, head dim 64, 30 layers). 
 timed as the engine runs it: metadata built once, then every layer writes its K/V and
 attends; the figure is the step's time divided by the layers, best of --repeats.
 
+With --chunks N, the step holds N such chunks of different sequences whose cached tokens
+are the same blocks (users of one system prompt), and the kernel's figure is given twice:
+the chunks one call each, and all in one call (`paged_prefill_attention_chunks`, what the
+engine runs).
+
     python3 benchmarks/studies/prefill_attention_microbench.py --cached 0 500 --chunk 16 512
 """
 
@@ -25,19 +30,29 @@ from model.attention import CpuKernelAttention, TorchPagedAttention, create_back
 torch.set_grad_enabled(False)
 
 
+def tables(cached: int, chunk: int, chunks: int) -> list[list[int]]:
+    """Each chunk's block table: the cached prefix's blocks, the same for all, then its own
+    (block 0, the dummy, never used)."""
+    shared = -(-cached // BLOCK_SIZE)
+    own = -(-(cached + chunk) // BLOCK_SIZE) - shared + 1
+    first = shared + 1  # the first chunk's own first block
+    return [list(range(1, first)) + list(range(first + c * own, first + (c + 1) * own))
+            for c in range(chunks)]
+
+
 def per_layer_ms(attention: TorchPagedAttention, cached: int, chunk: int, heads: int,
-                 repeats: int) -> float:
+                 repeats: int, chunks: int = 1) -> float:
     pool = attention.pool
     layers = len(pool.k)
     kv_heads, dim = pool.k[0].shape[2:]
     dtype = pool.k[0].dtype
-    table = list(range(1, pool.k[0].shape[0]))
-    q = torch.randn(chunk, heads, dim).to(dtype)
-    k, v = (torch.randn(chunk, kv_heads, dim).to(dtype) for _ in range(2))
+    step_chunks = [(table, cached + chunk, chunk) for table in tables(cached, chunk, chunks)]
+    q = torch.randn(chunk * chunks, heads, dim).to(dtype)
+    k, v = (torch.randn(chunk * chunks, kv_heads, dim).to(dtype) for _ in range(2))
     best = float("inf")
     for _ in range(repeats + 1):  # the first is a warm-up
         start = time.perf_counter()
-        attention.step = attention.build_metadata([], [(table, cached + chunk, chunk)])
+        attention.step = attention.build_metadata([], step_chunks)
         for layer in range(layers):
             attention(layer, q, k, v)
         best = min(best, time.perf_counter() - start)
@@ -55,25 +70,31 @@ def main() -> None:
     p.add_argument("--kv-heads", type=int, default=3)
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--chunks", type=int, default=1,
+                   help="chunks per step, of different sequences sharing the cached blocks")
     args = p.parse_args()
-    print("| dtype | cached | chunk | gather + SDPA (ms/layer) | in-place kernel (ms/layer) |")
-    print("|---|---|---|---|---|")
+    several = args.chunks > 1
+    print("| dtype | cached | chunk | gather + SDPA (ms/layer) | in-place kernel (ms/layer) |"
+          + (" kernel, one call for all chunks |" if several else ""))
+    print("|---|---|---|---|---|" + ("---|" if several else ""))
     for dtype_name in args.dtype:
         dtype = getattr(torch, dtype_name)
         for cached in args.cached:
             for chunk in args.chunk:
-                blocks = -(-(cached + chunk) // BLOCK_SIZE) + 1
+                blocks = max(map(max, tables(cached, chunk, args.chunks))) + 1
                 pool = KVCachePool(args.layers, blocks, args.kv_heads, args.head_dim, dtype=dtype)
                 for t in (*pool.k, *pool.v):
                     t.normal_()
                 kernel = create_backend("cpu-kernel", pool)
                 assert isinstance(kernel, CpuKernelAttention) and kernel.prefill_kernel, \
                     "the CPU kernels could not be built here"
-                figures = [per_layer_ms(backend, cached, chunk, args.heads, args.repeats)
-                           for backend in (TorchPagedAttention(pool), kernel)]
-                print(f"| {dtype_name} | {cached} | {chunk} | {figures[0]:.3f} | "
-                      f"{figures[1]:.3f} |")
-
+                one_by_one = CpuKernelAttention(pool, kernel.kernel, kernel.prefill_kernel,
+                                                kernel.amx_sdpa)
+                backends = [TorchPagedAttention(pool), one_by_one] + ([kernel] if several else [])
+                figures = [per_layer_ms(backend, cached, chunk, args.heads, args.repeats,
+                                        args.chunks) for backend in backends]
+                print(f"| {dtype_name} | {cached} | {chunk} | "
+                      + " | ".join(f"{f:.3f}" for f in figures) + " |")
 
 if __name__ == "__main__":
     main()

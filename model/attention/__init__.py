@@ -18,6 +18,7 @@ from model.cpu_kernel import (
     load_cpu_kernels,
     load_paged_decode_attention,
     load_paged_prefill_attention,
+    load_paged_prefill_attention_chunks,
 )
 
 __all__ = ["AttentionBackend", "CpuKernelAttention", "StepMetadata", "TorchPagedAttention",
@@ -50,5 +51,6 @@ def create_backend(requested: str, pool: KVCachePool) -> TorchPagedAttention:
         kernel = load_paged_decode_attention()
         if kernel is not None:
             amx_sdpa = pool.k[0].dtype == torch.bfloat16 and load_cpu_kernels().dense_amx_usable()
-            return CpuKernelAttention(pool, kernel, load_paged_prefill_attention(), amx_sdpa)
+            return CpuKernelAttention(pool, kernel, load_paged_prefill_attention(), amx_sdpa,
+                                      load_paged_prefill_attention_chunks())
     return TorchPagedAttention(pool)

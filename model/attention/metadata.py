@@ -67,6 +67,29 @@ class PrefillChunk:
 
 
 @dataclass
+class ChunkBatch:
+    """A step's prefill chunks as one call of a kernel that takes them all reads them: each
+    chunk's block table (rows padded with block 0, past what its context reaches), context
+    length, first row (counted from the first chunk's) and length."""
+
+    block_tables: Tensor  # [chunks, widest table]
+    context_lens: Tensor  # [chunks]
+    starts: Tensor  # [chunks]
+    lengths: Tensor  # [chunks]
+
+    @classmethod
+    def of(cls, chunks: list[PrefillChunk]) -> ChunkBatch:
+        first = chunks[0].start
+        tables = torch.zeros((len(chunks), max(len(c.block_table) for c in chunks)),
+                             dtype=torch.long)
+        for row, chunk in enumerate(chunks):
+            tables[row, :len(chunk.block_table)] = chunk.block_table
+        return cls(tables, torch.tensor([c.context_len for c in chunks], dtype=torch.long),
+                   torch.tensor([c.start - first for c in chunks], dtype=torch.long),
+                   torch.tensor([c.length for c in chunks], dtype=torch.long))
+
+
+@dataclass
 class StepMetadata:
     slot_mapping: Tensor  # [num_tokens]: block * BLOCK_SIZE + offset, where each new K/V goes
     num_single: int  # rows [0, num_single) are one-token sequences
@@ -78,6 +101,8 @@ class StepMetadata:
     single_mask: Tensor | None = None
     mask_dtype: torch.dtype = torch.float32
     single_window_masks: dict[int, Tensor] = field(default_factory=dict)
+    # The chunks for a kernel that attends them all in one call; set by backends that have one.
+    chunk_batch: ChunkBatch | None = None
 
     def single_window_mask(self, window: int) -> Tensor:
         """single_mask for a sliding-window layer: only the last `window` keys of each

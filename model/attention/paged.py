@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from kvcache.pool import BLOCK_SIZE, KVCachePool
-from model.attention.metadata import PrefillChunk, StepMetadata
+from model.attention.metadata import ChunkBatch, PrefillChunk, StepMetadata
 
 
 class TorchPagedAttention:
@@ -68,11 +68,19 @@ class TorchPagedAttention:
         if step.num_single:
             outputs.append(self.attend_single(q[:step.num_single], k_cache, v_cache, step,
                                               window))
+        if step.chunks:
+            outputs.extend(self.attend_chunks(q, k, v, k_cache, v_cache, step, window))
+        return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
+
+    def attend_chunks(self, q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor,
+                      step: StepMetadata, window: int | None = None) -> list[Tensor]:
+        """Every prefill chunk of the step, one after another: their outputs in row order."""
+        outputs = []
         for chunk in step.chunks:
             rows = slice(chunk.start, chunk.start + chunk.length)
             outputs.append(self.attend_chunk(q[rows], k[rows], v[rows], k_cache, v_cache, chunk,
                                              window))
-        return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
+        return outputs
 
     @staticmethod
     def write(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, step: StepMetadata) -> None:
@@ -140,11 +148,13 @@ class CpuKernelAttention(TorchPagedAttention):
     name = "cpu-kernel"
 
     def __init__(self, pool: KVCachePool, kernel: Callable,
-                 prefill_kernel: Callable | None = None, amx_sdpa: bool = False) -> None:
+                 prefill_kernel: Callable | None = None, amx_sdpa: bool = False,
+                 chunks_kernel: Callable | None = None) -> None:
         super().__init__(pool)
         self.kernel = kernel
         self.prefill_kernel = prefill_kernel
         self.amx_sdpa = amx_sdpa
+        self.chunks_kernel = chunks_kernel  # several chunks in one call (else one by one)
 
     def chunk_takes_sdpa(self, chunk: PrefillChunk) -> bool:
         """Whether this chunk goes to gather + SDPA rather than the prefill kernel: always
@@ -159,12 +169,28 @@ class CpuKernelAttention(TorchPagedAttention):
     def build_metadata(self, single: list[tuple[list[int], int]],
                        chunks: list[tuple[list[int], int, int]]) -> StepMetadata:
         device, dtype = self.pool.k[0].device, self.pool.k[0].dtype
-        return StepMetadata.build(single, chunks, device, dtype, with_single_mask=False)
+        step = StepMetadata.build(single, chunks, device, dtype, with_single_mask=False)
+        if (self.chunks_kernel is not None and len(step.chunks) > 1
+                and not any(self.chunk_takes_sdpa(c) for c in step.chunks)):
+            step.chunk_batch = ChunkBatch.of(step.chunks)
+        return step
 
     def attend_single(self, q: Tensor, k_cache: Tensor, v_cache: Tensor,
                       step: StepMetadata, window: int | None = None) -> Tensor:
         return self.kernel(q.contiguous(), k_cache, v_cache, step.single_block_tables,
                            step.single_context_lens, q.shape[-1] ** -0.5, window or 0)
+
+    def attend_chunks(self, q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor,
+                      step: StepMetadata, window: int | None = None) -> list[Tensor]:
+        """Several chunks that all take the kernel: one call, whose tasks (every chunk's)
+        share the threads (`ChunkBatch`, set by build_metadata); else one chunk at a time."""
+        batch = step.chunk_batch
+        if batch is None:
+            return super().attend_chunks(q, k, v, k_cache, v_cache, step, window)
+        rows = q[step.chunks[0].start:step.chunks[-1].start + step.chunks[-1].length]
+        return [self.chunks_kernel(rows.contiguous(), k_cache, v_cache, batch.block_tables,
+                                   batch.context_lens, batch.starts, batch.lengths,
+                                   q.shape[-1] ** -0.5, window or 0)]
 
     def attend_chunk(self, q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor,
                      chunk: PrefillChunk, window: int | None = None) -> Tensor:

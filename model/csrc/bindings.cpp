@@ -13,6 +13,11 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache,
 torch::Tensor paged_prefill_attention(torch::Tensor q, torch::Tensor k_cache,
                                       torch::Tensor v_cache, torch::Tensor block_table,
                                       int64_t context_len, double scale, int64_t window);
+torch::Tensor paged_prefill_attention_chunks(torch::Tensor q, torch::Tensor k_cache,
+                                             torch::Tensor v_cache, torch::Tensor block_tables,
+                                             torch::Tensor context_lens, torch::Tensor starts,
+                                             torch::Tensor lengths, double scale,
+                                             int64_t window);
 torch::Tensor add_rms_norm(torch::Tensor residual, torch::Tensor delta, torch::Tensor weight,
                            double eps);
 void rope_inplace(torch::Tensor qk, int64_t heads, torch::Tensor cos, torch::Tensor sin);
@@ -57,6 +62,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("q"), pybind11::arg("k_cache"), pybind11::arg("v_cache"),
         pybind11::arg("block_table"), pybind11::arg("context_len"), pybind11::arg("scale"),
         pybind11::arg("window") = 0);
+  m.def("paged_prefill_attention_chunks", &paged_prefill_attention_chunks, no_gil,
+        "paged_prefill_attention for several chunks in one call: chunk c is rows "
+        "starts[c]:starts[c]+lengths[c] of q (model/csrc/paged_prefill_attention_cpu.cpp)",
+        pybind11::arg("q"), pybind11::arg("k_cache"), pybind11::arg("v_cache"),
+        pybind11::arg("block_tables"), pybind11::arg("context_lens"), pybind11::arg("starts"),
+        pybind11::arg("lengths"), pybind11::arg("scale"), pybind11::arg("window") = 0);
   m.def("add_rms_norm", &add_rms_norm, no_gil, "residual += delta; RMSNorm (fused_ops_cpu.cpp)");
   m.def("rope_inplace", &rope_inplace, no_gil, "rotate-half RoPE in place (fused_ops_cpu.cpp)");
   m.def("silu_mul", &silu_mul, no_gil, "silu(gate) * up (fused_ops_cpu.cpp)");

@@ -314,32 +314,39 @@ int64_t count_tiles(int64_t n, int64_t group, int64_t kv_heads, int64_t threads)
 }
 
 #ifndef PREFILL_TASK_ONLY
+// One chunk's place in a call: its rows of q (and of the output) and its block table.
+struct Chunk {
+  Shape shape;
+  int64_t start;         // first row in q
+  const int64_t* table;  // its block table
+};
+
+// One task of one chunk: K/V head g, positions [q0, q0 + count); `work` orders the tasks.
+struct Task {
+  int64_t chunk, g, q0, count, work;
+};
+
+// Every chunk of a step in one parallel region: each chunk cut into the tasks a call for it
+// alone would make (so each row's sums are the same either way), all the step's tasks handed
+// out longest first.
 template <typename T>
 at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k_cache,
-                             const at::Tensor& v_cache, const at::Tensor& block_table,
-                             int64_t context_len, double scale, int64_t window) {
-  Shape sh{};
-  sh.n = q.size(0);
-  sh.heads = q.size(1);
-  sh.dim = q.size(2);
-  sh.block_size = k_cache.size(1);
-  sh.kv_heads = k_cache.size(2);
-  sh.context_len = context_len;
-  sh.window = window;
-  TORCH_CHECK(k_cache.size(3) == sh.dim && sh.heads % sh.kv_heads == 0 &&
-                  v_cache.sizes() == k_cache.sizes(),
-              "paged_prefill_attention: shapes");
-  sh.group = sh.heads / sh.kv_heads;
-  TORCH_CHECK(sh.n >= 1 && context_len >= sh.n &&
-                  context_len <= block_table.size(0) * sh.block_size,
-              "paged_prefill_attention: context length outside its block table");
-  const int64_t* table = block_table.data_ptr<int64_t>();
-  for (int64_t i = 0; i < (context_len + sh.block_size - 1) / sh.block_size; ++i)
-    TORCH_CHECK(table[i] >= 0 && table[i] < k_cache.size(0),
-                "paged_prefill_attention: block id outside the pool");
-  const int64_t tiles = count_tiles(sh.n, sh.group, sh.kv_heads, omp_get_max_threads());
-  sh.positions = (sh.n + tiles - 1) / tiles;  // query positions per task
-  const int64_t tasks = tiles * sh.kv_heads;
+                             const at::Tensor& v_cache, std::vector<Chunk>& chunks, double scale) {
+  const int64_t threads = omp_get_max_threads();
+  std::vector<Task> tasks;
+  for (int64_t c = 0; c < static_cast<int64_t>(chunks.size()); ++c) {
+    Shape& sh = chunks[c].shape;
+    const int64_t tiles = count_tiles(sh.n, sh.group, sh.kv_heads, threads);
+    sh.positions = (sh.n + tiles - 1) / tiles;  // query positions per task
+    for (int64_t tile = 0; tile < tiles; ++tile) {
+      const int64_t q0 = tile * sh.positions, count = std::min(sh.positions, sh.n - q0);
+      const int64_t keys = sh.context_len - sh.n + q0 + count;  // the most any row sees
+      const int64_t seen = sh.window > 0 ? std::min(keys, sh.window + count) : keys;
+      for (int64_t g = 0; g < sh.kv_heads; ++g) tasks.push_back({c, g, q0, count, count * seen});
+    }
+  }
+  std::stable_sort(tasks.begin(), tasks.end(),
+                   [](const Task& a, const Task& b) { return a.work > b.work; });
 
   auto out = at::empty_like(q);
   const T* qp = q.data_ptr<T>();
@@ -347,16 +354,61 @@ at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k_cache,
   const T* vp = v_cache.data_ptr<T>();
   T* op = out.data_ptr<T>();
   const float fscale = static_cast<float>(scale);
+  const int64_t row_elems = q.size(1) * q.size(2);
   // Nothing may throw in here (an exception cannot leave an OpenMP region): every check is
-  // done above. Later tiles see more keys: hand them out first.
+  // done before.
 #pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t task = 0; task < tasks; ++task) {
-    const int64_t tile = tiles - 1 - task / sh.kv_heads, g = task % sh.kv_heads;
-    const int64_t q0 = tile * sh.positions;
-    prefill_task<T>(sh, qp, kp, vp, table, fscale, g, q0,
-                    std::min(sh.positions, sh.n - q0), op);
+  for (int64_t i = 0; i < static_cast<int64_t>(tasks.size()); ++i) {
+    const Task& task = tasks[i];
+    const Chunk& chunk = chunks[task.chunk];
+    const int64_t offset = chunk.start * row_elems;
+    prefill_task<T>(chunk.shape, qp + offset, kp, vp, chunk.table, fscale, task.g, task.q0,
+                    task.count, op + offset);
   }
   return out;
+}
+
+void check_tensors(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                   int64_t window) {
+  TORCH_CHECK(q.dtype() == k_cache.dtype() && q.dtype() == v_cache.dtype() &&
+                  (q.dtype() == at::kFloat || q.dtype() == at::kBFloat16),
+              "paged_prefill_attention: q, K and V all float32 or all bfloat16");
+  TORCH_CHECK(window >= 0, "paged_prefill_attention: window must be >= 0");
+  TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4 && k_cache.size(3) == q.size(2) &&
+                  q.size(1) % k_cache.size(2) == 0 && v_cache.sizes() == k_cache.sizes(),
+              "paged_prefill_attention: shapes");
+  TORCH_CHECK(q.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous(),
+              "paged_prefill_attention: contiguous tensors expected");
+}
+
+// Chunk `n` rows from `start`, `context_len` tokens of context, through `table` (`width`
+// entries): checked against q and the pool.
+Chunk make_chunk(const at::Tensor& q, const at::Tensor& k_cache, int64_t start, int64_t n,
+                 int64_t context_len, const int64_t* table, int64_t width, int64_t window) {
+  Shape sh{};
+  sh.n = n;
+  sh.heads = q.size(1);
+  sh.dim = q.size(2);
+  sh.block_size = k_cache.size(1);
+  sh.kv_heads = k_cache.size(2);
+  sh.group = sh.heads / sh.kv_heads;
+  sh.context_len = context_len;
+  sh.window = window;
+  TORCH_CHECK(n >= 1 && start >= 0 && start + n <= q.size(0),
+              "paged_prefill_attention: a chunk's rows outside q");
+  TORCH_CHECK(context_len >= n && context_len <= width * sh.block_size,
+              "paged_prefill_attention: context length outside its block table");
+  for (int64_t i = 0; i < (context_len + sh.block_size - 1) / sh.block_size; ++i)
+    TORCH_CHECK(table[i] >= 0 && table[i] < k_cache.size(0),
+                "paged_prefill_attention: block id outside the pool");
+  return {sh, start, table};
+}
+
+at::Tensor run_chunks(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                      std::vector<Chunk>& chunks, double scale) {
+  if (q.dtype() == at::kBFloat16)
+    return prefill_attention<c10::BFloat16>(q, k_cache, v_cache, chunks, scale);
+  return prefill_attention<float>(q, k_cache, v_cache, chunks, scale);
 }
 #endif  // PREFILL_TASK_ONLY
 }  // namespace
@@ -369,17 +421,42 @@ at::Tensor paged_prefill_attention(at::Tensor q,            // [n, heads, dim]
                                    int64_t context_len,     // cached + these n tokens
                                    double scale,
                                    int64_t window) {        // 0: the whole context
-  TORCH_CHECK(q.dtype() == k_cache.dtype() && q.dtype() == v_cache.dtype() &&
-                  (q.dtype() == at::kFloat || q.dtype() == at::kBFloat16),
-              "paged_prefill_attention: q, K and V all float32 or all bfloat16");
-  TORCH_CHECK(window >= 0, "paged_prefill_attention: window must be >= 0");
-  TORCH_CHECK(block_table.dtype() == at::kLong, "paged_prefill_attention: int64 block table");
-  TORCH_CHECK(q.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous() &&
-                  block_table.is_contiguous(),
-              "paged_prefill_attention: contiguous tensors expected");
-  if (q.dtype() == at::kBFloat16)
-    return prefill_attention<c10::BFloat16>(q, k_cache, v_cache, block_table, context_len, scale,
-                                            window);
-  return prefill_attention<float>(q, k_cache, v_cache, block_table, context_len, scale, window);
+  check_tensors(q, k_cache, v_cache, window);
+  TORCH_CHECK(block_table.dtype() == at::kLong && block_table.is_contiguous(),
+              "paged_prefill_attention: contiguous int64 block table");
+  std::vector<Chunk> chunks{make_chunk(q, k_cache, 0, q.size(0), context_len,
+                                       block_table.data_ptr<int64_t>(), block_table.size(0),
+                                       window)};
+  return run_chunks(q, k_cache, v_cache, chunks, scale);
+}
+
+// Several chunks (of different sequences) in one call: chunk c is rows [starts[c], starts[c] +
+// lengths[c]) of q, with context_lens[c] tokens of context through row c of block_tables.
+at::Tensor paged_prefill_attention_chunks(at::Tensor q,             // [rows, heads, dim]
+                                          at::Tensor k_cache,       // as above
+                                          at::Tensor v_cache,
+                                          at::Tensor block_tables,  // [chunks, width] int64
+                                          at::Tensor context_lens,  // [chunks] int64
+                                          at::Tensor starts,        // [chunks] int64
+                                          at::Tensor lengths,       // [chunks] int64
+                                          double scale, int64_t window) {
+  check_tensors(q, k_cache, v_cache, window);
+  const int64_t n = block_tables.dim() == 2 ? block_tables.size(0) : -1;
+  for (const at::Tensor* t : {&block_tables, &context_lens, &starts, &lengths})
+    TORCH_CHECK(t->dtype() == at::kLong && t->is_contiguous() && t->device().is_cpu(),
+                "paged_prefill_attention_chunks: contiguous int64 CPU tensors expected");
+  TORCH_CHECK(n >= 0 && context_lens.numel() == n && starts.numel() == n &&
+                  lengths.numel() == n,
+              "paged_prefill_attention_chunks: one table, context length, start and length "
+              "per chunk");
+  const int64_t width = block_tables.size(1);
+  const int64_t* tables = block_tables.data_ptr<int64_t>();
+  const int64_t *ctx = context_lens.data_ptr<int64_t>(), *st = starts.data_ptr<int64_t>(),
+                *len = lengths.data_ptr<int64_t>();
+  std::vector<Chunk> chunks;
+  for (int64_t c = 0; c < n; ++c)
+    chunks.push_back(make_chunk(q, k_cache, st[c], len[c], ctx[c], tables + c * width, width,
+                                window));
+  return run_chunks(q, k_cache, v_cache, chunks, scale);
 }
 #endif  // PREFILL_TASK_ONLY

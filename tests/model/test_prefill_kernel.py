@@ -212,3 +212,64 @@ def test_bf16_chunks_with_enough_work_take_sdpa_where_it_runs_on_amx():
     fp32_pool, _ = filled_pool(3, 64, 16, seed=0)
     assert not create_backend("auto", fp32_pool).amx_sdpa
     assert create_backend("auto", pool).amx_sdpa is load_cpu_kernels().dense_amx_usable()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("window", [None, 20])
+def test_a_steps_chunks_in_one_call_give_each_chunk_its_own_bits(dtype, window):
+    """A step of 2 one-token rows and 5 chunks (some sharing their first blocks, as users of
+    one system prompt do; 1 to 130 rows, 0 to 70 cached) in one call of the kernel that takes
+    them all: bit for bit each chunk's output from a call of its own, and within fp32's
+    tolerance of gather + SDPA; with and without a sliding window."""
+    from model.attention import CpuKernelAttention
+    from model.cpu_kernel import load_paged_decode_attention, load_paged_prefill_attention_chunks
+
+    pool = KVCachePool(num_layers=1, num_blocks=60, num_kv_heads=3, head_dim=64, dtype=dtype)
+    torch.manual_seed(3)
+    pool.k[0].normal_()
+    pool.v[0].normal_()
+    shared = [5, 9, 2, 7, 11]  # 80 tokens of a prefix
+    tables = [[*shared, 20, 21], [*shared, 22, 23], list(range(30, 40)), [*shared[:2], 41],
+              list(range(42, 52)), [12, 13], [14]]
+    single = [(tables[5], 25), (tables[6], 9)]
+    chunks = [(tables[0], 100, 30), (tables[1], 95, 25), (tables[2], 130, 130),
+              (tables[3], 33, 1), (tables[4], 70 + 14, 14)]
+    rows = len(single) + sum(n for _, _, n in chunks)
+    q = torch.randn(rows, 9, 64).to(dtype)
+    k, v = (torch.randn(rows, 3, 64).to(dtype) for _ in range(2))
+    decode = load_paged_decode_attention()
+    batched = CpuKernelAttention(pool, decode, kernel,
+                                 chunks_kernel=load_paged_prefill_attention_chunks())
+    one_by_one = CpuKernelAttention(pool, decode, kernel)
+    outs = {}
+    for name, backend in [("batched", batched), ("one by one", one_by_one),
+                          ("sdpa", TorchPagedAttention(pool))]:
+        backend.step = backend.build_metadata(single, chunks)
+        outs[name] = backend(0, q, k, v, window=window)
+    assert batched.step.chunk_batch is not None and one_by_one.step.chunk_batch is None
+    assert torch.equal(outs["batched"], outs["one by one"])
+    diff = (outs["batched"].float() - outs["sdpa"].float()).abs().max().item()
+    assert diff < (1e-5 if dtype == torch.float32 else 2e-2), diff
+
+
+def test_the_chunks_call_rejects_bad_chunks():
+    """A chunk whose rows fall outside q, or tensors of different lengths, are a Python
+    error, not a crash."""
+    from model.cpu_kernel import load_paged_prefill_attention_chunks
+
+    chunks_kernel = load_paged_prefill_attention_chunks()
+    pool, table = filled_pool(3, 64, 40, seed=2)
+    q = torch.randn(10, 9, 64)
+    tables = torch.tensor([table, table])
+
+    def call(starts, lengths, context_lens=(20, 40)):
+        return chunks_kernel(q, pool.k[0], pool.v[0], tables, torch.tensor(context_lens),
+                             torch.tensor(starts), torch.tensor(lengths), 0.125, 0)
+
+    assert call([0, 4], [4, 6]).shape == q.shape
+    with pytest.raises(RuntimeError, match="rows outside q"):
+        call([0, 4], [4, 7])
+    with pytest.raises(RuntimeError, match="one table, context length"):
+        call([0], [4, 6])
+    with pytest.raises(RuntimeError, match="outside its block table"):
+        call([0, 4], [4, 6], context_lens=(20, 90))
