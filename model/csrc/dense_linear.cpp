@@ -50,6 +50,7 @@
 // Outside the target below: their inline functions are one copy in the whole module, which
 // must run on any x86-64 CPU (the AVX2 and AMX files include them as well).
 #include "dense_prefetch.h"
+#include "dense_rows.h"
 #include "dense_scratch.h"
 
 #pragma GCC push_options
@@ -142,7 +143,7 @@ int64_t group_bytes();  // below, outside this file's AVX-512 target
 //
 // Many rows (a prefill chunk) are taken in row groups of near-equal size whose x fits in
 // g_group_bytes: a panel's chunk is read by every row block of the group, whose x and parked
-// sums then stay in L2 (and the sums mostly in L1) instead of streaming from further out for
+// sums then stay in L2 (the sums of fewer rows in L1) instead of streaming from further out for
 // every panel; the weights are read once per group, which many rows can afford. Each row's
 // sums are the same whatever its group or block (every output sums the same chunks of k in
 // the same order), so the grouping changes the time only, never a result.
@@ -155,15 +156,9 @@ void run(const T* x, int64_t M, int64_t ldx, int64_t steps, const T* packed, int
   constexpr int64_t xStep = sizeof(float) / sizeof(T);  // x elements per step (x as T)
   constexpr int MRmax = dense_tile::max_rows<NR>();
   static constexpr auto direct = dense_tile::tiles<T, T, T, NR>();
-  // Row groups of near-equal size, each of at least a few row blocks.
-  const int64_t row_bytes = ldx * static_cast<int64_t>(sizeof(T));
-  const int64_t most_bytes = group_bytes();
-  const int64_t most_rows = most_bytes > 0
-      ? std::max<int64_t>(4 * MRmax, most_bytes / row_bytes) : M;
-  const int64_t groups = (M + most_rows - 1) / most_rows;
-  const int64_t group_rows = (M + groups - 1) / groups;  // the largest group
-  // Row blocks of near-equal size within a group (8 rows -> 4 + 4, not 6 + 2).
-  const int64_t blocks = (group_rows + MRmax - 1) / MRmax;  // the largest group's
+  const auto groups = dense_rows::groups(M, ldx * static_cast<int64_t>(sizeof(T)),
+                                         group_bytes(), MRmax);
+  const int64_t blocks = groups.blocks;  // the largest group's
   const int64_t prefetch = blocks == 1 ? g_prefetch_one_block : g_prefetch_bytes;
   // bf16 by FMAs: x in fp32, its pairs swapped (bf16_pairs.h). Each row block widens every
   // step in registers; from kStagedBlocks blocks, the first keeps the chunk it widens in a
@@ -178,7 +173,7 @@ void run(const T* x, int64_t M, int64_t ldx, int64_t steps, const T* packed, int
   const int64_t chunk = std::max<int64_t>(1, g_chunk_steps);
   // One row (and no FMA widening): kStreams panels at a time, read side by side.
   const bool streams = g_row_streams && M == 1 && !fma;
-  const int64_t room = (streams ? kStreams : group_rows) * NB;  // each thread's partial sums
+  const int64_t room = (streams ? kStreams : groups.largest) * NB;  // each thread's sums
   float* partial = dense_scratch::floats(dense_scratch::kPartial, nthreads * room);
   const int64_t wide_floats = staged ? 2 * NB * chunk : 0;  // a multiple of 16: aligned
   float* wide = dense_scratch::floats(dense_scratch::kWide, nthreads * wide_floats);
@@ -194,10 +189,8 @@ void run(const T* x, int64_t M, int64_t ldx, int64_t steps, const T* packed, int
     const int64_t first = streams ? one_row_side_by_side<T, NR>(x, packed, p0, p1, steps, N,
                                                                  chunk, mine, y)
                                   : p0;
-    for (int64_t g = 0; g < groups; ++g) {
-      const int64_t g0 = M * g / groups, rows_in_group = M * (g + 1) / groups - g0;
-      const int64_t group_blocks = (rows_in_group + MRmax - 1) / MRmax;
-      const int64_t base = rows_in_group / group_blocks, extra = rows_in_group % group_blocks;
+    for (int64_t g = 0; g < groups.count; ++g) {
+      const auto group = dense_rows::group(M, groups.count, g, MRmax);
       for (int64_t p = first; p < p1; ++p) {  // every panel, or those left by the streams
         const T* panel = packed + p * steps * kStep;
         const int64_t valid = std::min<int64_t>(NB, N - p * NB);
@@ -211,13 +204,13 @@ void run(const T* x, int64_t M, int64_t ldx, int64_t steps, const T* packed, int
           const int64_t offset = ((p * steps + s0) * kStep) * static_cast<int64_t>(sizeof(T));
           const auto ahead =
               dense_prefetch::window(bytes, total_bytes, offset, prefetch, n * NR);
-          int64_t row = g0;
-          for (int64_t b = 0; b < group_blocks; ++b) {
-            const int64_t rows = base + (b < extra ? 1 : 0);
-            float* part = mine + (row - g0) * NB;
+          int64_t row = group.first;
+          for (int64_t b = 0; b < group.blocks; ++b) {
+            const int64_t rows = group.block_rows(b);
+            float* part = mine + (row - group.first) * NB;
             T* out = last ? y + row * N + p * NB : nullptr;
-            const char* pf = ahead.part_start(b, group_blocks);
-            const int64_t pf_lines = ahead.part_lines(b, group_blocks);
+            const char* pf = ahead.part_start(b, group.blocks);
+            const int64_t pf_lines = ahead.part_lines(b, group.blocks);
             if (!fma) {
               direct[rows - 1](x + row * ldx + s0 * xStep, ldx, panel + s0 * kStep, n, part,
                                s0 > 0, out, N, valid, pf, pf_lines, nullptr);

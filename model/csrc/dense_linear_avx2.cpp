@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "dense_prefetch.h"  // outside the target below (dense_linear.cpp says why)
+#include "dense_rows.h"
 #include "dense_scratch.h"
 
 // This file's code (its own object in the kernels module) may use AVX2 and FMA even where
@@ -299,18 +300,15 @@ void run(const float* x, int64_t M, int64_t ldx, int64_t steps, const T* packed,
   // Several row blocks of bf16 go through the widened chunk, so they block as fp32 does.
   const bool widened = bf16 && M > MRdirect;
   const int MRmax = widened || !bf16 ? MRwide : MRdirect;
-  // Row groups whose x fits in group_bytes, of near-equal size (as dense_linear.cpp's run()).
-  const int64_t most_rows = group_bytes > 0
-      ? std::max<int64_t>(4 * MRmax, group_bytes / (ldx * static_cast<int64_t>(sizeof(float))))
-      : M;
-  const int64_t row_groups = (M + most_rows - 1) / most_rows;
-  const int64_t group_rows = (M + row_groups - 1) / row_groups;  // the largest group
-  const int64_t blocks = (group_rows + MRmax - 1) / MRmax;      // the largest group's
+  // Row groups whose x fits in group_bytes (dense_rows.h, as dense_linear.cpp's run()).
+  const auto row_groups = dense_rows::groups(M, ldx * static_cast<int64_t>(sizeof(float)),
+                                             group_bytes, MRmax);
+  const int64_t blocks = row_groups.blocks;  // the largest group's
   const int64_t prefetch = blocks == 1 ? prefetch_one : prefetch_many;
   const int64_t chunk = std::max<int64_t>(1, chunk_steps);
   // One row (and panels narrow enough): S panels at a time, read side by side.
   const int S = M == 1 && row_streams_on ? streams_for<T>(static_cast<int>(groups)) : 1;
-  const int64_t room = std::max<int64_t>(group_rows, S) * NB;  // each thread's partial sums
+  const int64_t room = std::max<int64_t>(row_groups.largest, S) * NB;  // each thread's sums
   float* partial = dense_scratch::floats(dense_scratch::kPartial, nthreads * room);
   const int64_t wide_floats = widened ? 2 * kGroup * chunk : 0;  // a multiple of 8: aligned
   float* wide_buf = dense_scratch::floats(dense_scratch::kWide, nthreads * wide_floats);
@@ -328,11 +326,9 @@ void run(const float* x, int64_t M, int64_t ldx, int64_t steps, const T* packed,
     const int64_t first = S > 1 ? one_row_side_by_side(x, packed, p0, p1, S, steps, NB, N, chunk,
                                                        mine, y)
                                 : p0;
-    for (int64_t rg = 0; rg < row_groups; ++rg) {
-      const int64_t g0 = M * rg / row_groups, rows_in_group = M * (rg + 1) / row_groups - g0;
-      const int64_t group_blocks = (rows_in_group + MRmax - 1) / MRmax;
-      const int64_t base = rows_in_group / group_blocks, extra = rows_in_group % group_blocks;
-      const int64_t calls = widened ? groups : group_blocks * groups;  // a chunk's prefetchers
+    for (int64_t rg = 0; rg < row_groups.count; ++rg) {
+      const auto group = dense_rows::group(M, row_groups.count, rg, MRmax);
+      const int64_t calls = widened ? groups : group.blocks * groups;  // a chunk's prefetchers
       for (int64_t p = first; p < p1; ++p) {  // every panel, or those left by the streams
         const T* panel = packed + p * steps * ldw;
         const int64_t valid = std::min<int64_t>(NB, N - p * NB);
@@ -357,11 +353,11 @@ void run(const float* x, int64_t M, int64_t ldx, int64_t steps, const T* packed,
                 widen(w, ldw, n, buf, ahead.part_start(g, calls), ahead.part_lines(g, calls));
               }
             }
-            int64_t row = g0;
-            for (int64_t b = 0; b < group_blocks; ++b) {
-              const int64_t rows = base + (b < extra ? 1 : 0);
+            int64_t row = group.first;
+            for (int64_t b = 0; b < group.blocks; ++b) {
+              const int64_t rows = group.block_rows(b);
               const float* xr = x + row * ldx + s0 * xStep;
-              float* part = mine + (row - g0) * NB + col;
+              float* part = mine + (row - group.first) * NB + col;
               T* out = last ? y + row * N + p * NB + col : nullptr;
               if (widened) {
                 wide[rows - 1](xr, ldx, buf, kGroup, n * 2, part, NB, s0 > 0, out, N,
