@@ -195,9 +195,14 @@ void rows_tile(int rows, const float* x, int64_t K, const uint8_t* w, int64_t gr
   tile<Format, MR, NG>(x, K, w, group_bytes, y, N, n0);
 }
 
-// Many rows (more than kMaxRows): the block's weights are dequantized once into a 2-4 KB
+// Many rows (more than kMaxRows): each block's weights are dequantized once into a 2-4 KB
 // buffer, then every tile of kMaxRows rows multiplies from it. Unpacking per row tile
-// instead cost a quarter of the FMAs' time again at 30 rows (AVX-512).
+// instead cost a quarter of the FMAs' time again at 30 rows (AVX-512). Up to kPanelRows rows
+// every row walks a block before the next block (`tile_many_rows`: the block in L1, each
+// row's totals added to once per block); with more, each row tile walks every block before
+// the next row tile (`tile_from_panel`: the tile's K x NG x 16 weights dequantized once into
+// a buffer in L2, each row tile's totals in L1, x read row by row instead of as a column of
+// every row's 32 values per block). The sums are the same either way.
 template <int MR, int NG>
 inline void buffer_tile(const float* wbuf, const float* xb, int64_t K, float* total) {
   V acc[MR][NG];
@@ -224,6 +229,21 @@ void rows_from_buffer(int rows, const float* wbuf, const float* xb, int64_t K, f
   buffer_tile<MR, NG>(wbuf, xb, K, total);
 }
 
+// Block b of NG groups' codes as fp32 weights, [32][NG][16]: input k's weights of the NG x 16
+// outputs side by side.
+template <class Format, int NG>
+inline void dequantize_block(const uint8_t* w, int64_t group_bytes, int64_t b, float* out) {
+  for (int g = 0; g < NG; ++g) {
+    const Format blk = load_block<Format>(w + g * group_bytes, b);
+    for (int j = 0; j < 16; ++j) {
+      V lo, hi;
+      blk.pair(j, lo, hi);
+      vstore(out + (j * NG + g) * kLanes, lo);
+      vstore(out + ((j + 16) * NG + g) * kLanes, hi);
+    }
+  }
+}
+
 // All M rows of x against NG groups; total is the caller's scratch, M * NG * 16 floats.
 template <class Format, int NG>
 void tile_many_rows(int64_t M, const float* x, int64_t K, const uint8_t* w,
@@ -232,21 +252,45 @@ void tile_many_rows(int64_t M, const float* x, int64_t K, const uint8_t* w,
   std::fill(total, total + M * NG * kLanes, 0.0f);
   const int64_t blocks = K / kBlock;
   for (int64_t b = 0; b < blocks; ++b) {
-    for (int g = 0; g < NG; ++g) {
-      const Format blk = load_block<Format>(w + g * group_bytes, b);
-      for (int j = 0; j < 16; ++j) {
-        V lo, hi;
-        blk.pair(j, lo, hi);
-        vstore(wbuf + (j * NG + g) * kLanes, lo);
-        vstore(wbuf + ((j + 16) * NG + g) * kLanes, hi);
-      }
-    }
+    dequantize_block<Format, NG>(w, group_bytes, b, wbuf);
     for (int64_t m0 = 0; m0 < M; m0 += kMaxRows)
       rows_from_buffer<NG>(static_cast<int>(std::min<int64_t>(kMaxRows, M - m0)), wbuf,
                            x + m0 * K + b * kBlock, K, total + m0 * NG * kLanes);
   }
   for (int g = 0; g < NG; ++g)
     store_group(total + g * kLanes, NG * kLanes, M, y, N, n0 + g * kLanes);
+}
+
+// From this many rows on, the panel order: on an Intel Xeon, family 6 model 167, all the
+// model's layers in q4_1 at 512 rows took 342-358 ms against 400-427 in the block order, at
+// 128 rows 91-93 against 96-100; a build taking it for every row count was slower at 16 rows
+// (benchmarks/studies/quantized_microbench.py; docs/quantized.md, Prefill chunks).
+constexpr int64_t kPanelRows = 65;
+
+// MR rows of x (MR <= kMaxRows) over every block of a dequantized panel, into y.
+template <int NG, int MR = kMaxRows>
+void rows_from_panel(int rows, const float* panel, const float* x, int64_t K, float* y,
+                     int64_t N, int64_t n0) {
+  if constexpr (MR > 1) {
+    if (rows < MR) return rows_from_panel<NG, MR - 1>(rows, panel, x, K, y, N, n0);
+  }
+  alignas(64) float total[MR * NG * kLanes] = {};
+  for (int64_t b = 0; b < K / kBlock; ++b)
+    buffer_tile<MR, NG>(panel + b * kBlock * NG * kLanes, x + b * kBlock, K, total);
+  for (int g = 0; g < NG; ++g)
+    store_group(total + g * kLanes, NG * kLanes, MR, y, N, n0 + g * kLanes);
+}
+
+// All M rows of x against NG groups, a row tile at a time over the whole dequantized panel;
+// panel is the caller's scratch, K * NG * 16 floats.
+template <class Format, int NG>
+void tile_from_panel(int64_t M, const float* x, int64_t K, const uint8_t* w,
+                     int64_t group_bytes, float* y, int64_t N, int64_t n0, float* panel) {
+  for (int64_t b = 0; b < K / kBlock; ++b)
+    dequantize_block<Format, NG>(w, group_bytes, b, panel + b * kBlock * NG * kLanes);
+  for (int64_t m0 = 0; m0 < M; m0 += kMaxRows)
+    rows_from_panel<NG>(static_cast<int>(std::min<int64_t>(kMaxRows, M - m0)), panel,
+                        x + m0 * K, K, y + m0 * N, N, n0);
 }
 
 template <class Format>
@@ -265,19 +309,27 @@ at::Tensor quantized_linear(const at::Tensor& x, const at::Tensor& packed, int64
   const int64_t tiles = (groups + kGroups - 1) / kGroups;
   // Output groups are split between the threads; each thread runs all rows of x over its
   // groups, so its codes are read from memory once.
-  // Each thread's running totals for the many-rows path, allocated here: nothing may throw
-  // inside the OpenMP region.
-  const int64_t scratch_size = M > kMaxRows ? M * kGroups * kLanes : 0;
+  // Each thread's scratch for the many-rows paths (all rows' running totals, or a dequantized
+  // panel), allocated here: nothing may throw inside the OpenMP region.
+  const bool by_panel = M >= kPanelRows;
+  const int64_t scratch_size = M <= kMaxRows ? 0 : (by_panel ? K : M) * kGroups * kLanes;
   std::vector<float> scratch(omp_get_max_threads() * scratch_size);
 #pragma omp parallel
   {
-    float* total = scratch.data() + omp_get_thread_num() * scratch_size;
+    float* total = scratch.data() + omp_get_thread_num() * scratch_size;  // or the panel
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < tiles; ++t) {
       const int64_t g0 = t * kGroups;
       const int64_t n0 = g0 * kLanes;
       const uint8_t* w = wp + g0 * group_bytes;
-      if (M > kMaxRows) {
+      if (by_panel) {
+        if (g0 + kGroups <= groups)
+          tile_from_panel<Format, kGroups>(M, xp, K, w, group_bytes, yp, N, n0, total);
+        else
+          for (int64_t g = g0; g < groups; ++g)
+            tile_from_panel<Format, 1>(M, xp, K, wp + g * group_bytes, group_bytes, yp, N,
+                                       g * kLanes, total);
+      } else if (M > kMaxRows) {
         if (g0 + kGroups <= groups)
           tile_many_rows<Format, kGroups>(M, xp, K, w, group_bytes, yp, N, n0, total);
         else

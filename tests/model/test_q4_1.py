@@ -21,8 +21,9 @@ from tests.conftest import LOGITS_ATOL, PROMPTS
 from tests.model import test_paged_attention as paged
 
 torch.set_grad_enabled(False)
-# One row, partial and full tiles (AVX2: 4 rows, AVX-512: 8), a decode batch, past it.
-ROWS = [1, 3, 4, 5, 8, 30, 33]
+# One row, partial and full tiles (AVX2: 4 rows, AVX-512: 8), a decode batch, past it, and
+# prefill chunks past 64 rows (each row tile over the whole dequantized panel).
+ROWS = [1, 3, 4, 5, 8, 30, 33, 70, 131]
 
 
 def kernel_or_skip() -> None:
@@ -85,6 +86,18 @@ def test_kernel_matches_dequantized_weights_on_real_tensors(gguf, quantized_path
     for name in ("layers.0.self_attn.qkv_proj", "layers.5.mlp.gate_up_proj",
                  "layers.29.mlp.down_proj", "embed_tokens"):
         check_against_reference(gguf.quantized[name], name)
+
+
+@pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
+def test_many_rows_in_either_order_give_the_same_sums(kind, quantized_path):
+    """Up to 64 rows every row walks a block before the next block; from 65 every row tile
+    walks all the blocks before the next tile: a row's sums are the same bits either way."""
+    kernel_or_skip()
+    layer = QuantizedLinear(random_blocks(kind, 1000, 1536, seed=7))
+    x = torch.randn(131, 1536, generator=torch.Generator().manual_seed(7))
+    whole = layer(x)
+    for rows in [slice(0, 9), slice(9, 73), slice(73, 131)]:
+        assert torch.equal(whole[rows], layer(x[rows])), rows
 
 
 def test_kernel_handles_leading_dims_and_empty_input():
