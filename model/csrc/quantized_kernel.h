@@ -293,6 +293,16 @@ void tile_from_panel(int64_t M, const float* x, int64_t K, const uint8_t* w,
                         x + m0 * K, K, y + m0 * N, N, n0);
 }
 
+// More than kMaxRows rows, in the order that suits their count; scratch as either needs.
+template <class Format, int NG>
+void many_rows(int64_t M, const float* x, int64_t K, const uint8_t* w, int64_t group_bytes,
+               float* y, int64_t N, int64_t n0, float* scratch) {
+  if (M >= kPanelRows)
+    tile_from_panel<Format, NG>(M, x, K, w, group_bytes, y, N, n0, scratch);
+  else
+    tile_many_rows<Format, NG>(M, x, K, w, group_bytes, y, N, n0, scratch);
+}
+
 template <class Format>
 at::Tensor quantized_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N,
                             const char* name) {
@@ -311,31 +321,24 @@ at::Tensor quantized_linear(const at::Tensor& x, const at::Tensor& packed, int64
   // groups, so its codes are read from memory once.
   // Each thread's scratch for the many-rows paths (all rows' running totals, or a dequantized
   // panel), allocated here: nothing may throw inside the OpenMP region.
-  const bool by_panel = M >= kPanelRows;
-  const int64_t scratch_size = M <= kMaxRows ? 0 : (by_panel ? K : M) * kGroups * kLanes;
+  const int64_t scratch_size =
+      M <= kMaxRows ? 0 : (M >= kPanelRows ? K : M) * kGroups * kLanes;
   std::vector<float> scratch(omp_get_max_threads() * scratch_size);
 #pragma omp parallel
   {
-    float* total = scratch.data() + omp_get_thread_num() * scratch_size;  // or the panel
+    float* mine = scratch.data() + omp_get_thread_num() * scratch_size;
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < tiles; ++t) {
       const int64_t g0 = t * kGroups;
       const int64_t n0 = g0 * kLanes;
       const uint8_t* w = wp + g0 * group_bytes;
-      if (by_panel) {
+      if (M > kMaxRows) {
         if (g0 + kGroups <= groups)
-          tile_from_panel<Format, kGroups>(M, xp, K, w, group_bytes, yp, N, n0, total);
+          many_rows<Format, kGroups>(M, xp, K, w, group_bytes, yp, N, n0, mine);
         else
           for (int64_t g = g0; g < groups; ++g)
-            tile_from_panel<Format, 1>(M, xp, K, wp + g * group_bytes, group_bytes, yp, N,
-                                       g * kLanes, total);
-      } else if (M > kMaxRows) {
-        if (g0 + kGroups <= groups)
-          tile_many_rows<Format, kGroups>(M, xp, K, w, group_bytes, yp, N, n0, total);
-        else
-          for (int64_t g = g0; g < groups; ++g)
-            tile_many_rows<Format, 1>(M, xp, K, wp + g * group_bytes, group_bytes, yp, N,
-                                      g * kLanes, total);
+            many_rows<Format, 1>(M, xp, K, wp + g * group_bytes, group_bytes, yp, N,
+                                 g * kLanes, mine);
       } else if (g0 + kGroups <= groups) {
         rows_tile<Format, kGroups>(static_cast<int>(M), xp, K, w, group_bytes, yp, N, n0);
       } else {
