@@ -314,8 +314,6 @@ void run(const float* x, int64_t M, int64_t ldx, int64_t steps, const T* packed,
   float* wide_buf = dense_scratch::floats(dense_scratch::kWide, nthreads * wide_floats);
   const char* bytes = reinterpret_cast<const char*>(packed);
   const int64_t total_bytes = panels * steps * ldw * static_cast<int64_t>(sizeof(T));
-  // Where a chunk's prefetches go: spread over its tiles, or over its widenings (`calls`,
-  // per row group below).
 
 #pragma omp parallel num_threads(nthreads)
   {
@@ -328,7 +326,8 @@ void run(const float* x, int64_t M, int64_t ldx, int64_t steps, const T* packed,
                                 : p0;
     for (int64_t rg = 0; rg < row_groups.count; ++rg) {
       const auto group = dense_rows::group(M, row_groups.count, rg, MRmax);
-      const int64_t calls = widened ? groups : group.blocks * groups;  // a chunk's prefetchers
+      // Where a chunk's prefetches go: spread over its tiles, or over its widenings.
+      const int64_t calls = widened ? groups : group.blocks * groups;
       for (int64_t p = first; p < p1; ++p) {  // every panel, or those left by the streams
         const T* panel = packed + p * steps * ldw;
         const int64_t valid = std::min<int64_t>(NB, N - p * NB);
