@@ -20,6 +20,7 @@ from benchmarks.results import (
     ProfileRun,
     RooflineRun,
     SpecDecodeRun,
+    StartupRun,
 )
 from benchmarks.tables import (
     markdown_table,
@@ -128,6 +129,15 @@ def prefix_options(folder: Path) -> list[str]:
 def text_file(name: str) -> Callable[[Path], list[str]]:
     def body(folder: Path) -> list[str]:
         return ["```", *(folder / name).read_text().splitlines(), "```"]
+    return body
+
+
+def startups(subfolder: str, *labels: str) -> Callable[[Path], list[str]]:
+    """One row per startup.py run in results/`subfolder`: its first and later start, in s."""
+    def body(folder: Path) -> list[str]:
+        runs = [StartupRun.load(folder / subfolder / f"{label}.json") for label in labels]
+        return markdown_table("tree", ["first start (s)", "later start (s)"],
+                              [(r.label, [f"{r.first_s:.1f}", f"{r.later_s:.1f}"]) for r in runs])
     return body
 
 
@@ -422,11 +432,12 @@ def sections(folder: Path) -> list[Section]:
             pair("nano-vllm", "nano-vllm-first-engine")),
         Section(
             "Start-up",
-            "A first start with an empty kernel cache (the kernels compile) and a later one, "
-            "the default model already prepared; from the same run as the llama.cpp "
-            "comparison (`benchmarks/run_all.sh`, step 0).",
-            ["bash benchmarks/run_all.sh results"],
-            ["startup.txt", "nano-vllm.json"], text_file("startup.txt")),
+            "A first start with no compiled kernels and no cached thread choice (the kernels "
+            "compile, the engine core measures its threads), and a later one that reads both; "
+            "the default model already prepared (`benchmarks/startup.py`, step 0 of "
+            "`benchmarks/run_all.sh`).",
+            ["python3 benchmarks/startup.py results/startup nano-vllm=server.py"],
+            ["startup/nano-vllm.json"], startups("startup", "nano-vllm")),
         Section(
             "The step restructure: before and after",
             "One step became schedule, execute, update; both checkouts served the same load, "

@@ -10,8 +10,8 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
-from benchmarks.results import InterleavedRun, StartupRun
-from benchmarks.results_page import Section, level, level_by_order, pairs, ratio
+from benchmarks.results import InterleavedRun
+from benchmarks.results_page import Section, level, level_by_order, pairs, ratio, startups
 from benchmarks.tables import markdown_table
 
 LIVE = "python3 -m benchmarks.live_server python3 server.py --port {port} --"
@@ -188,15 +188,6 @@ def fp32_thirty_users(out: str, llama_first: bool = False, drop_caches: bool = F
     return (f"python3 benchmarks/interleaved.py results/{out}"
             f"{' --drop-caches' if drop_caches else ''} {servers} --turns 5 -- --users 30 "
             f"--max-tokens 100{bench}")
-
-
-def startups(subfolder: str, *labels: str) -> Callable[[Path], list[str]]:
-    """One row per startup.py run in results/`subfolder`: its first and later start, in s."""
-    def body(folder: Path) -> list[str]:
-        runs = [StartupRun.load(folder / subfolder / f"{label}.json") for label in labels]
-        return markdown_table("tree", ["first start (s)", "later start (s)"],
-                              [(r.label, [f"{r.first_s:.1f}", f"{r.later_s:.1f}"]) for r in runs])
-    return body
 
 
 def new_sections(folder: Path) -> list[Section]:

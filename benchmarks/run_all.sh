@@ -5,7 +5,7 @@
 # first engine's checkout for the before/after row: git worktree add --detach
 # /tmp/first-engine bd9fa3b (FIRST_ENGINE=path overrides; skipped if absent).
 # Results go to results/<label>.json, charts to docs/charts/, the decode profiles to
-# results/profile_decode*.json, start-up times to results/startup.txt. Run nothing else
+# results/profile_decode*.json, start-up times to results/startup/. Run nothing else
 # meanwhile: the numbers are ratios measured in this one run. Each server is started, waited
 # for and stopped by benchmarks/live_server.py.
 set -euo pipefail
@@ -30,16 +30,8 @@ bench_server() {  # bench_server LABEL TREE SCRIPT "SERVER FLAGS" BENCH FLAGS...
     python3 benchmarks/bench.py --url {url} --label "$label" --results-dir "$OUT" "$@"
 }
 
-# 0. Start-up: a first start (empty kernel cache: the kernels compile) and a later one.
-KERNELS=$(mktemp -d)
-for start in first later; do
-  kernels=$([[ $start == first ]] && echo compiled || echo cached)
-  TORCH_EXTENSIONS_DIR=$KERNELS with_server /tmp/nano-vllm-start.log . \
-    python3 server.py --port {port} -- \
-    bash -c 'echo "$1 start (kernels $2): $SERVER_STARTUP_S s to /health"' _ "$start" "$kernels" \
-    | tee -a "$OUT/startup.txt"
-done
-rm -rf "$KERNELS"
+# 0. Start-up: a first start (no compiled kernels, no cached thread choice) and a later one.
+python3 benchmarks/startup.py "$OUT/startup" nano-vllm=server.py
 
 # 1. Against llama.cpp, the same weights in three precisions, and against the baseline.
 LEVELS=(--users 1 30 --max-tokens 100 --rounds 2)
@@ -52,7 +44,7 @@ bench_server baseline . baseline_server.py "" --users 1 10 30 --max-tokens 100
 if [[ -d $FIRST_ENGINE ]]; then
   bench_server nano-vllm-first-engine "$FIRST_ENGINE" server.py "" "${LEVELS[@]}"
 fi
-# 2. Prefix caching on and off, ~500-token system prompt shared by 30 users.
+# 2. Prefix caching on and off, a ~690-token system prompt shared by 30 users.
 bench_server prefix-cache-on . server.py "" --users 30 --max-tokens 100 --system-repeats 50
 bench_server prefix-cache-off . server.py "--no-prefix-cache" --users 30 --max-tokens 100 \
   --system-repeats 50
