@@ -457,6 +457,14 @@ at::Tensor paged_prefill_attention_chunks(at::Tensor q,             // [rows, he
   for (int64_t c = 0; c < n; ++c)
     chunks.push_back(make_chunk(q, k_cache, st[c], len[c], ctx[c], tables + c * width, width,
                                 window));
+  // Two chunks writing the same rows of the output would race on them.
+  std::vector<const Chunk*> by_start;
+  for (const Chunk& chunk : chunks) by_start.push_back(&chunk);
+  std::sort(by_start.begin(), by_start.end(),
+            [](const Chunk* a, const Chunk* b) { return a->start < b->start; });
+  for (size_t i = 1; i < by_start.size(); ++i)
+    TORCH_CHECK(by_start[i]->start >= by_start[i - 1]->start + by_start[i - 1]->shape.n,
+                "paged_prefill_attention_chunks: two chunks share rows of q");
   return run_chunks(q, k_cache, v_cache, chunks, scale);
 }
 #endif  // PREFILL_TASK_ONLY

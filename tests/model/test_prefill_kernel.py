@@ -253,8 +253,8 @@ def test_a_steps_chunks_in_one_call_give_each_chunk_its_own_bits(dtype, window):
 
 
 def test_the_chunks_call_rejects_bad_chunks():
-    """A chunk whose rows fall outside q, or tensors of different lengths, are a Python
-    error, not a crash."""
+    """A chunk whose rows fall outside q or overlap another's, or tensors of different
+    lengths, are a Python error, not a crash."""
     from model.cpu_kernel import load_paged_prefill_attention_chunks
 
     chunks_kernel = load_paged_prefill_attention_chunks()
@@ -267,8 +267,11 @@ def test_the_chunks_call_rejects_bad_chunks():
                              torch.tensor(starts), torch.tensor(lengths), 0.125, 0)
 
     assert call([0, 4], [4, 6]).shape == q.shape
+    assert call([4, 0], [6, 4]).shape == q.shape  # any order
     with pytest.raises(RuntimeError, match="rows outside q"):
         call([0, 4], [4, 7])
+    with pytest.raises(RuntimeError, match="share rows"):
+        call([4, 0], [6, 5])
     with pytest.raises(RuntimeError, match="one table, context length"):
         call([0], [4, 6])
     with pytest.raises(RuntimeError, match="outside its block table"):
