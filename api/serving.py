@@ -224,8 +224,8 @@ class OpenAIServing(ABC, Generic[Body]):
 
     async def events(self, job: Job, body: Body,
                      http_request: Request) -> AsyncIterator[bytes]:
-        """One SSE event per output (so per token and choice), usage if asked, then
-        [DONE]."""
+        """One SSE event per output that brings something (so about one per token and
+        choice), usage if asked, then [DONE]."""
         for chunk in self.opening_chunks(job):
             yield sse(chunk)
         async with aclosing(self.outputs(job, http_request)) as outputs:
@@ -235,6 +235,8 @@ class OpenAIServing(ABC, Generic[Body]):
                     break
                 sample = job.record(prompt_index, output)
                 chunk = self.chunk(job, body, prompt_index, output, sample)
+                if chunk is None:
+                    continue
                 if body.continuous_usage:
                     chunk.usage = job.usage()  # type: ignore[attr-defined]
                 yield sse(chunk)
@@ -265,8 +267,9 @@ class OpenAIServing(ABC, Generic[Body]):
 
     @abstractmethod
     def chunk(self, job: Job, body: Body, prompt_index: int, output: RequestOutput,
-              sample: SampleResult) -> BaseModel:
-        """The stream chunk of one output (already recorded in `sample`)."""
+              sample: SampleResult) -> BaseModel | None:
+        """The stream chunk of one output (already recorded in `sample`); None: nothing in
+        it to send."""
 
     @abstractmethod
     def usage_chunk(self, job: Job) -> BaseModel:

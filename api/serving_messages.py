@@ -6,7 +6,6 @@ shapes are Anthropic's (api/responses_messages.py).
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import aclosing
@@ -14,6 +13,7 @@ from contextlib import aclosing
 from fastapi import Request
 from fastapi.responses import Response
 from pydantic import BaseModel
+from pydantic_core import from_json
 from starlette.concurrency import run_in_threadpool
 
 from api.event_stream import named_sse
@@ -44,6 +44,14 @@ from api.serving import failure
 from api.serving_chat import ChatServing
 from api.tool_calls import CallStream, is_call_text, scan
 from engine.request import FinishReason, RequestOutput
+
+
+def partial_input(arguments: str) -> dict:
+    """A tool_use block's input from its arguments' JSON text, which a cut-off answer ends
+    early: what of it parses (a string or number cut off in the middle is left out), as the
+    SDK builds it from the streamed input_json_delta pieces."""
+    value = from_json(arguments, allow_partial=True) if arguments else {}
+    return value if isinstance(value, dict) else {}
 
 
 def new_tool_use_id() -> str:
@@ -81,13 +89,13 @@ class MessagesServing(ChatServing):
         assert sample.last is not None
         calls = self.tool_calls(body, sample.text)
         content: list[TextContent | ToolUseContent]
-        if calls:
+        if calls is not None:
             content = [ToolUseContent(id=new_tool_use_id(), name=call.function.name,
-                                      input=json.loads(call.function.arguments))
-                       for call in calls]
+                                      input=partial_input(call.function.arguments))
+                       for call in calls.calls]
         else:
             content = [TextContent(text=sample.text)] if sample.text else []
-        reason, sequence = stop_reason(sample.last, calls is not None)
+        reason, sequence = stop_reason(sample.last, calls is not None and calls.complete)
         return self.message(job, content, reason, sequence, sample.num_output_tokens)
 
     def message(self, job: Job, content: list[TextContent | ToolUseContent],

@@ -354,3 +354,22 @@ def test_every_sdk_field_is_classified(endpoint, params, body):
         assert rule.reason, name
         assert (rule.status is Status.IMPLEMENTED) <= (name in declared), name
         assert not (name in declared and rule.status is Status.REFUSED), name
+
+
+@pytest.mark.parametrize("max_tokens", [6, 16, 30])
+def test_a_call_cut_off_gives_the_same_blocks_streamed_or_not(claude, max_tokens):
+    """Cut off inside the calls: tool_use blocks for the calls whose names came, with the
+    input that parses so far, never the calls' markup as text; stop_reason max_tokens."""
+    request = dict(model=MODEL_NAME, max_tokens=max_tokens, messages=ASK, tools=TOOLS,
+                   tool_choice={"type": "any"}, extra_body=GREEDY)
+    whole = claude.messages.create(**request)
+    print(max_tokens, whole.stop_reason, whole.content)
+    assert whole.stop_reason == "max_tokens"
+    assert all(block.type == "tool_use" for block in whole.content)
+    with claude.messages.stream(**request) as stream:
+        final = stream.get_final_message()
+    assert final.stop_reason == "max_tokens"
+    assert [(b.name, b.input) for b in final.content] == \
+        [(b.name, b.input) for b in whole.content]
+    if max_tokens == 16:
+        assert len(whole.content) == 1 and whole.content[0].name in SCHEMAS

@@ -192,3 +192,29 @@ def test_scan_and_stream_deltas_without_a_server():
             pieces[entry["index"]] = pieces.get(entry["index"], "") + \
                 entry["function"]["arguments"]
     assert [pieces[0], pieces[1]] == [c.arguments for c in found.calls]
+
+
+@pytest.mark.parametrize("max_tokens", [6, 16, 30])
+def test_a_call_cut_off_reads_the_same_streamed_or_not(client: openai.OpenAI, max_tokens):
+    """Cut off by max_tokens inside the calls: never the calls' markup as text; the calls
+    whose names came, the last with the arguments that came, as the stream gives them."""
+    request = dict(model=MODEL_NAME, messages=ASK, tools=TOOLS, tool_choice="required",
+                   temperature=0, max_tokens=max_tokens)
+    whole = client.chat.completions.create(**request).choices[0]
+    print(max_tokens, whole.finish_reason, repr(whole.message.content), whole.message.tool_calls)
+    assert whole.finish_reason == "length"
+    calls = [(c.function.name, c.function.arguments) for c in whole.message.tool_calls or []]
+    assert whole.message.content == (None if calls else "")
+    streamed: dict[int, list[str]] = {}
+    finish = None
+    for chunk in client.chat.completions.create(**request, stream=True):
+        for choice in chunk.choices:
+            assert not choice.delta.content
+            finish = choice.finish_reason or finish
+            for delta in choice.delta.tool_calls or []:
+                entry = streamed.setdefault(delta.index, [delta.function.name, ""])
+                entry[1] += delta.function.arguments or ""
+    assert finish == "length"
+    assert [tuple(entry) for entry in streamed.values()] == calls
+    if max_tokens == 16:  # inside the first call's arguments
+        assert len(calls) == 1 and calls[0][0] in SCHEMAS and calls[0][1].startswith("{")
