@@ -54,7 +54,7 @@ def serve(engine: ServedEngine, args: argparse.Namespace, model_name: str,
           access: AccessConfig) -> int:
     """Serve until SIGTERM/SIGINT (drained, then 0) or an engine failure; the exit status."""
     app = create_app(engine, model_name, access, engine.config.grammar_compile_timeout,
-                     args.max_request_bytes)
+                     args.max_request_bytes, engine.config.accept_unknown_fields)
     server = lifecycle.ServingProcess(
         uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
                        timeout_graceful_shutdown=RESPONSE_GRACE_SECONDS),

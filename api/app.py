@@ -101,9 +101,11 @@ def install_error_handlers(app: FastAPI) -> None:
 
 def create_app(engine: EngineClient, model_name: str, access: AccessConfig | None = None,
                grammar_timeout: float = DEFAULT_COMPILE_TIMEOUT_S,
-               max_request_bytes: int | None = None) -> FastAPI:
-    """The app; structured outputs' grammars must compile within `grammar_timeout` s, and a
-    body over `max_request_bytes` is a 413 (None: api/limits.py's default for this engine)."""
+               max_request_bytes: int | None = None,
+               accept_unknown_fields: bool = False) -> FastAPI:
+    """The app; structured outputs' grammars must compile within `grammar_timeout` s, a
+    body over `max_request_bytes` is a 413 (None: api/limits.py's default for this engine),
+    and a request field no API defines is a 400 unless `accept_unknown_fields`."""
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -129,10 +131,11 @@ def create_app(engine: EngineClient, model_name: str, access: AccessConfig | Non
     install_error_handlers(app)
     grammars = GrammarCompiler(engine.tokenizer, grammar_timeout)  # one cache for both
     arrivals = Arrivals()  # requests being checked, for every endpoint (engine/arrivals.py)
-    completion_serving = CompletionServing(engine, model_name, grammars, bound, arrivals)
-    chat_serving = ChatServing(engine, model_name, grammars, bound, arrivals)
-    responses_serving = ResponsesServing(engine, model_name, grammars, bound, arrivals)
-    messages_serving = MessagesServing(engine, model_name, grammars, bound, arrivals)
+    shared = (grammars, bound, arrivals, accept_unknown_fields)
+    completion_serving = CompletionServing(engine, model_name, *shared)
+    chat_serving = ChatServing(engine, model_name, *shared)
+    responses_serving = ResponsesServing(engine, model_name, *shared)
+    messages_serving = MessagesServing(engine, model_name, *shared)
     tokenization = TokenizationServing(engine, completion_serving.accepted_model_names)
     created = int(time.time())
     guarded = guard(app)

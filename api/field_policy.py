@@ -6,7 +6,8 @@ every field of Anthropic's Messages API for /v1/messages and /v1/messages/count_
 is in one table per endpoint, with one of three
 statuses: implemented, accepted with no effect (and why), or refused (a 400 naming the
 field, unless its value asks for nothing: null, false, empty, or the one value that is
-this server's behaviour anyway). A field no API defines is accepted, as vLLM does, and
+this server's behaviour anyway). A field no API defines is a 400 naming it, as OpenAI's and
+Anthropic's APIs answer; with --accept-unknown-fields it is accepted, as vLLM does, and
 named once per field name in a warning in the server log.
 
 `check_fields` applies the table to a request body; `render_markdown` writes it out for the
@@ -285,14 +286,17 @@ _warned: set[str] = set()
 _warned_lock = threading.Lock()
 
 
-def check_fields(endpoint: str, fields: dict[str, Any]) -> None:
+def check_fields(endpoint: str, fields: dict[str, Any], accept_unknown: bool = False) -> None:
     """Apply `endpoint`'s table to the fields a body was sent with: APIError (400) naming
-    the first refused field that asks for something; a warning, once per name, for each
-    field that no API defines."""
+    the first refused field that asks for something, or the first that no API defines
+    (with `accept_unknown`, a warning once per name instead)."""
     table = POLICIES[endpoint]
     for name, value in fields.items():
         rule = table.get(name)
         if rule is None:
+            if not accept_unknown:
+                raise APIError(f"Unrecognized request field '{name}': {endpoint} has no such "
+                               "field (a misspelling?).", name)
             warn_unknown(name)
         elif rule.status is Status.REFUSED and rule.asks_for(value):
             raise APIError(f"{name} is not supported by this server: {rule.reason}", name)

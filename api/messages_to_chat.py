@@ -40,10 +40,11 @@ from api.tools import read_functions
 READ_BLOCKS = "this server reads text, tool_use and tool_result blocks only"
 
 
-def to_chat(body: CountTokensRequest) -> ChatCompletionRequest:
+def to_chat(body: CountTokensRequest, accept_unknown: bool = False) -> ChatCompletionRequest:
     """The chat request for `body` (a count_tokens body has no sampling fields); APIError
-    naming the field for anything refused or malformed."""
-    body.check_supported()
+    naming the field for anything refused or malformed (`accept_unknown`: a field no API
+    defines is not, see api/field_policy.py)."""
+    body.check_supported(accept_unknown)
     fields: dict[str, Any] = {"model": body.model, "messages": chat_messages(body)}
     if body.tools:
         fields["tools"] = chat_tools(body.tools)

@@ -162,9 +162,13 @@ class SamplingFields(APIModel):
         sent = {name: getattr(self, name) for name in self.model_fields_set}
         return {**sent, **(self.model_extra or {})}
 
-    def check_supported(self) -> None:
-        """A 400 for a field this endpoint refuses; a logged warning for an unknown one."""
-        check_fields(self.ENDPOINT, self.sent_fields())
+    def check_supported(self, accept_unknown: bool = False) -> None:
+        """A 400 for a field this endpoint refuses, or one no API defines (with
+        `accept_unknown`: a logged warning)."""
+        check_fields(self.ENDPOINT, self.sent_fields(), accept_unknown)
+        if self.stream_options is not None and not self.stream:
+            raise APIError("stream_options is only allowed with stream: true.",
+                           "stream_options")
 
     def to_sampling_params(self, num_prompt_tokens: int, max_model_len: int,
                            vocab_size: int) -> SamplingParams:

@@ -126,9 +126,10 @@ class CountTokensRequest(APIModel):
         sent = {name: getattr(self, name) for name in self.model_fields_set}
         return {**sent, **(self.model_extra or {})}
 
-    def check_supported(self) -> None:
-        """A 400 for a field this endpoint refuses; a logged warning for an unknown one."""
-        check_fields(self.ENDPOINT, self.sent_fields())
+    def check_supported(self, accept_unknown: bool = False) -> None:
+        """A 400 for a field this endpoint refuses, or one no API defines (with
+        `accept_unknown`: a logged warning)."""
+        check_fields(self.ENDPOINT, self.sent_fields(), accept_unknown)
 
 
 class MessagesRequest(CountTokensRequest):

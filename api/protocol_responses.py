@@ -48,10 +48,11 @@ class ResponsesRequest(BaseModel):
     request_timeout: float | None = Field(default=None, ge=MIN_REQUEST_TIMEOUT,
                                           allow_inf_nan=False)
 
-    def check_supported(self) -> None:
-        """A 400 for a field this endpoint refuses; a logged warning for an unknown one."""
+    def check_supported(self, accept_unknown: bool = False) -> None:
+        """A 400 for a field this endpoint refuses, or one no API defines (with
+        `accept_unknown`: a logged warning)."""
         sent = {name: getattr(self, name) for name in self.model_fields_set}
-        check_fields(self.ENDPOINT, {**sent, **(self.model_extra or {})})
+        check_fields(self.ENDPOINT, {**sent, **(self.model_extra or {})}, accept_unknown)
 
     def to_chat(self) -> ResponsesChat:
         """The chat request that asks the same; APIError naming the Responses field when

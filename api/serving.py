@@ -87,12 +87,14 @@ class OpenAIServing(ABC, Generic[Body]):
     """One generating endpoint; subclasses fill in the prompts and the response shapes."""
 
     request_id_prefix: ClassVar[str]
+    request_id_separator: ClassVar[str] = "-"  # between the prefix and the request's id
 
     def __init__(self, engine: EngineClient, model_name: str,
                  grammars: GrammarCompiler | None = None,
                  prompt_bound: PromptBound | None = None,
-                 arrivals: Arrivals | None = None) -> None:
+                 arrivals: Arrivals | None = None, accept_unknown_fields: bool = False) -> None:
         self.engine = engine
+        self.accept_unknown_fields = accept_unknown_fields  # else such a field is a 400
         self.arrivals = arrivals or Arrivals()  # create_app shares one among its endpoints
         self.grammars = grammars or GrammarCompiler(engine.tokenizer)
         self.prompt_bound = prompt_bound or PromptBound(engine.tokenizer)
@@ -106,14 +108,18 @@ class OpenAIServing(ABC, Generic[Body]):
         job = await self.take_in(body, http_request)
         if body.stream:
             return EventStream(self.events(job, body, http_request), ping=SSE_PING_SECONDS,
-                               headers={REQUEST_ID_HEADER: job.client_id})
-        return await self.collect(job, body, http_request, {REQUEST_ID_HEADER: job.client_id})
+                               headers=self.id_headers(job))
+        return await self.collect(job, body, http_request, self.id_headers(job))
+
+    def id_headers(self, job: Job) -> dict[str, str]:
+        """The response's headers that carry the request's id."""
+        return {REQUEST_ID_HEADER: job.client_id}
 
     async def take_in(self, body: Body, http_request: Request) -> Job:
         """Check the request, tokenize it and hand it to the engine: its job."""
         with self.arrivals.taken_in():  # requests handed over meanwhile announce this one
             self.check_model(body)
-            body.check_supported()
+            body.check_supported(self.accept_unknown_fields)
             body.check_samples(self.engine.max_num_seqs)
             body.check_priority(self.engine.scheduling_policy)
             # Tokenizing (and rendering a chat template) takes time in the prompt's length: on

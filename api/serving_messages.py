@@ -71,14 +71,18 @@ class MessagesServing(ChatServing):
     request_id_prefix = "msg"
 
     async def create_message(self, body: MessagesRequest, http_request: Request) -> Response:
-        return await self.create(to_chat(body), http_request)
+        return await self.create(to_chat(body, self.accept_unknown_fields), http_request)
 
     async def count_tokens(self, body: CountTokensRequest) -> TokenCount:
         """The rendered prompt's tokens, tools included, as /v1/messages would run it."""
-        chat = to_chat(body)
+        chat = to_chat(body, self.accept_unknown_fields)
         self.check_model(chat)
         prompts = await run_in_threadpool(self.prompts, chat)
         return TokenCount(input_tokens=len(prompts[0].token_ids))
+
+    def id_headers(self, job: Job) -> dict[str, str]:
+        """Also request-id, where the anthropic SDK reads a response's id from."""
+        return {**super().id_headers(job), "request-id": job.client_id}
 
     @staticmethod
     def message_id(job: Job) -> str:

@@ -66,11 +66,12 @@ def final_status(job: Job) -> Status:
 
 class ResponsesServing(ChatServing):
     request_id_prefix = "resp"
+    request_id_separator = "_"  # resp_..., as OpenAI's ids are
 
     async def create_response(self, request: ResponsesRequest,
                               http_request: Request) -> Response:
         """Check the Responses fields, then answer as the chat path would, in this shape."""
-        request.check_supported()
+        request.check_supported(self.accept_unknown_fields)
         chat = request.to_chat()
         try:
             return await self.create(chat, http_request)

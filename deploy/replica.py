@@ -42,7 +42,8 @@ class EngineReplica:
     def __init__(self, config: EngineConfig, model_name: str) -> None:
         self.engine = load_engine(config)
         self.app = create_app(self.engine, model_name,
-                              grammar_timeout=config.grammar_compile_timeout)
+                              grammar_timeout=config.grammar_compile_timeout,
+                              accept_unknown_fields=config.accept_unknown_fields)
         self.engine.start()
         freeze_startup_heap()  # see engine/heap.py
         self.replica_id = serve.get_replica_context().replica_id.unique_id

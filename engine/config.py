@@ -41,6 +41,7 @@ class EngineConfig:
     scheduling_policy: str = "fcfs"  # "fcfs" or "priority" (lower `priority` first)
     priority_aging: float = 10.0  # priority: seconds of waiting worth one level; 0 = none
     grammar_compile_timeout: float = 5.0  # structured outputs: seconds to compile a grammar
+    accept_unknown_fields: bool = False  # request fields no API defines: ignored, not a 400
     burst_wait_ms: float = 50.0  # after an idle spell, the longest wait for a burst's rest
     speculative: SpeculativeConfig | None = None  # n-gram speculative decoding; None = off
     chat_template: str | None = None  # a Jinja file replacing the model's chat template
@@ -127,6 +128,11 @@ class EngineConfig:
                             default=d.grammar_compile_timeout,
                             help="a structured output's grammar that takes longer to compile "
                                  "gets HTTP 400")
+        parser.add_argument("--accept-unknown-fields", action="store_true",
+                            help="accept request fields that no API defines and ignore them "
+                                 "(each name logged once), as vLLM does; by default such a "
+                                 "field is a 400 naming it, as OpenAI's and Anthropic's APIs "
+                                 "answer")
         parser.add_argument("--burst-wait-ms", type=float, default=d.burst_wait_ms,
                             help="after an idle spell, the first step waits up to this long "
                                  "for the requests the HTTP process says are on their way "
@@ -164,6 +170,7 @@ class EngineConfig:
                      scheduling_policy=args.scheduling_policy,
                      priority_aging=args.priority_aging,
                      grammar_compile_timeout=args.grammar_compile_timeout,
+                     accept_unknown_fields=args.accept_unknown_fields,
                      burst_wait_ms=args.burst_wait_ms,
                      speculative=(None if args.speculative_config is None
                                   else SpeculativeConfig.from_json(args.speculative_config)),

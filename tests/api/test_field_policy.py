@@ -1,7 +1,7 @@
 """The field policy (api/field_policy.py): every field OpenAI's schema defines for the two
 generating endpoints is classified, the table agrees with what the request bodies declare,
 and over HTTP a refused field is a 400 naming it, a no-effect field is accepted, and an
-unknown field is accepted and logged once."""
+unknown field is a 400 naming it (accepted and logged once with --accept-unknown-fields)."""
 
 from __future__ import annotations
 
@@ -108,12 +108,40 @@ def test_inert_and_no_effect_fields_are_accepted(server, endpoint, field, value)
     assert r.json()["usage"]["completion_tokens"] >= 1
 
 
-def test_unknown_field_is_accepted_and_logged_once(server, caplog):
+@pytest.mark.parametrize("endpoint, body", [
+    (COMPLETIONS, {"prompt": "Hi", "max_tokenz": 2}),
+    (CHAT, {"messages": [{"role": "user", "content": "Hi"}], "temprature": 0}),
+    ("/v1/responses", {"input": "Hi", "max_output_tokenz": 2}),
+    ("/v1/messages", {"model": "default", "max_tokens": 2, "messages": [
+        {"role": "user", "content": "Hi"}], "stop_sequence": ["."]}),
+])
+def test_unknown_field_is_a_400_naming_it(server, endpoint, body):
+    r = httpx.post(server.url + endpoint, json=body, timeout=30)
+    print(r.text)
+    assert r.status_code == 400
+    unknown = next(name for name in body if name.endswith(("z", "temprature", "sequence")))
+    if endpoint == "/v1/messages":
+        assert unknown in r.json()["error"]["message"]
+    else:
+        assert r.json()["error"]["param"] == unknown
+        assert unknown in r.json()["error"]["message"]
+
+
+def test_unknown_field_accepted_and_logged_once_when_the_server_says_so(tokenizer, caplog):
+    """--accept-unknown-fields: vLLM's way, a warning in the log once per name."""
+    from fastapi.testclient import TestClient
+
+    from api.app import create_app
+    from tests.api.test_security import FakeEngine
+
     name = "a_field_no_api_defines"
+    body = {"model": "m", "messages": [{"role": "user", "content": "Hi"}], name: 1}
     with caplog.at_level(logging.WARNING, logger="nano_vllm.api"):
-        for endpoint in (COMPLETIONS, CHAT, CHAT):
-            r = httpx.post(server.url + endpoint, json={**ASK[endpoint], name: 1}, timeout=60)
-            assert r.status_code == 200, r.text
+        for accept in (False, True, True):
+            app = create_app(FakeEngine(tokenizer), "m", accept_unknown_fields=accept)
+            with TestClient(app) as http:
+                r = http.post("/v1/messages/count_tokens", json=body)
+            assert r.status_code == (200 if accept else 400), r.text
     warnings = [rec for rec in caplog.records if name in rec.getMessage()]
     assert len(warnings) == 1, [rec.getMessage() for rec in warnings]
     assert warnings[0].levelno == logging.WARNING
