@@ -9,6 +9,7 @@ comparison).
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 from collections.abc import Sequence
 from typing import Any
@@ -17,6 +18,7 @@ from ray import serve
 from ray.serve import Application
 from ray.serve.config import RequestRouterConfig
 
+from api.security import API_KEY_ENV
 from deploy.ingress import Ingress
 from deploy.prefix_router import PrefixAwareRouter
 from deploy.replica import EngineReplica
@@ -27,15 +29,34 @@ HEALTH_CHECK_PERIOD_S = 2.0
 HEALTH_CHECK_TIMEOUT_S = 30.0
 IN_PROCESS = ("each replica runs its engine on a thread of its own Ray actor process, which "
               "Ray places, counts and health-checks")
+# server.py's flags for its own HTTP front, which the replicas (reached through Ray Serve's
+# proxy and the ingress) do not honour: refused, so that none is silently dropped.
+SERVER_ONLY = {
+    "--api-key": "the replicas check no key: put an authenticating proxy in front of Ray "
+                 "Serve's",
+    "--protect-health-metrics": "the replicas check no key",
+    "--allowed-origins": "the ingress answers no CORS preflight",
+    "--max-request-bytes": "the ingress reads every body whole before a replica sees it",
+    "--shutdown-timeout": "Ray Serve stops the replicas (graceful_shutdown_timeout_s)",
+    "--exit-on-engine-failure": "Ray Serve's health checks replace a replica whose engine died",
+    "--no-exit-on-engine-failure": "Ray Serve's health checks replace a replica whose engine "
+                                   "died",
+}
 
 
 def replica_engine_config(args: argparse.Namespace, argv: Sequence[str]) -> EngineConfig:
     """server.py's engine flags (`args`, parsed from `argv`) for every replica, with the
     in-process defaults (--single-thread-below 16); ValueError for the flags of an engine
-    core process, which replicas do not start."""
-    for flag in ("--engine-process", "--engine-cpus"):
+    core process, which replicas do not start, and for those of server.py's own HTTP front
+    (SERVER_ONLY), and for a key in $NANO_VLLM_API_KEY, which no replica would check."""
+    refused = {**dict.fromkeys(("--engine-process", "--engine-cpus"), IN_PROCESS),
+               **SERVER_ONLY}
+    for flag, why in refused.items():
         if any(arg == flag or arg.startswith(flag + "=") for arg in argv):
-            raise ValueError(f"{flag} is not supported by the Ray replicas: {IN_PROCESS}")
+            raise ValueError(f"{flag} is not supported by the Ray replicas: {why}")
+    if os.environ.get(API_KEY_ENV, "").strip():
+        raise ValueError(f"${API_KEY_ENV} is not supported by the Ray replicas: "
+                         f"{SERVER_ONLY['--api-key']}")
     args.engine_process = False
     return EngineConfig.from_args(args)
 

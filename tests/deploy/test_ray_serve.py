@@ -138,6 +138,30 @@ def test_replicas_run_their_engine_in_process() -> None:
         print(argv, "->", refused.value)
 
 
+@pytest.mark.parametrize("argv", [["--api-key", "k"], ["--api-key=k"],
+                                  ["--protect-health-metrics"], ["--allowed-origins", "*"],
+                                  ["--max-request-bytes", "1000"], ["--shutdown-timeout", "5"],
+                                  ["--no-exit-on-engine-failure"]])
+def test_server_front_flags_are_refused_not_dropped(argv) -> None:
+    """The flags of server.py's own HTTP front (a key, CORS, body size, shutdown) do nothing
+    behind Ray Serve's proxy and the ingress: an error, not a server without its key."""
+    from deploy.app import replica_engine_config
+    from server import build_parser
+
+    with pytest.raises(ValueError, match=f"{argv[0].split('=')[0]} is not supported") as refused:
+        replica_engine_config(build_parser(None).parse_args(argv), argv)
+    print(argv, "->", refused.value)
+
+
+def test_a_key_in_the_environment_is_refused_not_dropped(monkeypatch) -> None:
+    from deploy.app import replica_engine_config
+    from server import build_parser
+
+    monkeypatch.setenv("NANO_VLLM_API_KEY", "k")
+    with pytest.raises(ValueError, match="NANO_VLLM_API_KEY"):
+        replica_engine_config(build_parser(None).parse_args([]), [])
+
+
 # --- through the cluster -----------------------------------------------------------------------
 
 
