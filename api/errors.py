@@ -66,24 +66,51 @@ def error_response(exc: APIError, path: str = "",
                         headers=headers or None)
 
 
+# How pydantic labels a union's members in an error's location, besides labels that are no
+# identifier ('list[int]', 'constrained-str') and class names: not fields of the body.
+MEMBER_LABELS = frozenset({"str", "int", "float", "bool", "dict", "list", "none"})
+
+
+def field_path(loc: tuple | list) -> list[str]:
+    """An error location as the body's field path: 'body', union members' labels ('str',
+    'list[TextPart]', 'ChatMessage') and a tagged union's tag left out."""
+    path: list[str] = []
+    tag_next = False
+    for part in loc:
+        if isinstance(part, int):
+            path.append(str(part))
+        elif "tagged-union[" in part:
+            tag_next = True  # the member's tag comes next (after a list's index)
+        elif tag_next:
+            tag_next = False
+        elif (part != "body" and part.isidentifier() and part not in MEMBER_LABELS
+              and not part[:1].isupper()):  # not 'list[int]', 'constrained-str', a class
+            path.append(part)
+    return path
+
+
 def describe_validation_error(exc: RequestValidationError) -> tuple[str, str | None]:
     """A readable message and the offending field for a body pydantic refused."""
     errors = exc.errors()
     first = errors[0]
     if first.get("type") == "json_invalid":
         return "The request body is not valid JSON.", None
-    if first.get("type") == "model_attributes_type" and isinstance(first.get("input"),
-                                                                     str | bytes):
+    if (first.get("type") == "model_attributes_type" and tuple(first.get("loc", ())) == ("body",)
+            and isinstance(first.get("input"), str | bytes)):
         # FastAPI leaves a body unparsed unless it comes as application/json (curl -d doesn't)
         return ("The request body must be a JSON object, sent with "
                 "'Content-Type: application/json'.", None)
     # A value that fits no member of a union (prompt: str | list[int] | ...) fails once per
-    # member, each loc ending in the member's name ('str'): name the field, list every reason.
-    locs = [[str(p) for p in e.get("loc", ()) if p != "body"] for e in errors]
-    group = [i for i, loc in enumerate(locs) if loc[:1] == locs[0][:1]]
-    columns = zip(*(locs[i] for i in group))  # the k-th part of each loc, side by side
+    # member: name the field, and list every reason of the members that got furthest into
+    # the value (the one the client meant: a list of blocks with one bad key, not a string).
+    paths = [field_path(e.get("loc", ())) for e in errors]
+    group = [i for i, path in enumerate(paths) if path[:1] == paths[0][:1]]
+    deepest = max(len(paths[i]) for i in group)
+    group = [i for i in group if len(paths[i]) == deepest]
+    columns = zip(*(paths[i] for i in group))  # the k-th part of each path, side by side
     path = [parts[0] for parts in takewhile(lambda parts: len(set(parts)) == 1, columns)]
-    reasons = list(dict.fromkeys(errors[i].get("msg", "invalid") for i in group))
+    reasons = list(dict.fromkeys(errors[i].get("msg", "invalid").removeprefix("Value error, ")
+                                 for i in group))
     param = ".".join(path) or None
     where = f"'{param}'" if param else "the request body"
     return f"Invalid value for {where}: {'; or '.join(reasons)}.", param

@@ -53,6 +53,10 @@ def to_chat(body: CountTokensRequest, accept_unknown: bool = False) -> ChatCompl
     if isinstance(body, MessagesRequest):
         if body.max_tokens < 1:
             raise APIError("max_tokens must be at least 1.", "max_tokens")
+        if body.temperature is not None and not 0 <= body.temperature <= 1:
+            raise APIError("temperature must be between 0 and 1.", "temperature")
+        if body.top_k is not None and body.top_k < 0:
+            raise APIError("top_k must be at least 0 (0: off).", "top_k")
         if any(not s for s in body.stop_sequences or []):
             raise APIError("stop_sequences must not contain empty strings.", "stop_sequences")
         fields.update(max_tokens=body.max_tokens, stream=body.stream, stop=body.stop_sequences,
@@ -76,6 +80,7 @@ def chat_messages(body: CountTokensRequest) -> list[dict[str, Any]]:
             raise APIError(f"{where}.content must not be empty.", "messages")
         for j, block in enumerate(blocks):
             check_block(block, message.role, f"{where}.content[{j}]", calls)
+        check_answered(body, i, blocks)
         if message.role == "assistant":
             rendered.append(assistant_message(blocks))
         else:
@@ -92,6 +97,8 @@ def check_block(block: Any, role: str, where: str, calls: set[str]) -> None:
     if isinstance(block, UnreadBlock):
         raise APIError(f"{where} is a block of type {block.type!r}; {READ_BLOCKS}.",
                        "messages")
+    if isinstance(block, TextBlock) and not block.text:
+        raise APIError(f"{where}: text content blocks must be non-empty.", "messages")
     if isinstance(block, ToolUseBlock):
         if role != "assistant":
             raise APIError(f"{where}: tool_use blocks belong in assistant messages.",
@@ -110,6 +117,24 @@ def check_block(block: Any, role: str, where: str, calls: set[str]) -> None:
             if isinstance(part, UnreadBlock):
                 raise APIError(f"{where}.content[{k}] is a block of type {part.type!r}; "
                                "tool results are read as text only.", "messages")
+
+
+def check_answered(body: CountTokensRequest, i: int, blocks: list[Any]) -> None:
+    """Tool blocks need tools defined, and the tool_use blocks of an assistant message need
+    a tool_result each at the start of the next message (as Anthropic's API requires)."""
+    uses = [block.id for block in blocks if isinstance(block, ToolUseBlock)]
+    if not body.tools and any(isinstance(b, ToolUseBlock | ToolResultBlock) for b in blocks):
+        raise APIError(f"messages[{i}] has tool_use or tool_result blocks, which need tools "
+                       "to be defined.", "tools")
+    if not uses or i + 1 >= len(body.messages):
+        return  # a last assistant message is refused as prefill
+    after = body.messages[i + 1].content
+    answered = {block.tool_use_id for block in (after if isinstance(after, list) else [])
+                if isinstance(block, ToolResultBlock)}
+    missing = [use for use in uses if use not in answered]
+    if missing:
+        raise APIError(f"messages[{i}]'s tool_use ids {missing} have no tool_result block in "
+                       f"messages[{i + 1}], right after them.", "messages")
 
 
 def joined(blocks: list[Any]) -> str:

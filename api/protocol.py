@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, model_validator
 
 from api.errors import APIError
 from api.field_policy import CHAT, COMPLETIONS, check_fields
@@ -64,6 +64,7 @@ class SamplingFields(APIModel):
 
     model_config = ConfigDict(strict=True, extra="allow")
     ENDPOINT: ClassVar[str]
+    PROMPT_FIELD: ClassVar[str] = "prompt"  # what an error about the prompt names
 
     model: str | None = None
     stream: bool = False
@@ -114,6 +115,10 @@ class SamplingFields(APIModel):
     def requested_max_tokens(self) -> int | None:
         """max_tokens as asked; None: as many as fit."""
         return self.max_tokens
+
+    def max_tokens_field(self) -> str:
+        """The field requested_max_tokens read, for errors to name."""
+        return "max_tokens"
 
     def min_max_tokens(self) -> int:
         """The least max_tokens allowed (completions allow 0 with echo)."""
@@ -243,19 +248,22 @@ class SamplingFields(APIModel):
         max_tokens = self.requested_max_tokens()
         room = max_model_len - num_prompt_tokens
         if room < (1 if max_tokens != 0 else 0):
-            raise APIError(f"The prompt is {num_prompt_tokens} tokens; this server holds at most "
+            subject = ("The prompt" if self.PROMPT_FIELD == "prompt"
+                       else f"The prompt rendered from {self.PROMPT_FIELD}")
+            raise APIError(f"{subject} is {num_prompt_tokens} tokens; this server holds at most "
                            f"{max_model_len} tokens per request (prompt + completion).",
-                           "prompt", code="context_length_exceeded")
+                           self.PROMPT_FIELD, code="context_length_exceeded")
         if max_tokens is None:
             return room
+        field = self.max_tokens_field()
         if max_tokens < self.min_max_tokens():
-            raise APIError(f"max_tokens must be at least {self.min_max_tokens()} (0 is "
-                           "allowed only with echo, on /v1/completions).", "max_tokens")
+            raise APIError(f"{field} must be at least {self.min_max_tokens()} (0 is "
+                           "allowed only with echo, on /v1/completions).", field)
         if max_tokens > room:
-            raise APIError(f"The prompt ({num_prompt_tokens} tokens) plus max_tokens "
+            raise APIError(f"The prompt ({num_prompt_tokens} tokens) plus {field} "
                            f"({max_tokens}) exceeds the {max_model_len} tokens this server "
-                           "holds per request. Shorten the prompt or lower max_tokens.",
-                           "max_tokens", code="context_length_exceeded")
+                           f"holds per request. Shorten the prompt or lower {field}.",
+                           field, code="context_length_exceeded")
         return max_tokens
 
     def _temperature(self) -> float:
@@ -338,13 +346,24 @@ class TextPart(APIModel):
     type: Literal["text"]
     text: str
 
+    @model_validator(mode="before")
+    @classmethod
+    def text_only(cls, value: Any) -> Any:
+        kind = value.get("type") if isinstance(value, dict) else None
+        if isinstance(kind, str) and kind != "text":
+            raise ValueError(f"a content part of type {kind!r}; this server reads text parts "
+                             "only")
+        return value
+
 
 class ChatMessage(APIModel):
-    role: Literal["system", "user", "assistant", "developer", "tool"]
+    # "function": the legacy form of a tool message (its name is the function's)
+    role: Literal["system", "user", "assistant", "developer", "tool", "function"]
     content: str | list[TextPart] | None = None  # None: an assistant's tool calls only
     name: str | None = None
     tool_calls: list[dict] | None = None  # an assistant's (api/tool_prompt.py checks them)
     tool_call_id: str | None = None  # a tool message's: the call it answers
+    function_call: dict | None = None  # an assistant's legacy call: {name, arguments}
 
     def text(self) -> str:
         if self.content is None:
@@ -356,6 +375,7 @@ class ChatMessage(APIModel):
 
 class ChatCompletionRequest(SamplingFields):
     ENDPOINT: ClassVar[str] = CHAT
+    PROMPT_FIELD: ClassVar[str] = "messages"
     # top_logprobs needs logprobs: true, which JSON Schema says as if/then.
     model_config = ConfigDict(json_schema_extra={
         "if": {"properties": {"top_logprobs": {"type": "integer"}},
@@ -402,6 +422,9 @@ class ChatCompletionRequest(SamplingFields):
         if self.max_completion_tokens is not None:
             return self.max_completion_tokens
         return self.max_tokens
+
+    def max_tokens_field(self) -> str:
+        return "max_tokens" if self.max_completion_tokens is None else "max_completion_tokens"
 
     def template_messages(self) -> list[dict[str, str]]:
         return template_messages(self.messages)

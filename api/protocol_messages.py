@@ -12,15 +12,30 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, model_validator
 
 from api.field_policy import COUNT_TOKENS, MESSAGES, check_fields
 from api.protocol import APIModel
 
 
+class CacheControl(APIModel):
+    """A prompt-cache breakpoint: no effect (the prefix cache needs none), but checked."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+    type: Literal["ephemeral"]
+    ttl: Literal["5m", "1h"] | None = None
+
+
+class Metadata(APIModel):
+    """No effect (user_id serves the provider's abuse monitoring), but checked."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+    user_id: str | None = None
+
+
 class Block(APIModel):
     model_config = ConfigDict(strict=True, extra="forbid")
-    cache_control: dict | None = None  # no effect: the prefix cache needs no breakpoints
+    cache_control: CacheControl | None = None
 
 
 class TextBlock(Block):
@@ -77,8 +92,17 @@ class ToolDefinition(APIModel):
     description: str | None = None
     input_schema: dict[str, Any]
     type: Literal["custom"] | None = None
-    cache_control: dict | None = None  # no effect
-    strict: bool | None = None  # calls always validate against input_schema (a grammar)
+    cache_control: CacheControl | None = None
+    strict: bool | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def client_tools_only(cls, value: Any) -> Any:
+        kind = value.get("type") if isinstance(value, dict) else None
+        if kind not in (None, "custom"):
+            raise ValueError(f"{kind!r} is a server tool; this server offers client tools "
+                             "(a name and an input_schema) only")
+        return value  # calls always validate against input_schema (a grammar)
 
 
 class ToolChoiceAuto(APIModel):
@@ -143,4 +167,5 @@ class MessagesRequest(CountTokensRequest):
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
-    metadata: dict | None = None  # no effect
+    metadata: Metadata | None = None
+    service_tier: Literal["auto", "standard_only"] | None = None  # no effect: one tier

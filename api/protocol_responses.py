@@ -77,6 +77,7 @@ class ResponsesChat(ChatCompletionRequest):
     """A Responses request in chat's terms, with the request it came from (`source`), which
     says what the response object echoes back."""
 
+    PROMPT_FIELD: ClassVar[str] = "input"
     _source: ResponsesRequest | None = PrivateAttr(default=None)
 
     @property

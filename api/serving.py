@@ -132,8 +132,8 @@ class OpenAIServing(ABC, Generic[Body]):
             grammar = await self.compile_grammar(spec)
             params = [replace(p, grammar=grammar) for p in params]
         client_id = http_request.headers.get(REQUEST_ID_HEADER) or uuid.uuid4().hex
-        job = Job(f"{self.request_id_prefix}-{client_id}", self.model_name, prompts, body.n,
-                  body.num_samples(), client_id=client_id)
+        job = Job(f"{self.request_id_prefix}{self.request_id_separator}{client_id}",
+                  self.model_name, prompts, body.n, body.num_samples(), client_id=client_id)
         self.submit(job, params, body.request_timeout, body.priority, self.arrivals.count)
         return job
 

@@ -32,6 +32,32 @@ def template_renders_tools(tokenizer: Any) -> bool:
     return isinstance(template, str) and "tools" in template
 
 
+def legacy_as_tools(messages: list[Any]) -> list[Any]:
+    """The legacy function-calling turns in today's terms: an assistant's function_call as
+    one tool call, a "function" message as the tool message answering the latest call of
+    that name (APIError naming `messages` if none has been made)."""
+    converted: list[Any] = []
+    latest: dict[str, str] = {}  # function name -> the id given to its latest call
+    for i, message in enumerate(messages):
+        if message.function_call is not None:
+            if message.role != "assistant" or message.tool_calls:
+                raise APIError(f"messages[{i}]: function_call belongs to an assistant message "
+                               "without tool_calls.", "messages")
+            call_id = f"call_legacy_{i}"
+            latest[str(message.function_call.get("name"))] = call_id
+            message = message.model_copy(update={"function_call": None, "tool_calls": [
+                {"id": call_id, "type": "function", "function": message.function_call}]})
+        elif message.role == "function":
+            if message.name not in latest:
+                raise APIError(f"messages[{i}] (role function) names {message.name!r}, which "
+                               "no earlier assistant function_call called.", "messages")
+            message = message.model_copy(update={"role": "tool",
+                                                 "tool_call_id": latest[message.name],
+                                                 "name": None})
+        converted.append(message)
+    return converted
+
+
 def history_calls(messages: list[Any]) -> list[dict[str, Any]]:
     """The assistant messages' tool calls, checked: each {id, type "function", function:
     {name, arguments (a JSON text)}}, and every tool message answering an earlier one.
@@ -75,6 +101,7 @@ def render_messages(messages: list[Any], plan: ToolPlan | None,
                     native: bool) -> tuple[list[dict[str, Any]], list[dict] | None]:
     """The messages for the template, and the tools to pass it (`native`: the template
     renders tools itself; otherwise they go in the system turn)."""
+    messages = legacy_as_tools(messages)
     calls = {c["id"]: c for c in history_calls(messages)}
     rendered: list[dict[str, Any]] = []
     for message in messages:

@@ -100,6 +100,7 @@ def test_refused_field_is_a_400_naming_it(server, endpoint, field, value):
     (CHAT, "metadata", {"team": "a"}),
     (CHAT, "store", True),
     (CHAT, "service_tier", "auto"),
+    (CHAT, "reasoning_effort", "none"),
     (COMPLETIONS, "user", "someone"),
 ])
 def test_inert_and_no_effect_fields_are_accepted(server, endpoint, field, value):

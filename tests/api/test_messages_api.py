@@ -110,6 +110,7 @@ def test_stream_reassembles_to_the_message(claude):
     assert final.stop_reason == whole.stop_reason
     assert final.usage.output_tokens == whole.usage.output_tokens
     assert final.usage.input_tokens == whole.usage.input_tokens
+    assert whole._request_id and stream.request_id  # the SDK reads them from request-id
 
 
 def test_raw_events_and_bodies_parse_into_the_sdk_types(server):
@@ -166,7 +167,8 @@ def test_history_with_tool_use_and_tool_result(claude):
                                tool_choice={"type": "none"}, extra_body=GREEDY)
     print(r.content)
     assert text_of(r) and r.stop_reason in ("end_turn", "max_tokens")
-    longer = claude.messages.count_tokens(model=MODEL_NAME, messages=history).input_tokens
+    longer = claude.messages.count_tokens(model=MODEL_NAME, messages=history, tools=TOOLS,
+                                          tool_choice={"type": "none"}).input_tokens
     shorter = claude.messages.count_tokens(model=MODEL_NAME, messages=ASK).input_tokens
     # tool_choice none shows no tools: the prompt is the history's alone.
     assert r.usage.input_tokens == longer > shorter
@@ -187,6 +189,14 @@ TOOL_RESULT_UNMATCHED = [*ASK, {"role": "assistant", "content": "Hm."},
                          {"role": "user", "content": [{"type": "tool_result",
                                                        "tool_use_id": "toolu_9",
                                                        "content": "18"}]}]
+CALLED = [*ASK, {"role": "assistant", "content": [
+    {"type": "tool_use", "id": "toolu_1", "name": "get_weather",
+     "input": {"city": "Paris", "unit": "celsius"}}]}]
+UNANSWERED = [*CALLED, {"role": "user", "content": "Well?"}]
+ANSWERED = [*CALLED, {"role": "user", "content": [
+    {"type": "tool_result", "tool_use_id": "toolu_1", "content": "18 degrees"}]}]
+TAGGED = [{"role": "user", "content": [{"type": "text", "text": "Hi",
+                                        "cache_control": {"type": "bogus"}}]}]
 BAD_SCHEMA = {"name": "f", "input_schema": {"type": "object", "properties": {
     "x": {"type": "string", "pattern": "(?<=a)b"}}}}  # a valid schema; llguidance has no lookbehind
 
@@ -205,6 +215,19 @@ BAD_SCHEMA = {"name": "f", "input_schema": {"type": "object", "properties": {
     ({"stop_sequences": [""]}, 400, "stop_sequences"),
     ({"thinking": {"type": "enabled", "budget_tokens": 2048}}, 400, "thinking"),
     ({"model": "no-such-model"}, 404, "model"),
+    ({"tool_choice": "auto"}, 400, "tool_choice"),  # OpenAI's spelling, not an object
+    ({"messages": ["Hi"]}, 400, "messages.0"),
+    ({"messages": [{"role": "user", "content": ""}]}, 400, "non-empty"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": ""}]}]}, 400,
+     "non-empty"),
+    ({"temperature": 1.5}, 400, "temperature"),
+    ({"top_k": -1}, 400, "top_k"),
+    ({"service_tier": "gold"}, 400, "service_tier"),
+    ({"metadata": {"user_id": 5}}, 400, "metadata"),
+    ({"metadata": {"user": "u"}}, 400, "metadata"),
+    ({"messages": TAGGED}, 400, "cache_control"),
+    ({"tools": TOOLS, "messages": UNANSWERED}, 400, "toolu_1"),
+    ({"messages": ANSWERED}, 400, "tools"),
 ])
 def test_errors_come_in_anthropic_shape(server, change, status, field):
     body = {"model": MODEL_NAME, "max_tokens": 4, "messages": ASK, **change}

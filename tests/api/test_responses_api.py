@@ -102,6 +102,7 @@ def test_string_input(client: openai.OpenAI, server: RunningServer, schemas):
                                 temperature=0)
     print(r.status, repr(r.output_text), r.usage)
     assert r.object == "response" and r.status == "completed"
+    assert r.id.startswith("resp_")
     [message] = r.output
     assert message.type == "message" and message.role == "assistant"
     assert r.output_text and r.output_text == message.content[0].text

@@ -398,6 +398,16 @@ BAD_REQUESTS = [
     ("max_tokens 0", COMPLETIONS, {**GOOD, "max_tokens": 0}, "max_tokens"),
     ("max_tokens -1", COMPLETIONS, {**GOOD, "max_tokens": -1}, "max_tokens"),
     ("max_tokens 0 (chat)", CHAT, {**GOOD_CHAT, "max_tokens": 0}, "max_tokens"),
+    ("max_completion_tokens 0", CHAT, {**GOOD_CHAT, "max_completion_tokens": 0},
+     "max_completion_tokens"),
+    ("a message that is a string", CHAT, {"messages": ["Hi"]}, "messages.0"),
+    ("stream_options without stream", CHAT,
+     {**GOOD_CHAT, "stream_options": {"include_usage": True}}, "stream_options"),
+    ("an image part", CHAT, {**GOOD_CHAT, "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}]}]},
+     "messages.0.content.0"),
+    ("a chat past the context", CHAT, {**GOOD_CHAT, "messages": [
+        {"role": "user", "content": "word " * 9000}]}, "messages"),
     ("beyond the context", COMPLETIONS, {**GOOD, "max_tokens": 100000}, "max_tokens"),
     ("temperature -1", COMPLETIONS, {**GOOD, "temperature": -1}, "temperature"),
     ("temperature NaN", COMPLETIONS, b'{"prompt": "Hi", "max_tokens": 2, "temperature": NaN}',

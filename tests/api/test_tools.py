@@ -139,6 +139,26 @@ def test_legacy_functions(client: openai.OpenAI):
         functions=[t["function"] for t in TOOLS], function_call={"name": "get_weather"})
     check_calls(r.choices[0], ("get_weather",))
     assert len(r.choices[0].message.tool_calls) == 1  # the legacy form: one call
+    # The conversation goes on in the legacy form, and reads as it does in today's.
+    call = r.choices[0].message.tool_calls[0].function
+    legacy = [*ASK, {"role": "assistant", "content": None,
+                     "function_call": {"name": call.name, "arguments": call.arguments}},
+              {"role": "function", "name": call.name, "content": "22 degrees, sunny"}]
+    today = [*ASK, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": call.name,
+                                                          "arguments": call.arguments}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "22 degrees, sunny"}]
+    answers = [client.chat.completions.create(model=MODEL_NAME, messages=history, temperature=0,
+                                              max_tokens=8, functions=[TOOLS[0]["function"]],
+                                              function_call="none")
+               for history in (legacy, today)]
+    assert answers[0].usage.prompt_tokens == answers[1].usage.prompt_tokens
+    assert answers[0].choices[0].message.content == answers[1].choices[0].message.content
+    unanswered = [*ASK, {"role": "function", "name": "get_weather", "content": "22"}]
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model=MODEL_NAME, messages=unanswered, max_tokens=5)
+    assert caught.value.body["param"] == "messages"
+    assert "get_weather" in caught.value.body["message"]
 
 
 @pytest.mark.parametrize("extra, param", [
