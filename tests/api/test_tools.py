@@ -64,11 +64,9 @@ def test_required_and_named_choice_give_valid_calls(client: openai.OpenAI, tempe
     assert "".join(t.token for t in choice.logprobs.content).startswith("<tool_call>")
 
 
-def test_streamed_calls_reassemble_to_the_non_streamed(client: openai.OpenAI):
-    request = dict(model=MODEL_NAME, messages=ASK, tools=TOOLS, tool_choice="required",
-                   temperature=0, max_tokens=120)
-    whole = client.chat.completions.create(**request).choices[0]
-    check_calls(whole)
+def streamed_calls(client: openai.OpenAI, request: dict) -> tuple[list[tuple[str, str]], str]:
+    """The request streamed: each call's name and joined arguments, and the finish_reason.
+    No text comes; a call's first delta has its id, type and name, later ones neither."""
     calls: dict[int, dict] = {}
     finish = None
     for chunk in client.chat.completions.create(**request, stream=True):
@@ -76,16 +74,23 @@ def test_streamed_calls_reassemble_to_the_non_streamed(client: openai.OpenAI):
             assert not choice.delta.content
             finish = choice.finish_reason or finish
             for delta in choice.delta.tool_calls or []:
-                if delta.index not in calls:  # a call's first delta: id, type and name
+                if delta.index not in calls:
                     assert delta.id and delta.type == "function" and delta.function.name
-                    calls[delta.index] = {"id": delta.id, "name": delta.function.name,
-                                          "arguments": ""}
+                    calls[delta.index] = {"name": delta.function.name, "arguments": ""}
                 else:
                     assert delta.id is None and delta.function.name is None
                 calls[delta.index]["arguments"] += delta.function.arguments or ""
+    return [(c["name"], c["arguments"]) for c in calls.values()], finish
+
+
+def test_streamed_calls_reassemble_to_the_non_streamed(client: openai.OpenAI):
+    request = dict(model=MODEL_NAME, messages=ASK, tools=TOOLS, tool_choice="required",
+                   temperature=0, max_tokens=120)
+    whole = client.chat.completions.create(**request).choices[0]
+    check_calls(whole)
+    calls, finish = streamed_calls(client, request)
     assert finish == "tool_calls"
-    assert [(c["name"], c["arguments"]) for c in calls.values()] == \
-        [(c.function.name, c.function.arguments) for c in whole.message.tool_calls]
+    assert calls == [(c.function.name, c.function.arguments) for c in whole.message.tool_calls]
 
 
 def test_auto_answers_text_or_valid_calls(client: openai.OpenAI):
@@ -225,16 +230,6 @@ def test_a_call_cut_off_reads_the_same_streamed_or_not(client: openai.OpenAI, ma
     assert whole.finish_reason == "length"
     calls = [(c.function.name, c.function.arguments) for c in whole.message.tool_calls or []]
     assert whole.message.content == (None if calls else "")
-    streamed: dict[int, list[str]] = {}
-    finish = None
-    for chunk in client.chat.completions.create(**request, stream=True):
-        for choice in chunk.choices:
-            assert not choice.delta.content
-            finish = choice.finish_reason or finish
-            for delta in choice.delta.tool_calls or []:
-                entry = streamed.setdefault(delta.index, [delta.function.name, ""])
-                entry[1] += delta.function.arguments or ""
-    assert finish == "length"
-    assert [tuple(entry) for entry in streamed.values()] == calls
+    assert streamed_calls(client, request) == (calls, "length")
     if max_tokens == 16:  # inside the first call's arguments
         assert len(calls) == 1 and calls[0][0] in SCHEMAS and calls[0][1].startswith("{")
