@@ -103,7 +103,8 @@ SHARED: dict[str, FieldRule] = {
     "repetition_penalty": done("Logits processor; 1 is off.", V),
     "stop_token_ids": done("Token ids that end the answer.", V),
     "ignore_eos": done("Keep generating past the end-of-sequence token.", V),
-    "min_tokens": done("End-of-sequence and stop tokens are masked until this many.", V),
+    "min_tokens": done("End-of-sequence and stop tokens do not end the answer before this "
+                       "many.", V),
     "allowed_token_ids": done("Only these tokens may be sampled.", V),
     "priority": done("Lower is seated first; needs --scheduling-policy priority.", V),
     "structured_outputs": done("json, regex, choice or json_object, through llguidance.", V),

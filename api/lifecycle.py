@@ -44,7 +44,8 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
                              "then end them with an error (new ones get 503 meanwhile)")
     parser.add_argument("--exit-on-engine-failure", action=argparse.BooleanOptionalAction,
                         default=True,
-                        help="if the engine thread dies, exit with status "
+                        help="if the engine dies (its core process, or its thread with "
+                             "--no-engine-process), exit with status "
                              f"{ENGINE_FAILURE_EXIT_CODE} so a supervisor restarts the server "
                              "(default); --no-exit-on-engine-failure stays up answering 503")
 

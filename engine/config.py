@@ -77,8 +77,9 @@ class EngineConfig:
                                  "(fp32 or bf16), or PyTorch gather + SDPA (auto: the kernel "
                                  "on CPU in fp32 or bf16)")
         parser.add_argument("--matmul", default=d.matmul, choices=["auto", "torch"],
-                            help="linear layers: our AVX-512 kernel over weights packed once "
-                                 "at load (auto: where the CPU has it), or PyTorch's matmul")
+                            help="linear layers: our kernel over weights packed once at load "
+                                 "(auto: where the CPU has AVX-512, or AVX2 with FMA), or "
+                                 "PyTorch's matmul")
         parser.add_argument("--no-decode-stack", action="store_true",
                             help="run decode steps layer by layer from Python instead of in "
                                  "one C++ call for all layers (same logits; for comparison "
