@@ -93,7 +93,9 @@ def retry_seconds(requests_per_second: float | None, tokens_per_second: float | 
                          (excess_tokens, tokens_per_second)):
         if excess > 0:
             seconds = max(seconds, excess / rate if rate else math.inf)
-    return int(min(max(math.ceil(seconds - 1e-6), 1), MAX_RETRY_AFTER))  # float dust
+    # At most MAX_RETRY_AFTER before rounding up: a rate of 0 (a line nothing has left yet)
+    # makes the wait infinite, which has no integer.
+    return max(math.ceil(min(seconds, MAX_RETRY_AFTER) - 1e-6), 1)  # - 1e-6: float dust
 
 
 def check_line(config: EngineConfig, request_tokens: int, running: int, waiting: int,

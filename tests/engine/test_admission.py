@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from engine.admission import DEFAULT_RETRY_AFTER, MAX_RETRY_AFTER, DrainRate, LineSize
+from engine.admission import (
+    DEFAULT_RETRY_AFTER,
+    MAX_RETRY_AFTER,
+    DrainRate,
+    LineSize,
+    retry_seconds,
+)
 
 
 def test_nothing_measured_gives_the_default():
@@ -94,3 +100,16 @@ def test_the_line_tracker_counts_what_joined_until_a_step_ends():
         tracker.check(config, 20, running=1, waiting=0, inbox_tokens=[])
     assert tracker.step_ended(LineSize(1, 10)) == LineSize(2, 90)
     tracker.check(config, 20, running=1, waiting=1, inbox_tokens=[])  # 10 + 20 fit
+
+
+def test_a_line_nothing_has_left_asks_for_the_longest_wait():
+    """A rate measured as 0 (a line that has only waited so far) makes the wait infinite:
+    the answer is the cap, not an error (which would turn the 429 into a 500)."""
+    rate = DrainRate(window=10)
+    for t in range(3):
+        rate.observe(float(t), LineSize(4, 400), LineSize())
+    print("rates", rate.requests_per_second, rate.tokens_per_second)
+    assert rate.requests_per_second == 0
+    assert rate.retry_after(excess_requests=1) == MAX_RETRY_AFTER
+    assert rate.retry_after(excess_tokens=100) == MAX_RETRY_AFTER
+    assert retry_seconds(0.0, 0.0, 1, 0) == retry_seconds(0.0, None, 1, 0) == MAX_RETRY_AFTER
