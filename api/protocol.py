@@ -11,7 +11,15 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    WithJsonSchema,
+    model_validator,
+)
 
 from api.errors import APIError
 from api.field_policy import CHAT, COMPLETIONS, check_fields
@@ -44,6 +52,16 @@ def integral_float_as_int(value: object) -> object:
     return value
 
 
+def or_null(json_type: str, default: object) -> tuple[BeforeValidator, WithJsonSchema]:
+    """A field whose null means its default (the OpenAI client sends null for a None it is
+    given, and OpenAI's API and vLLM read it so), documented as taking null."""
+    return (BeforeValidator(lambda value: default if value is None else value),
+            WithJsonSchema({"anyOf": [{"type": json_type}, {"type": "null"}]}))
+
+
+NullFalse = Annotated[bool, *or_null("boolean", False)]
+
+
 TokenId = Annotated[int, Field(ge=0, json_schema_extra={TOKEN_ID_MARKER: True}),
                     BeforeValidator(integral_float_as_int)]
 TokenIds = Annotated[list[TokenId], Field(min_length=1)]
@@ -53,12 +71,45 @@ class APIModel(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
 
 
+def first_broken_text(value: Any, where: str = "") -> str | None:
+    """Where in a parsed JSON body a string holds a lone UTF-16 surrogate (JSON lets "\\ud800"
+    through, and no text can be encoded from it), or None."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return where or "a string"
+        return None
+    if isinstance(value, dict):
+        items = ((f"{where}.{key}" if where else str(key), item) for key, item in value.items())
+    elif isinstance(value, list):
+        items = ((f"{where}[{i}]", item) for i, item in enumerate(value))
+    else:
+        return None
+    return next((found for path, item in items
+                 if (found := first_broken_text(item, path)) is not None), None)
+
+
+class RequestBody(APIModel):
+    """A request's whole body: text that is not Unicode (a lone surrogate) is refused before
+    anything reads it, naming where it is."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def whole_characters(cls, value: Any) -> Any:
+        where = first_broken_text(value)
+        if where is not None:
+            raise ValueError(f"{where} holds a lone UTF-16 surrogate (such as \\ud800), which "
+                             "is not Unicode text")
+        return value
+
+
 class StreamOptions(APIModel):
     include_usage: bool = False
     continuous_usage_stats: bool = False  # vLLM's: usage so far in every chunk
 
 
-class SamplingFields(APIModel):
+class SamplingFields(RequestBody):
     """What completions and chat share: the model, streaming and the sampling fields.
     Fields not declared here are kept (in model_extra) for the field policy to judge."""
 
@@ -67,7 +118,7 @@ class SamplingFields(APIModel):
     PROMPT_FIELD: ClassVar[str] = "prompt"  # what an error about the prompt names
 
     model: str | None = None
-    stream: bool = False
+    stream: NullFalse = False
     stream_options: StreamOptions | None = None
     # Ours (vLLM has none): seconds from arrival this request may take; on top of the
     # server's --request-timeout, the shorter wins. Past it: 504, or an error event once
@@ -81,13 +132,14 @@ class SamplingFields(APIModel):
     seed: int | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[TokenId] | None = None
-    ignore_eos: bool = False
-    min_tokens: int = 0
-    n: int = 1
+    ignore_eos: NullFalse = False
+    min_tokens: Annotated[int, *or_null("integer", 0)] = 0
+    n: Annotated[int, *or_null("integer", 1)] = 1
     best_of: int | None = None  # run this many samples, return the n of highest logprob
     logprobs_mode: LogprobsMode | None = None  # ours: "raw" (default) or "processed"
     user: str | None = None
-    priority: int = 0  # lower is seated first (vLLM's convention); needs --scheduling-policy
+    # Lower is seated first (vLLM's convention); needs --scheduling-policy priority.
+    priority: Annotated[int, *or_null("integer", 0)] = 0
     # Logits processors (engine/logits_processors.py).
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
@@ -320,7 +372,7 @@ class CompletionRequest(SamplingFields):
     prompt: (NonEmptyText | TokenIds | Annotated[list[NonEmptyText], Field(min_length=1)]
              | Annotated[list[TokenIds], Field(min_length=1)])
     max_tokens: int | None = 16
-    echo: bool = False  # the choice's text (and logprobs) begin with the prompt's
+    echo: NullFalse = False  # the choice's text (and logprobs) begin with the prompt's
     logprobs: int | None = None
 
     def prompts(self) -> list[str | list[int]]:
@@ -384,7 +436,7 @@ class ChatCompletionRequest(SamplingFields):
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None
-    logprobs: bool = False
+    logprobs: NullFalse = False
     top_logprobs: int | None = None
     # Function tools (api/tools.py), and their legacy form.
     tools: list[dict] | None = None

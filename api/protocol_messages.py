@@ -15,7 +15,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import ConfigDict, Field, model_validator
 
 from api.field_policy import COUNT_TOKENS, MESSAGES, check_fields
-from api.protocol import APIModel
+from api.protocol import APIModel, RequestBody
 
 
 class CacheControl(APIModel):
@@ -133,7 +133,7 @@ ToolChoice = Annotated[ToolChoiceAuto | ToolChoiceAny | ToolChoiceTool | ToolCho
                        Field(discriminator="type")]
 
 
-class CountTokensRequest(APIModel):
+class CountTokensRequest(RequestBody):
     """What shapes the prompt: the body of /v1/messages/count_tokens."""
 
     model_config = ConfigDict(strict=True, extra="allow")

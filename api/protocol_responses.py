@@ -14,17 +14,23 @@ from __future__ import annotations
 import json
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import ConfigDict, Field, PrivateAttr
 
 from api.errors import APIError
 from api.field_policy import RESPONSES, check_fields
-from api.protocol import MIN_REQUEST_TIMEOUT, ChatCompletionRequest, ChatMessage
+from api.protocol import (
+    MIN_REQUEST_TIMEOUT,
+    ChatCompletionRequest,
+    ChatMessage,
+    NullFalse,
+    RequestBody,
+)
 
 ROLES = ("user", "assistant", "system", "developer")
 TEXT_PARTS = ("input_text", "output_text")
 
 
-class ResponsesRequest(BaseModel):
+class ResponsesRequest(RequestBody):
     """The fields this server reads; the others are kept (in model_extra) for the field
     policy to judge."""
 
@@ -41,7 +47,7 @@ class ResponsesRequest(BaseModel):
     max_output_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = None
     top_p: float | None = None
-    stream: bool = False
+    stream: NullFalse = False
     metadata: dict[str, str] | None = None
     store: bool | None = None
     user: str | None = None

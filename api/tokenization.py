@@ -13,7 +13,7 @@ from pydantic import ConfigDict, Field
 
 from api.engine_client import EngineClient
 from api.errors import APIError
-from api.protocol import APIModel, ChatMessage, TokenId, template_messages
+from api.protocol import ChatMessage, RequestBody, TokenId, template_messages
 from api.responses import DetokenizeResponse, TokenizeResponse
 
 if TYPE_CHECKING:
@@ -40,7 +40,7 @@ def render_chat(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, Any
                        "messages") from exc
 
 
-class TokenizeRequest(APIModel):
+class TokenizeRequest(RequestBody):
     """Exactly one of `prompt` and `messages` (oneOf in the document)."""
 
     model_config = ConfigDict(json_schema_extra={"oneOf": [
@@ -55,7 +55,7 @@ class TokenizeRequest(APIModel):
     return_token_strs: bool = False
 
 
-class DetokenizeRequest(APIModel):
+class DetokenizeRequest(RequestBody):
     model: str | None = None
     tokens: list[TokenId]
 

@@ -470,6 +470,39 @@ def test_bad_request(server, name, path, body, param):
         assert param.split(".")[0] in error["message"]
 
 
+@pytest.mark.parametrize(("path", "body", "where"), [
+    (CHAT, '{"messages": [{"role": "user", "content": "Hi \\ud800"}]}', "messages[0].content"),
+    (CHAT, '{"messages": [{"role": "user", "content": "Hi"}], "stop": ["\\udfff"]}', "stop[0]"),
+    (COMPLETIONS, '{"prompt": "Hi", "model": "\\ud800"}', "model"),
+    ("/v1/responses", '{"input": "\\ud800"}', "input"),
+    ("/v1/messages", '{"model": "default", "max_tokens": 2, "messages": [{"role": "user", '
+                     '"content": [{"type": "text", "text": "\\ud800"}]}]}',
+     "messages[0].content[0].text"),
+    ("/tokenize", '{"prompt": "\\ud800"}', "prompt"),
+])
+def test_a_lone_surrogate_is_a_400_naming_where(server, path, body, where):
+    """JSON lets "\\ud800" through; no text can be encoded from it, so it is refused up front
+    (it used to fail later, in the tokenizer or the engine's messages, as a 500)."""
+    r = httpx.post(server.url + path, content=body.encode(), timeout=30,
+                   headers={"content-type": "application/json"})
+    print(r.status_code, r.text)
+    assert r.status_code == 400
+    message = (r.json()["error"]["message"])
+    assert f"{where} holds a lone UTF-16 surrogate" in message
+
+
+@pytest.mark.parametrize(("path", "body"), [
+    (CHAT, {**GOOD_CHAT, "logprobs": None, "n": None, "stream": None, "min_tokens": None}),
+    (COMPLETIONS, {**GOOD, "echo": None, "n": None, "stream": None, "ignore_eos": None}),
+])
+def test_null_means_the_default(server, path, body):
+    """The openai client sends null for a None it is given: the field's default, as on
+    OpenAI's API."""
+    r = httpx.post(server.url + path, json=body, timeout=30)
+    assert r.status_code == 200, r.text
+    assert len(r.json()["choices"]) == 1 and r.json()["usage"]["completion_tokens"] >= 1
+
+
 def test_good_request_right_after_bad_ones(server):
     for _, path, body, _ in BAD_REQUESTS:
         assert send_bad(server, path, body).status_code == 400

@@ -108,6 +108,16 @@ BAD = [
     ("unknown response_format", {"response_format": {"type": "xml"}}, "response_format"),
     ("schema missing", {"response_format": {"type": "json_schema", "json_schema": {}}},
      "response_format"),
+    ("name missing", {"response_format": {"type": "json_schema",
+                                          "json_schema": {"schema": ITEM}}}, "response_format"),
+    ("name with a space", {"response_format": {"type": "json_schema", "json_schema": {
+        "name": "an item", "schema": ITEM}}}, "response_format"),
+    ("strict a string", {"response_format": {"type": "json_schema", "json_schema": {
+        "name": "item", "schema": ITEM, "strict": "yes"}}}, "response_format"),
+    ("a key json_schema lacks", {"response_format": {"type": "json_schema", "json_schema": {
+        "name": "item", "schema": ITEM, "schma": {}}}}, "response_format"),
+    ("a key json_object lacks", {"response_format": {"type": "json_object", "schema": ITEM}},
+     "response_format"),
     ("invalid regex", {"structured_outputs": {"regex": "(ab"}}, "structured_outputs"),
     ("empty choice", {"structured_outputs": {"choice": []}}, "structured_outputs"),
     ("two keys", {"structured_outputs": {"regex": "a", "choice": ["a"]}}, "structured_outputs"),
