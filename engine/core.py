@@ -153,16 +153,25 @@ class PagedEngineCore:
                            blocks_cached_free=a.num_cached_free)
 
     def describe(self) -> str:
+        threads = self.runner.threads
         return (f"{self.runner.device}, {self.allocator.num_usable} KV blocks of {BLOCK_SIZE} "
                 f"tokens{self._describe_groups()}, prefix cache "
                 f"{'on' if self.config.enable_prefix_cache else 'off'}, "
                 f"{self.runner.attention_backend} attention, {self.runner.matmul_path} matmuls, "
                 f"{'decode layers in one C++ call, ' if self.runner.decode_stack else ''}"
-                f"up to {self.runner.threads.max_threads} threads (1 below "
-                f"{self.runner.threads.single_below} tokens a step)"
+                + describe_threads(threads.max_threads, threads.single_below)
                 + (f", {describe_speculation(self.config.speculative)}"
                    if self.config.speculative else ""))
 
     def _describe_groups(self) -> str:
         groups = self.groups
         return f" ({groups.describe()})" if groups.num_groups > 1 else ""
+
+
+def describe_threads(most: int, single_below: int) -> str:
+    """How many threads a step uses, for the start-up line."""
+    if most == 1:
+        return "1 thread"
+    if single_below == 0:
+        return f"{most} threads every step"
+    return f"up to {most} threads (1 for steps below {single_below} tokens)"

@@ -29,7 +29,6 @@ import asyncio
 import logging
 import shutil
 import signal
-import tempfile
 import threading
 import time
 from collections import deque
@@ -44,7 +43,14 @@ from engine.admission import EngineUnavailableError, check_line, check_samples, 
 from engine.config import EngineConfig
 from engine.core import EngineStats
 from engine.core_dashboard import ReceivedSnapshots
-from engine.core_launch import POLL_MS, ROOT, STDERR_LINES, EngineStartError, SpawnedCore
+from engine.core_launch import (
+    POLL_MS,
+    ROOT,
+    STDERR_LINES,
+    EngineStartError,
+    SpawnedCore,
+    socket_dir,
+)
 from engine.core_messages import (
     Abort,
     AbortAll,
@@ -117,12 +123,13 @@ class EngineProcessClient:
         self._failure: str | None = None  # the core's own account of its death
         self._failure_callbacks: list[Callable[[], None]] = []
         self._closing = False
+        self._shut_down = False
         self._metrics_lock = threading.Lock()
         self._metrics_query = 0
         self._last_metrics = b""
         self._encoder = msgspec.msgpack.Encoder()
         self._decoder = msgspec.msgpack.Decoder(FromCore)
-        self._dir = tempfile.mkdtemp(prefix="nano-vllm-core-")
+        self._dir = socket_dir()
         self._context = zmq.Context()
         addresses = {name: f"ipc://{self._dir}/{name}" for name in ("requests", "outputs",
                                                                     "metrics")}
@@ -301,8 +308,12 @@ class EngineProcessClient:
                 self._last_metrics)
 
     def shutdown(self) -> None:
-        """Tell the core to stop, wait for it (killing it after STOP_TIMEOUT), clean up."""
+        """Tell the core to stop, wait for it (killing it after STOP_TIMEOUT), clean up; once
+        (a drain that runs out of time and the server's exit both call it)."""
         with self._lock:
+            if self._shut_down:
+                return
+            self._shut_down = True
             self._closing = True
             if self._process.poll() is None:
                 self._send(Shutdown())

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import deque
@@ -27,6 +29,30 @@ log = logging.getLogger("nano_vllm.engine")
 ROOT = Path(__file__).resolve().parents[1]
 POLL_MS = 100  # a wait on the core's messages notices a dead core within about this long
 STDERR_LINES = 40  # of the core's stderr, kept for an error at start-up
+
+
+SOCKET_DIR_PREFIX = "nano-vllm-core-"
+
+
+def socket_dir() -> str:
+    """A new folder (in the temporary directory) for the sockets to the core, named after
+    this process; first the folders of servers that are gone are removed (a server killed
+    with SIGKILL cannot remove its own)."""
+    for old in Path(tempfile.gettempdir()).glob(f"{SOCKET_DIR_PREFIX}*-*"):
+        pid = old.name.removeprefix(SOCKET_DIR_PREFIX).split("-")[0]
+        if pid.isdigit() and not process_exists(int(pid)):
+            shutil.rmtree(old, ignore_errors=True)
+    return tempfile.mkdtemp(prefix=f"{SOCKET_DIR_PREFIX}{os.getpid()}-")
+
+
+def process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        return True
+    return True
 
 
 class EngineStartError(RuntimeError):

@@ -158,6 +158,7 @@ def test_sigterm_drains_then_exits_zero(tmp_path):
     error = check_error(plain["r"], 503, "server_error")
     assert error["code"] == "server_shutting_down"
     assert rc == 0
+    assert output.count("the engine core process exited with status 0") == 1  # stopped once
     counts = re.search(r"stopped: (\d+) requests in flight; KV blocks used (\d+), free (\d+), "
                        r"cached-free (\d+) of (\d+)", output)
     assert counts, output
