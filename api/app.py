@@ -165,6 +165,14 @@ def create_app(engine: EngineClient, model_name: str, access: AccessConfig | Non
     async def metrics() -> Response:
         return Response(engine.metrics.render(), media_type="text/plain; version=0.0.4")
 
+    # HEAD where a probe may send it instead of GET (uptime monitors do): the same status and
+    # headers, and uvicorn sends no body.
+    for path, endpoint, dependencies in (("/health", health, probe),
+                                          ("/v1/models", models, guarded),
+                                          ("/metrics", metrics, probe)):
+        app.add_api_route(path, endpoint, methods=["HEAD"], dependencies=dependencies,
+                          include_in_schema=False)
+
     @app.post("/v1/completions", dependencies=guarded, response_model=None,
               responses=generation_responses(CompletionResponse, CompletionStreamResponse,
                                              *auth))

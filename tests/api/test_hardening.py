@@ -53,6 +53,15 @@ def test_wrong_method_405_with_allow(server, method, path, allowed):
     assert r.headers["Allow"] == allowed
 
 
+@pytest.mark.parametrize("path", ["/health", "/v1/models", "/metrics"])
+def test_head_answers_where_get_does(server, path):
+    """Uptime monitors probe with HEAD: GET's status and headers, no body."""
+    got, head = httpx.get(server.url + path, timeout=10), httpx.head(server.url + path, timeout=10)
+    print(path, got.status_code, head.status_code, head.headers)
+    assert head.status_code == got.status_code == 200
+    assert head.headers["content-type"] == got.headers["content-type"] and head.content == b""
+
+
 def test_unknown_model_404(server):
     r = httpx.post(server.url + COMPLETIONS, json={"prompt": "Hi", "model": "gpt-4"},
                    timeout=10)
