@@ -178,8 +178,9 @@ def honest_openapi(app: FastAPI, extra_models: list[type[BaseModel]],
     `vocab_size`, and `model` limited to `model_names`. Built once, then cached."""
     if app.openapi_schema is not None:
         return app.openapi_schema
-    doc = get_openapi(title=app.title, version=app.version, routes=app.routes,
-                      description=app.description)
+    # 3.2: the first version whose media types have itemSchema, which the event streams use.
+    doc = get_openapi(title=app.title, version=app.version, openapi_version="3.2.0",
+                      routes=app.routes, description=app.description)
     for path in doc.get("paths", {}).values():
         for operation in path.values():
             operation.get("responses", {}).pop("422", None)
