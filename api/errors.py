@@ -43,7 +43,7 @@ class APIError(Exception):
     def body_for(self, path: str) -> BaseModel:
         """The body as the route at `path` speaks errors."""
         if speaks_anthropic(path):
-            return anthropic_error_body(self.status, self.message, self.param)
+            return anthropic_error_body(self.status, self.message, self.param, self.code)
         return self.body()
 
 

@@ -58,6 +58,7 @@ class FieldRule:
     # The values that ask for nothing, besides null: this server's behaviour anyway. When
     # none are given, EMPTY_VALUES.
     inert: tuple[Any, ...] = ()
+    code: str | None = None  # the refusal's error code, where a client acts on it
 
     def asks_for(self, value: Any) -> bool:
         """Whether `value` asks for something."""
@@ -273,6 +274,15 @@ MESSAGES_FIELDS: dict[str, FieldRule] = {
     "service_tier": no_effect("There is one tier.", A),
     "inference_geo": no_effect("The answer is computed on this server.", A),
     "container": refused("Code execution containers are not offered.", A),
+    # The anthropic client's tool runner asks for a thread by default; this code tells it to
+    # send the whole conversation instead.
+    "thread": FieldRule(Status.REFUSED, A, "No conversation is kept between requests: send "
+                        "the whole conversation.", (False,), code="thread_unsupported_request"),
+    "compaction": refused("Conversations are not summarized here.", A),
+    "fallbacks": no_effect("The model served never declines a request, so no fallback is "
+                           "tried.", A),
+    "fallback_credit_token": no_effect("No prompt cache is billed here.", A),
+    "billing_policy": no_effect("Nothing is billed here.", A),
     "diagnostics": refused("Prompt-cache diagnostics are not reported.", A),
     "mcp_servers": refused("MCP servers are not called by this server.", A),
     "context_management": refused("The context is never edited; a history too long is a "
@@ -302,7 +312,8 @@ def check_fields(endpoint: str, fields: dict[str, Any], accept_unknown: bool = F
                                "field (a misspelling?).", name)
             warn_unknown(name)
         elif rule.status is Status.REFUSED and rule.asks_for(value):
-            raise APIError(f"{name} is not supported by this server: {rule.reason}", name)
+            raise APIError(f"{name} is not supported by this server: {rule.reason}", name,
+                           code=rule.code)
 
 
 def warn_unknown(name: str) -> None:

@@ -121,6 +121,7 @@ STREAM_EVENTS: tuple[type[BaseModel], ...] = (
 class AnthropicErrorDetail(BaseModel):
     type: str  # ERROR_TYPES' values
     message: str  # begins with the field at fault, when there is one
+    details: dict[str, str] | None = omitted_if_none()  # {"error_code"}, where there is one
 
 
 class AnthropicErrorResponse(BaseModel):
@@ -128,12 +129,19 @@ class AnthropicErrorResponse(BaseModel):
     error: AnthropicErrorDetail
 
 
-def anthropic_error_body(status: int, message: str,
-                         param: str | None = None) -> AnthropicErrorResponse:
+# The error codes Anthropic's clients act on, sent in details.error_code (no other is).
+ANTHROPIC_ERROR_CODES = frozenset({"thread_unsupported_request"})
+
+
+def anthropic_error_body(status: int, message: str, param: str | None = None,
+                         code: str | None = None) -> AnthropicErrorResponse:
     """An error in Anthropic's shape, which has no `param`: the field leads the message
-    ("max_tokens: Field required"), unless the message already names it."""
+    ("max_tokens: Field required"), unless the message already names it; a code of
+    ANTHROPIC_ERROR_CODES goes in `details.error_code`, where Anthropic's clients look."""
     if param and param not in message:
         message = f"{param}: {message}"
     err_type = ERROR_TYPES.get(status, "api_error" if status >= 500 else
                                "invalid_request_error")
-    return AnthropicErrorResponse(error=AnthropicErrorDetail(type=err_type, message=message))
+    return AnthropicErrorResponse(error=AnthropicErrorDetail(
+        type=err_type, message=message,
+        details={"error_code": code} if code in ANTHROPIC_ERROR_CODES else None))

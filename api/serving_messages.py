@@ -120,7 +120,8 @@ class MessagesServing(ChatServing):
             async for prompt_index, output in outputs:
                 if output.error:
                     error = failure(output)
-                    body_json = anthropic_error_body(error.status, error.message, error.param)
+                    body_json = anthropic_error_body(error.status, error.message, error.param,
+                                                     error.code)
                     yield named_sse(body_json, "error")
                     return
                 sample = job.record(prompt_index, output)

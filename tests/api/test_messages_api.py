@@ -14,6 +14,7 @@ import httpx
 import jsonschema
 import pytest
 from anthropic.types import Message, message_count_tokens_params, message_create_params
+from anthropic.types.beta import message_create_params as beta_message_create_params
 from fastapi.testclient import TestClient
 
 from api.app import create_app
@@ -363,10 +364,12 @@ def test_a_body_too_large_in_anthropic_shape(tokenizer):
 
 @pytest.mark.parametrize("endpoint, params, body", [
     (MESSAGES, message_create_params.MessageCreateParamsBase, MessagesRequest),
+    # The beta surface (the tool runner's), but for betas, which the client sends as a header.
+    (MESSAGES, beta_message_create_params.MessageCreateParamsBase, MessagesRequest),
     (COUNT_TOKENS, message_count_tokens_params.MessageCountTokensParams, CountTokensRequest),
 ])
 def test_every_sdk_field_is_classified(endpoint, params, body):
-    fields = set(typing.get_type_hints(params))
+    fields = set(typing.get_type_hints(params)) - {"betas"}
     if endpoint == MESSAGES:  # streaming, and the sampling fields older SDKs send
         fields |= {"stream", "temperature", "top_p", "top_k"}
     table = POLICIES[endpoint]
@@ -396,3 +399,30 @@ def test_a_call_cut_off_gives_the_same_blocks_streamed_or_not(claude, max_tokens
         [(b.name, b.input) for b in whole.content]
     if max_tokens == 16:
         assert len(whole.content) == 1 and whole.content[0].name in SCHEMAS
+
+
+def test_the_tool_runner_falls_back_from_a_thread_to_the_whole_conversation(claude, server):
+    """The anthropic client's tool runner asks for a server-held thread by default: refused
+    with the error code that makes it send the whole conversation, so its loop runs."""
+    r = httpx.post(server.url + "/v1/messages", timeout=30, json={
+        "model": MODEL_NAME, "max_tokens": 4, "messages": ASK, "thread": {"type": "create"}})
+    print(r.text)
+    assert r.status_code == 400
+    assert r.json()["error"]["details"] == {"error_code": "thread_unsupported_request"}
+    assert r.json()["error"]["message"].startswith("thread")
+    calls = []
+
+    @anthropic.beta_tool
+    def get_weather(city: str) -> str:
+        """The weather now in a city."""
+        calls.append(city)
+        return "18 degrees, sunny"
+
+    runner = claude.beta.messages.tool_runner(
+        model=MODEL_NAME, max_tokens=60, messages=ASK, tools=[get_weather], max_iterations=2,
+        tool_choice={"type": "tool", "name": "get_weather", "disable_parallel_tool_use": True},
+        extra_body=GREEDY)
+    replies = list(runner)
+    print([m.content for m in replies], calls)
+    assert len(replies) == 2 and len(calls) >= 1  # a call, its result sent back, a second turn
+    assert all(block.type == "tool_use" for block in replies[0].content)
