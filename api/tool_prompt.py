@@ -60,8 +60,9 @@ def legacy_as_tools(messages: list[Any]) -> list[Any]:
 
 def history_calls(messages: list[Any]) -> list[dict[str, Any]]:
     """The assistant messages' tool calls, checked: each {id, type "function", function:
-    {name, arguments (a JSON text)}}, and every tool message answering an earlier one.
-    Returned with their arguments decoded. APIError naming `messages` otherwise."""
+    {name, arguments (a JSON text, or what came of one before a cut)}}, and every tool
+    message answering an earlier one. Returned with their arguments decoded where they are
+    JSON. APIError naming `messages` otherwise."""
     seen: dict[str, str] = {}
     decoded: list[dict[str, Any]] = []
     for i, message in enumerate(messages):
@@ -88,9 +89,10 @@ def history_calls(messages: list[Any]) -> list[dict[str, Any]]:
                                "function: {name, arguments}}}.", "messages")
             try:
                 arguments = json.loads(function["arguments"])
-            except json.JSONDecodeError as exc:
-                raise APIError(f"{where}'s tool call {call['id']!r} has arguments that are "
-                               f"not JSON: {exc}.", "messages") from exc
+            except json.JSONDecodeError:
+                # A call cut off by max_tokens (this server returns its arguments as far as
+                # they came), sent back as it was: shown to the model as the text it is.
+                arguments = function["arguments"]
             seen[call["id"]] = function["name"]
             decoded.append({"id": call["id"], "name": function["name"],
                             "arguments": arguments})

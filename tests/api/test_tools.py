@@ -233,3 +233,10 @@ def test_a_call_cut_off_reads_the_same_streamed_or_not(client: openai.OpenAI, ma
     assert streamed_calls(client, request) == (calls, "length")
     if max_tokens == 16:  # inside the first call's arguments
         assert len(calls) == 1 and calls[0][0] in SCHEMAS and calls[0][1].startswith("{")
+        # Sent back as it came (a client's history holds it), the cut call is read, not refused.
+        history = [*ASK, whole.message.model_dump(exclude_none=True),
+                   {"role": "tool", "tool_call_id": whole.message.tool_calls[0].id,
+                    "content": "22 degrees"}]
+        after = client.chat.completions.create(model=MODEL_NAME, messages=history, tools=TOOLS,
+                                               tool_choice="none", max_tokens=4)
+        assert after.choices[0].message.content is not None
