@@ -99,6 +99,8 @@ def app_builder(args: dict[str, str]) -> Application:
     if unknown:
         raise ValueError(f"unknown application args: {', '.join(sorted(unknown))}")
     argv = shlex.split(args.get("engine_args", ""))
-    engine_args = build_parser(None).parse_args(argv)
+    parser = build_parser(None)
+    parser.allow_abbrev = False  # "--api-ke K" must not slip past the refusal of --api-key
+    engine_args = parser.parse_args(argv)
     return build_app(replica_engine_config(engine_args, argv), served_name(engine_args),
                      int(args.get("replicas", 2)), args.get("router", "prefix"))

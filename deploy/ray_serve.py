@@ -26,6 +26,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 def parser() -> argparse.ArgumentParser:
     p = build_parser(__doc__)
     p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.allow_abbrev = False  # "--api-ke K" must not slip past the refusal of --api-key
     p.add_argument("--replicas", type=int, default=2, help="engine replicas (one engine each)")
     p.add_argument("--router", default="prefix", choices=["prefix", "power-of-two"],
                    help="prefix: requests go where their prompt's prefix is cached; "

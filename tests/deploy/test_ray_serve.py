@@ -153,6 +153,17 @@ def test_server_front_flags_are_refused_not_dropped(argv) -> None:
     print(argv, "->", refused.value)
 
 
+def test_an_abbreviated_flag_is_not_taken() -> None:
+    """argparse takes "--api-ke" for --api-key unless told not to: the Ray paths refuse it."""
+    from deploy.app import app_builder
+    from deploy.ray_serve import parser
+
+    with pytest.raises(SystemExit):
+        parser().parse_args(["--api-ke", "k"])
+    with pytest.raises(SystemExit):
+        app_builder({"engine_args": "--api-ke k"})
+
+
 def test_a_key_in_the_environment_is_refused_not_dropped(monkeypatch) -> None:
     from deploy.app import replica_engine_config
     from server import build_parser
