@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import shutil
 import signal
 import threading
@@ -129,7 +130,7 @@ class EngineProcessClient:
         self._last_metrics = b""
         self._encoder = msgspec.msgpack.Encoder()
         self._decoder = msgspec.msgpack.Decoder(FromCore)
-        self._dir = socket_dir()
+        self._dir, self._dir_lock = socket_dir()
         self._context = zmq.Context()
         addresses = {name: f"ipc://{self._dir}/{name}" for name in ("requests", "outputs",
                                                                     "metrics")}
@@ -308,8 +309,8 @@ class EngineProcessClient:
                 self._last_metrics)
 
     def shutdown(self) -> None:
-        """Tell the core to stop, wait for it (killing it after STOP_TIMEOUT), clean up; once
-        (a drain that runs out of time and the server's exit both call it)."""
+        """Tell the core to stop, wait for it (killing it after STOP_TIMEOUT), clean up; a
+        second call returns at once."""
         with self._lock:
             if self._shut_down:
                 return
@@ -327,6 +328,7 @@ class EngineProcessClient:
             sock.close()
         self._context.term()
         shutil.rmtree(self._dir, ignore_errors=True)
+        os.close(self._dir_lock)
 
     # --- where the outputs are read (engine/core_reader.py) ------------------------------
 

@@ -9,6 +9,7 @@ killed if it does not exit in time. What crosses the sockets is the client's bus
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import shutil
@@ -34,25 +35,37 @@ STDERR_LINES = 40  # of the core's stderr, kept for an error at start-up
 SOCKET_DIR_PREFIX = "nano-vllm-core-"
 
 
-def socket_dir() -> str:
-    """A new folder (in the temporary directory) for the sockets to the core, named after
-    this process; first the folders of servers that are gone are removed (a server killed
-    with SIGKILL cannot remove its own)."""
-    for old in Path(tempfile.gettempdir()).glob(f"{SOCKET_DIR_PREFIX}*-*"):
-        pid = old.name.removeprefix(SOCKET_DIR_PREFIX).split("-")[0]
-        if pid.isdigit() and not process_exists(int(pid)):
+LOCK_NAME = "in-use"
+
+
+def socket_dir() -> tuple[str, int]:
+    """A new folder (in the temporary directory) for the sockets to the core, and a file
+    descriptor holding the folder's lock for as long as it is open (the caller closes it when
+    it removes the folder). First the folders whose lock nobody holds are removed: a server
+    killed with SIGKILL cannot remove its own, but the kernel lets go of its lock, in whatever
+    container or PID namespace it ran."""
+    for old in Path(tempfile.gettempdir()).glob(f"{SOCKET_DIR_PREFIX}*"):
+        if (old / LOCK_NAME).exists() and not locked(old / LOCK_NAME):
             shutil.rmtree(old, ignore_errors=True)
-    return tempfile.mkdtemp(prefix=f"{SOCKET_DIR_PREFIX}{os.getpid()}-")
+    folder = tempfile.mkdtemp(prefix=SOCKET_DIR_PREFIX)
+    fd = os.open(os.path.join(folder, LOCK_NAME), os.O_CREAT | os.O_RDWR, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return folder, fd
 
 
-def process_exists(pid: int) -> bool:
+def locked(path: Path) -> bool:
+    """Whether a live process holds the lock at `path`."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        fd = os.open(path, os.O_RDWR)
+    except OSError:
+        return True  # not ours to judge
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         return False
-    except PermissionError:  # another user's
+    except BlockingIOError:
         return True
-    return True
+    finally:
+        os.close(fd)  # and with it any lock taken here
 
 
 class EngineStartError(RuntimeError):
