@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from itertools import takewhile
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -66,25 +66,23 @@ def error_response(exc: APIError, path: str = "",
                         headers=headers or None)
 
 
-# How pydantic labels a union's members in an error's location, besides labels that are no
-# identifier ('list[int]', 'constrained-str') and class names: not fields of the body.
-MEMBER_LABELS = frozenset({"str", "int", "float", "bool", "dict", "list", "none"})
-
-
-def field_path(loc: tuple | list) -> list[str]:
-    """An error location as the body's field path: 'body', union members' labels ('str',
-    'list[TextPart]', 'ChatMessage') and a tagged union's tag left out."""
+def field_path(loc: tuple | list, body: Any, missing: bool = False) -> list[str]:
+    """An error location as the fields of the body it points into: its parts that are no key
+    or index there (the labels pydantic gives a union's members, such as 'str' or
+    'list[int]', and a tagged union's tag) left out; a missing field's name kept."""
+    parts = list(loc[1:] if loc[:1] in (("body",), ["body"]) else loc)
     path: list[str] = []
-    tag_next = False
-    for part in loc:
-        if isinstance(part, int):
+    node, tag_seen = body, False
+    for k, part in enumerate(parts):
+        if isinstance(node, dict) and part == node.get("type") and not tag_seen:
+            tag_seen = True  # a tagged union's tag: the value of the block's "type"
+        elif isinstance(node, dict) and isinstance(part, str) and part in node:
+            path.append(part)
+            node, tag_seen = node[part], False
+        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
             path.append(str(part))
-        elif "tagged-union[" in part:
-            tag_next = True  # the member's tag comes next (after a list's index)
-        elif tag_next:
-            tag_next = False
-        elif (part != "body" and part.isidentifier() and part not in MEMBER_LABELS
-              and not part[:1].isupper()):  # not 'list[int]', 'constrained-str', a class
+            node, tag_seen = node[part], False
+        elif missing and k == len(parts) - 1 and isinstance(part, str):
             path.append(part)
     return path
 
@@ -103,7 +101,7 @@ def describe_validation_error(exc: RequestValidationError) -> tuple[str, str | N
     # A value that fits no member of a union (prompt: str | list[int] | ...) fails once per
     # member: name the field, and list every reason of the members that got furthest into
     # the value (the one the client meant: a list of blocks with one bad key, not a string).
-    paths = [field_path(e.get("loc", ())) for e in errors]
+    paths = [field_path(e.get("loc", ()), exc.body, e.get("type") == "missing") for e in errors]
     group = [i for i, path in enumerate(paths) if path[:1] == paths[0][:1]]
     deepest = max(len(paths[i]) for i in group)
     group = [i for i in group if len(paths[i]) == deepest]

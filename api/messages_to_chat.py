@@ -121,7 +121,7 @@ def check_block(block: Any, role: str, where: str, calls: set[str]) -> None:
 
 def check_answered(body: CountTokensRequest, i: int, blocks: list[Any]) -> None:
     """Tool blocks need tools defined, and the tool_use blocks of an assistant message need
-    a tool_result each at the start of the next message (as Anthropic's API requires)."""
+    a tool_result each in the next message (as Anthropic's API requires)."""
     uses = [block.id for block in blocks if isinstance(block, ToolUseBlock)]
     if not body.tools and any(isinstance(b, ToolUseBlock | ToolResultBlock) for b in blocks):
         raise APIError(f"messages[{i}] has tool_use or tool_result blocks, which need tools "

@@ -8,6 +8,7 @@ Both raise APIError, which becomes a 400 naming the field.
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -71,42 +72,66 @@ class APIModel(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
 
 
-def first_broken_text(value: Any, where: str = "") -> str | None:
-    """Where in a parsed JSON body a string holds a lone UTF-16 surrogate (JSON lets "\\ud800"
-    through, and no text can be encoded from it), or None."""
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            return where or "a string"
+def broken_text_at(value: Any) -> str | None:
+    """Where in a parsed JSON body a string (a value or a key) holds a lone UTF-16 surrogate
+    (JSON lets "\\ud800" through, and no text can be encoded from it), or None. One pass of
+    the C encoder answers for a whole body; only a body that fails it is walked (by hand, so
+    that no nesting is too deep), to name the place."""
+    try:
+        json.dumps(value, ensure_ascii=False, default=str).encode("utf-8")
         return None
-    if isinstance(value, dict):
-        items = ((f"{where}.{key}" if where else str(key), item) for key, item in value.items())
-    elif isinstance(value, list):
-        items = ((f"{where}[{i}]", item) for i, item in enumerate(value))
-    else:
-        return None
-    return next((found for path, item in items
-                 if (found := first_broken_text(item, path)) is not None), None)
+    except UnicodeEncodeError:
+        pass
+    except (RecursionError, ValueError):
+        return None  # too deep or circular for the encoder: the validation says what is wrong
+    stack: list[tuple[Any, tuple[str | int, ...]]] = [(value, ())]
+    while stack:
+        node, path = stack.pop()
+        if isinstance(node, str) and not is_unicode(node):
+            return render_path(path)
+        if isinstance(node, dict):
+            for key, item in node.items():
+                if not is_unicode(str(key)):
+                    return render_path(path) + " (a key)" if path else "a key of the body"
+                stack.append((item, (*path, key)))
+        elif isinstance(node, list):
+            stack.extend((item, (*path, i)) for i, item in enumerate(node))
+    return None
+
+
+def is_unicode(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def render_path(path: tuple[str | int, ...]) -> str:
+    """messages[0].content: keys joined by dots (each cut to 40 characters), indexes in []."""
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else f"{'.' if out else ''}{part[:40]}"
+    return out or "the body"
 
 
 class RequestBody(APIModel):
     """A request's whole body: text that is not Unicode (a lone surrogate) is refused before
-    anything reads it, naming where it is."""
+    anything reads it, with a 400 naming where it is."""
 
     @model_validator(mode="before")
     @classmethod
     def whole_characters(cls, value: Any) -> Any:
-        where = first_broken_text(value)
-        if where is not None:
-            raise ValueError(f"{where} holds a lone UTF-16 surrogate (such as \\ud800), which "
-                             "is not Unicode text")
+        where = broken_text_at(value)
+        if where is not None:  # an APIError passes through pydantic to the error handler
+            raise APIError(f"{where} holds a lone UTF-16 surrogate (such as \\ud800), which "
+                           "is not Unicode text.", where)
         return value
 
 
 class StreamOptions(APIModel):
-    include_usage: bool = False
-    continuous_usage_stats: bool = False  # vLLM's: usage so far in every chunk
+    include_usage: NullFalse = False
+    continuous_usage_stats: NullFalse = False  # vLLM's: usage so far in every chunk
 
 
 class SamplingFields(RequestBody):

@@ -15,7 +15,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import ConfigDict, Field, model_validator
 
 from api.field_policy import COUNT_TOKENS, MESSAGES, check_fields
-from api.protocol import APIModel, RequestBody
+from api.protocol import APIModel, NullFalse, RequestBody
 
 
 class CacheControl(APIModel):
@@ -162,7 +162,7 @@ class MessagesRequest(CountTokensRequest):
     ENDPOINT: ClassVar[str] = MESSAGES
 
     max_tokens: int  # required, as Anthropic requires it
-    stream: bool = False
+    stream: NullFalse = False
     stop_sequences: list[str] | None = None
     temperature: float | None = None
     top_p: float | None = None

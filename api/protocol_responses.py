@@ -208,7 +208,12 @@ def response_format(text: dict[str, Any] | None) -> dict[str, Any] | None:
         if not isinstance(fmt.get("name"), str) or not isinstance(fmt.get("schema"), dict):
             raise APIError("text.format of type json_schema needs name (a string) and schema "
                            "(a JSON schema).", "text.format")
-        return {"type": "json_schema",
-                "json_schema": {"name": fmt["name"], "schema": fmt["schema"]}}
+        unknown = sorted(set(fmt) - {"type", "name", "schema", "strict", "description"})
+        if unknown:
+            raise APIError(f"text.format has no field {unknown[0]!r} (it takes type, name, "
+                           "schema, strict, description).", "text.format")
+        # name, strict and description are checked in chat's terms, as response_format's
+        return {"type": "json_schema", "json_schema": {
+            key: fmt[key] for key in ("name", "schema", "strict", "description") if key in fmt}}
     raise APIError(f"text.format.type must be 'text', 'json_object' or 'json_schema'; got "
                    f"{kind!r}.", "text.format")

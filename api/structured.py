@@ -48,25 +48,25 @@ def grammar_spec(body: Any) -> GrammarSpec | None:
 def from_response_format(value: dict) -> GrammarSpec | None:
     field = "response_format"
     kind = value.get("type")
+    if kind not in ("text", "json_object", "json_schema"):
+        raise APIError("response_format.type must be 'text', 'json_object' or 'json_schema'; "
+                       f"got {kind!r}.", field)
     check_keys(value, ("type", "json_schema") if kind == "json_schema" else ("type",), field)
     if kind == "text":
         return None
     if kind == "json_object":
         return GrammarSpec(GrammarKind.JSON_OBJECT, source=field)
-    if kind == "json_schema":
-        inner = value.get("json_schema")
-        if (not isinstance(inner, dict) or not isinstance(inner.get("name"), str)
-                or not SCHEMA_NAME.fullmatch(inner["name"]) or "schema" not in inner):
-            raise APIError("response_format of type json_schema needs json_schema: {name (1-64 "
-                           "letters, digits, _ or -), schema}.", field)
-        check_keys(inner, ("name", "schema", "strict", "description"), f"{field}.json_schema")
-        if not isinstance(inner.get("strict"), bool | None) or not isinstance(
-                inner.get("description"), str | None):
-            raise APIError("response_format.json_schema.strict must be a boolean and "
-                           "description a string.", field)
-        return json_schema_spec(inner["schema"], field)
-    raise APIError("response_format.type must be 'text', 'json_object' or 'json_schema'; "
-                   f"got {kind!r}.", field)
+    inner = value.get("json_schema")  # the type is json_schema
+    if (not isinstance(inner, dict) or not isinstance(inner.get("name"), str)
+            or not SCHEMA_NAME.fullmatch(inner["name"]) or "schema" not in inner):
+        raise APIError("response_format of type json_schema needs json_schema: {name (1-64 "
+                       "letters, digits, _ or -), schema}.", field)
+    check_keys(inner, ("name", "schema", "strict", "description"), f"{field}.json_schema")
+    if not isinstance(inner.get("strict"), bool | None) or not isinstance(
+            inner.get("description"), str | None):
+        raise APIError("response_format.json_schema.strict must be a boolean and description "
+                       "a string.", field)
+    return json_schema_spec(inner["schema"], field)
 
 
 SCHEMA_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")

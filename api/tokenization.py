@@ -6,14 +6,21 @@ template, as chat completions would); /detokenize turns token ids back into text
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import jinja2
 from pydantic import ConfigDict, Field
 
 from api.engine_client import EngineClient
 from api.errors import APIError
-from api.protocol import ChatMessage, RequestBody, TokenId, template_messages
+from api.protocol import (
+    ChatMessage,
+    NullFalse,
+    RequestBody,
+    TokenId,
+    or_null,
+    template_messages,
+)
 from api.responses import DetokenizeResponse, TokenizeResponse
 
 if TYPE_CHECKING:
@@ -43,7 +50,7 @@ def render_chat(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, Any
 class TokenizeRequest(RequestBody):
     """Exactly one of `prompt` and `messages` (oneOf in the document)."""
 
-    model_config = ConfigDict(json_schema_extra={"oneOf": [
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"oneOf": [
         {"properties": {"prompt": {"type": "string"}}, "required": ["prompt"]},
         {"properties": {"messages": {"type": "array"}}, "required": ["messages"]}]})
 
@@ -51,11 +58,13 @@ class TokenizeRequest(RequestBody):
     prompt: str | None = None
     messages: list[ChatMessage] | None = Field(default=None, min_length=1)
     add_special_tokens: bool | None = None  # default: True for a prompt, False for messages
-    add_generation_prompt: bool = True  # messages only
-    return_token_strs: bool = False
+    add_generation_prompt: Annotated[bool, *or_null("boolean", True)] = True  # messages only
+    return_token_strs: NullFalse = False
 
 
 class DetokenizeRequest(RequestBody):
+    model_config = ConfigDict(extra="forbid")
+
     model: str | None = None
     tokens: list[TokenId]
 

@@ -479,6 +479,8 @@ def test_bad_request(server, name, path, body, param):
                      '"content": [{"type": "text", "text": "\\ud800"}]}]}',
      "messages[0].content[0].text"),
     ("/tokenize", '{"prompt": "\\ud800"}', "prompt"),
+    ("/v1/responses", '{"input": [{"role": "user", "content": "Hi", "\\ud800": 1}]}',
+     "input[0] (a key)"),
 ])
 def test_a_lone_surrogate_is_a_400_naming_where(server, path, body, where):
     """JSON lets "\\ud800" through; no text can be encoded from it, so it is refused up front
@@ -489,6 +491,28 @@ def test_a_lone_surrogate_is_a_400_naming_where(server, path, body, where):
     assert r.status_code == 400
     message = (r.json()["error"]["message"])
     assert f"{where} holds a lone UTF-16 surrogate" in message
+
+
+@pytest.mark.parametrize("depth", [600, 900])
+def test_a_deeply_nested_body_is_a_400(server, depth):
+    """JSON nested as deep as the parser takes is refused, never a 500."""
+    body = '{"prompt": ' + "[" * depth + "1" + "]" * depth + ', "max_tokens": 2}'
+    r = httpx.post(server.url + COMPLETIONS, content=body.encode(), timeout=30,
+                   headers={"content-type": "application/json"})
+    print(depth, r.status_code, r.text[:200])
+    assert r.status_code == 400 and r.json()["error"]["param"].startswith("prompt")
+
+
+def test_tokenize_refuses_a_field_it_does_not_have_and_takes_null(server):
+    r = httpx.post(server.url + "/tokenize", timeout=30, json={
+        "messages": [{"role": "user", "content": "Hi"}], "tools": []})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools", r.text
+    r = httpx.post(server.url + "/tokenize", timeout=30, json={
+        "messages": [{"role": "user", "content": "Hi"}], "add_generation_prompt": None,
+        "return_token_strs": None})
+    with_prompt = httpx.post(server.url + "/tokenize", timeout=30, json={
+        "messages": [{"role": "user", "content": "Hi"}]})
+    assert r.status_code == 200 and r.json()["tokens"] == with_prompt.json()["tokens"]
 
 
 @pytest.mark.parametrize(("path", "body"), [

@@ -116,6 +116,8 @@ BAD = [
         "name": "item", "schema": ITEM, "strict": "yes"}}}, "response_format"),
     ("a key json_schema lacks", {"response_format": {"type": "json_schema", "json_schema": {
         "name": "item", "schema": ITEM, "schma": {}}}}, "response_format"),
+    ("an unknown type with a schema", {"response_format": {"type": "json", "schema": ITEM}},
+     "response_format"),
     ("a key json_object lacks", {"response_format": {"type": "json_object", "schema": ITEM}},
      "response_format"),
     ("invalid regex", {"structured_outputs": {"regex": "(ab"}}, "structured_outputs"),
