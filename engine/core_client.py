@@ -366,7 +366,8 @@ class EngineProcessClient:
                else f"exited with status {code}")
         error = self._failure or (f"The engine failed and takes no more requests: the "
                                   f"engine core process {how}.")
-        log.critical("the engine core process %s", how)
+        if not self._closing:  # an exit asked for is logged by shutdown()
+            log.critical("the engine core process %s", how)
         with self._lock:
             self._failure = error
             self._unavailable = error
