@@ -117,7 +117,20 @@ def render_path(path: tuple[str | int, ...]) -> str:
 
 class RequestBody(APIModel):
     """A request's whole body: text that is not Unicode (a lone surrogate) is refused before
-    anything reads it, with a 400 naming where it is."""
+    anything reads it, with a 400 naming where it is; a generating endpoint's body (one with
+    an ENDPOINT) is judged field by field by api/field_policy.py."""
+
+    ENDPOINT: ClassVar[str]
+
+    def sent_fields(self) -> dict[str, Any]:
+        """Every field the body was sent with, declared or not, and its value."""
+        sent = {name: getattr(self, name) for name in self.model_fields_set}
+        return {**sent, **(self.model_extra or {})}
+
+    def check_supported(self, accept_unknown: bool = False) -> None:
+        """A 400 for a field this endpoint refuses, or one no API defines (with
+        `accept_unknown`: a logged warning)."""
+        check_fields(self.ENDPOINT, self.sent_fields(), accept_unknown)
 
     @model_validator(mode="before")
     @classmethod
@@ -139,7 +152,6 @@ class SamplingFields(RequestBody):
     Fields not declared here are kept (in model_extra) for the field policy to judge."""
 
     model_config = ConfigDict(strict=True, extra="allow")
-    ENDPOINT: ClassVar[str]
     PROMPT_FIELD: ClassVar[str] = "prompt"  # what an error about the prompt names
 
     model: str | None = None
@@ -239,15 +251,9 @@ class SamplingFields(RequestBody):
                            "--scheduling-policy priority; this one serves first come first "
                            "served.", "priority")
 
-    def sent_fields(self) -> dict[str, Any]:
-        """Every field the body was sent with, declared or not, and its value."""
-        sent = {name: getattr(self, name) for name in self.model_fields_set}
-        return {**sent, **(self.model_extra or {})}
-
     def check_supported(self, accept_unknown: bool = False) -> None:
-        """A 400 for a field this endpoint refuses, or one no API defines (with
-        `accept_unknown`: a logged warning)."""
-        check_fields(self.ENDPOINT, self.sent_fields(), accept_unknown)
+        """As every body's, and stream_options only with stream, as on OpenAI's API."""
+        super().check_supported(accept_unknown)
         if self.stream_options is not None and not self.stream:
             raise APIError("stream_options is only allowed with stream: true.",
                            "stream_options")

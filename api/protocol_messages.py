@@ -14,7 +14,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
-from api.field_policy import COUNT_TOKENS, MESSAGES, check_fields
+from api.field_policy import COUNT_TOKENS, MESSAGES
 from api.protocol import APIModel, NullFalse, RequestBody
 
 
@@ -93,7 +93,7 @@ class ToolDefinition(APIModel):
     input_schema: dict[str, Any]
     type: Literal["custom"] | None = None
     cache_control: CacheControl | None = None
-    strict: bool | None = None
+    strict: bool | None = None  # calls always validate against input_schema (a grammar)
 
     @model_validator(mode="before")
     @classmethod
@@ -102,7 +102,7 @@ class ToolDefinition(APIModel):
         if kind not in (None, "custom"):
             raise ValueError(f"{kind!r} is a server tool; this server offers client tools "
                              "(a name and an input_schema) only")
-        return value  # calls always validate against input_schema (a grammar)
+        return value
 
 
 class ToolChoiceAuto(APIModel):
@@ -144,16 +144,6 @@ class CountTokensRequest(RequestBody):
     system: str | list[TextBlock] | None = None
     tools: list[ToolDefinition] | None = None
     tool_choice: ToolChoice | None = None
-
-    def sent_fields(self) -> dict[str, Any]:
-        """Every field the body was sent with, declared or not, and its value."""
-        sent = {name: getattr(self, name) for name in self.model_fields_set}
-        return {**sent, **(self.model_extra or {})}
-
-    def check_supported(self, accept_unknown: bool = False) -> None:
-        """A 400 for a field this endpoint refuses, or one no API defines (with
-        `accept_unknown`: a logged warning)."""
-        check_fields(self.ENDPOINT, self.sent_fields(), accept_unknown)
 
 
 class MessagesRequest(CountTokensRequest):

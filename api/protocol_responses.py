@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 from pydantic import ConfigDict, Field, PrivateAttr
 
 from api.errors import APIError
-from api.field_policy import RESPONSES, check_fields
+from api.field_policy import RESPONSES
 from api.protocol import (
     MIN_REQUEST_TIMEOUT,
     ChatCompletionRequest,
@@ -52,12 +52,6 @@ class ResponsesRequest(RequestBody):
     user: str | None = None
     request_timeout: float | None = Field(default=None, ge=MIN_REQUEST_TIMEOUT,
                                           allow_inf_nan=False)
-
-    def check_supported(self, accept_unknown: bool = False) -> None:
-        """A 400 for a field this endpoint refuses, or one no API defines (with
-        `accept_unknown`: a logged warning)."""
-        sent = {name: getattr(self, name) for name in self.model_fields_set}
-        check_fields(self.ENDPOINT, {**sent, **(self.model_extra or {})}, accept_unknown)
 
     def to_chat(self) -> ResponsesChat:
         """The chat request that asks the same; APIError naming the Responses field when

@@ -86,7 +86,8 @@ class MessagesServing(ChatServing):
 
     @staticmethod
     def message_id(job: Job) -> str:
-        return "msg_" + job.response_id.removeprefix(f"{MessagesServing.request_id_prefix}-")
+        prefix = MessagesServing.request_id_prefix + MessagesServing.request_id_separator
+        return "msg_" + job.response_id.removeprefix(prefix)
 
     def response(self, job: Job, body: ChatCompletionRequest) -> MessageResponse:
         sample = job.samples[0, 0]
