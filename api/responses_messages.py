@@ -36,8 +36,13 @@ class ToolUseContent(BaseModel):
 
 
 class MessageUsage(BaseModel):
-    input_tokens: int  # the whole rendered prompt, cached or not
+    """Anthropic's split of the prompt: the three input counts add up to the whole rendered
+    prompt. The prefix cache is automatic here, so nothing is written to it on request
+    (cache_creation_input_tokens 0) and cache_read_input_tokens is what it held."""
+    input_tokens: int  # prompt tokens computed for this request
     output_tokens: int
+    cache_creation_input_tokens: int = 0
+    cache_read_input_tokens: int = 0  # prompt tokens taken from the prefix cache
 
 
 class MessageResponse(BaseModel):
@@ -97,7 +102,11 @@ class MessageDelta(BaseModel):
 
 
 class MessageDeltaUsage(BaseModel):
+    """The final counts (Anthropic's message_delta repeats the input ones)."""
+    input_tokens: int
     output_tokens: int
+    cache_creation_input_tokens: int = 0
+    cache_read_input_tokens: int = 0
 
 
 class MessageDeltaEvent(BaseModel):

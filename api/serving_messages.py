@@ -58,6 +58,14 @@ def new_tool_use_id() -> str:
     return f"toolu_{uuid.uuid4().hex[:24]}"
 
 
+def input_counts(job: Job) -> dict[str, int]:
+    """The prompt's tokens split as Anthropic's usage splits them: those computed for this
+    request (input_tokens) and those the prefix cache held (cache_read_input_tokens)."""
+    cached = job.cached_tokens.get(0, 0)
+    return {"input_tokens": len(job.prompts[0].token_ids) - cached,
+            "cache_read_input_tokens": cached}
+
+
 def stop_reason(last: RequestOutput, calls: bool) -> tuple[StopReason, str | None]:
     """Why the answer ended, and the stop sequence that ended it, if one did."""
     if last.finish_reason == FinishReason.LENGTH:
@@ -108,14 +116,16 @@ class MessagesServing(ChatServing):
                 output_tokens: int) -> MessageResponse:
         return MessageResponse(id=self.message_id(job), content=content, model=job.model,
                                stop_reason=reason, stop_sequence=sequence,
-                               usage=MessageUsage(input_tokens=len(job.prompts[0].token_ids),
+                               usage=MessageUsage(**input_counts(job),
                                                   output_tokens=output_tokens))
 
     async def events(self, job: Job, body: ChatCompletionRequest,
                      http_request: Request) -> AsyncIterator[bytes]:
         """message_start, each block's start, deltas and stop, message_delta, message_stop;
-        an `error` event (Anthropic's shape) if the request fails on the way."""
-        yield named_sse(MessageStartEvent(message=self.message(job, [], None, None, 0)))
+        an `error` event (Anthropic's shape) if the request fails on the way.
+
+        message_start waits for the first output, which says how much of the prompt the
+        prefix cache held (its usage splits the prompt as the final counts do)."""
         blocks = BlockStream(self.may_call(body))
         async with aclosing(self.outputs(job, http_request)) as outputs:
             async for prompt_index, output in outputs:
@@ -125,7 +135,11 @@ class MessagesServing(ChatServing):
                                                      error.code)
                     yield named_sse(body_json, "error")
                     return
+                started = bool(job.samples)
                 sample = job.record(prompt_index, output)
+                if not started:
+                    message = self.message(job, [], None, None, 0)
+                    yield named_sse(MessageStartEvent(message=message))
                 for block_event in blocks.advance(sample.text, output.text):
                     yield named_sse(block_event)
         if not job.done:
@@ -139,6 +153,7 @@ class MessagesServing(ChatServing):
         yield named_sse(MessageDeltaEvent(delta=MessageDelta(stop_reason=reason,
                                                          stop_sequence=sequence),
                                       usage=MessageDeltaUsage(
+                                          **input_counts(job),
                                           output_tokens=sample.num_output_tokens)))
         yield named_sse(MessageStopEvent())
 

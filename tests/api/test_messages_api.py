@@ -72,7 +72,7 @@ def test_text_with_a_system_prompt(claude):
     assert 1 <= r.usage.output_tokens <= 12
     counted = claude.messages.count_tokens(model=MODEL_NAME, messages=ASK,
                                            system="You answer in one short sentence.")
-    assert r.usage.input_tokens == counted.input_tokens  # the prompt that ran
+    assert prompt_tokens(r.usage) == counted.input_tokens  # the prompt that ran
     # A system prompt as text blocks is the same prompt.
     blocks = [{"type": "text", "text": "You answer in one short sentence."}]
     assert claude.messages.count_tokens(model=MODEL_NAME, messages=ASK,
@@ -82,6 +82,35 @@ def test_text_with_a_system_prompt(claude):
         system="You answer in one short sentence, politely.").input_tokens
     print("input tokens:", counted.input_tokens, "with a longer system prompt:", longer)
     assert longer > counted.input_tokens
+
+
+def prompt_tokens(usage) -> int:
+    """The whole prompt: Anthropic's usage splits it into three counts."""
+    return (usage.input_tokens + usage.cache_read_input_tokens
+            + usage.cache_creation_input_tokens)
+
+
+def test_usage_splits_the_prompt_by_the_prefix_cache(claude):
+    """The same prompt twice: the second reads the first's blocks from the prefix cache and
+    says so in cache_read_input_tokens, the three input counts still adding up to the prompt,
+    and a stream's message_start splits it as its final message does."""
+    system = "You are a careful assistant. " * 8  # several blocks of the cache
+    request = dict(model=MODEL_NAME, max_tokens=2, messages=ASK, system=system,
+                   extra_body=GREEDY)
+    counted = claude.messages.count_tokens(model=MODEL_NAME, messages=ASK, system=system)
+    claude.messages.create(**request)
+    again = claude.messages.create(**request)
+    print(counted.input_tokens, again.usage)
+    assert again.usage.cache_creation_input_tokens == 0
+    assert 16 <= again.usage.cache_read_input_tokens < counted.input_tokens
+    assert prompt_tokens(again.usage) == counted.input_tokens
+    with claude.messages.stream(**request) as stream:
+        events = list(stream)
+        final = stream.get_final_message()
+    start = events[0]
+    assert start.type == "message_start" and start.message.usage.output_tokens == 0
+    assert start.message.usage.model_copy(update={"output_tokens": 2}) == final.usage
+    assert final.usage.cache_read_input_tokens == again.usage.cache_read_input_tokens
 
 
 def test_stop_sequences_and_max_tokens(claude):
@@ -110,7 +139,7 @@ def test_stream_reassembles_to_the_message(claude):
     assert len(pieces) > 1 and "".join(pieces) == text_of(final) == text_of(whole)
     assert final.stop_reason == whole.stop_reason
     assert final.usage.output_tokens == whole.usage.output_tokens
-    assert final.usage.input_tokens == whole.usage.input_tokens
+    assert prompt_tokens(final.usage) == prompt_tokens(whole.usage)
     assert whole._request_id and stream.request_id  # the SDK reads them from request-id
 
 
@@ -133,9 +162,11 @@ def test_raw_events_and_bodies_parse_into_the_sdk_types(server):
     assert names[1] == "content_block_start" and names[-3] == "content_block_stop"
     assert set(names[2:-3]) == {"content_block_delta"}
     start = Message.model_validate(datas[0]["message"])
-    assert start.content == [] and start.usage.input_tokens == message.usage.input_tokens
+    assert start.content == [] and start.usage.output_tokens == 0
+    assert prompt_tokens(start.usage) == prompt_tokens(message.usage)
     assert datas[-2]["delta"] == {"stop_reason": "max_tokens", "stop_sequence": None}
-    assert datas[-2]["usage"]["output_tokens"] == 4
+    assert datas[-2]["usage"] == {**start.usage.model_dump(exclude_none=True),
+                                  "output_tokens": 4}
 
 
 @pytest.mark.parametrize("choice, names", [
@@ -172,7 +203,7 @@ def test_history_with_tool_use_and_tool_result(claude):
                                           tool_choice={"type": "none"}).input_tokens
     shorter = claude.messages.count_tokens(model=MODEL_NAME, messages=ASK).input_tokens
     # tool_choice none shows no tools: the prompt is the history's alone.
-    assert r.usage.input_tokens == longer > shorter
+    assert prompt_tokens(r.usage) == longer > shorter
 
 
 def test_count_tokens_counts_the_tools(claude):
@@ -326,26 +357,37 @@ def test_busy_and_unavailable_in_anthropic_shape(tokenizer, error, status, err_t
 
 
 class TimingOutEngine(FakeEngine):
-    """Ends every request at once with a passed deadline, as the engine reports one."""
+    """Ends every request with a passed deadline, as the engine reports one, after
+    `tokens_first` outputs of one token each."""
+
+    tokens_first = 0
 
     def add_request(self, request) -> None:
+        for _ in range(self.tokens_first):
+            request.on_output(RequestOutput(request.request_id, "Hi", [1]))
         request.on_output(RequestOutput(request.request_id, "", [], finished=True,
                                         finish_reason=FinishReason.TIMEOUT,
                                         error="The request's deadline passed."))
 
 
-def test_errors_after_the_stream_began_are_error_events(tokenizer):
+@pytest.mark.parametrize("tokens_first", [0, 1])
+def test_errors_in_a_stream_are_error_events(tokenizer, tokens_first):
     body = {"model": "m", "max_tokens": 4, "messages": ASK}
-    with TestClient(create_app(TimingOutEngine(tokenizer), "m")) as http:
+    engine = TimingOutEngine(tokenizer)
+    engine.tokens_first = tokens_first
+    with TestClient(create_app(engine, "m")) as http:
         r = http.post("/v1/messages", json=body)
         assert r.status_code == 504 and r.json()["error"]["type"] == "timeout_error"
         with http.stream("POST", "/v1/messages", json={**body, "stream": True}) as stream:
             lines = [line for line in stream.iter_lines() if line]
     print(lines)
-    assert lines[0] == "event: message_start" and lines[2] == "event: error"
-    assert json.loads(lines[3].removeprefix("data: ")) == {"type": "error", "error": {
+    names = [line.removeprefix("event: ") for line in lines[::2]]
+    # message_start waits for the first output (its usage says what the prefix cache held),
+    # so a request that fails before its first token sends the error alone.
+    assert names == (["error"] if not tokens_first else
+                     ["message_start", "content_block_start", "content_block_delta", "error"])
+    assert json.loads(lines[-1].removeprefix("data: ")) == {"type": "error", "error": {
         "type": "timeout_error", "message": "The request's deadline passed."}}
-    assert len(lines) == 4  # nothing after the error
 
 
 def test_a_body_too_large_in_anthropic_shape(tokenizer):
