@@ -508,18 +508,3 @@ class ChatCompletionRequest(SamplingFields):
 
     def max_tokens_field(self) -> str:
         return "max_tokens" if self.max_completion_tokens is None else "max_completion_tokens"
-
-    def template_messages(self) -> list[dict[str, str]]:
-        return template_messages(self.messages)
-
-
-def template_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
-    """The messages as the chat template takes them ('developer' is the new 'system'), each
-    with its name if it has one (a template may render it)."""
-    rendered = []
-    for m in messages:
-        message = {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-        if m.name is not None:
-            message["name"] = m.name
-        rendered.append(message)
-    return rendered

@@ -23,9 +23,8 @@ from api.responses import (
     ToolCall,
 )
 from api.serving import OpenAIServing
-from api.tokenization import render_chat
+from api.tokenization import chat_prompt
 from api.tool_calls import CallStream, is_call_text, new_call_id, scan
-from api.tool_prompt import render_messages, template_renders_tools
 from engine.logprobs import TokenLogprobs
 from engine.request import RequestOutput
 
@@ -42,10 +41,7 @@ class ChatServing(OpenAIServing[ChatCompletionRequest]):
     request_id_prefix = "chatcmpl"
 
     def prompts(self, body: ChatCompletionRequest) -> list[Prompt]:
-        messages, tools = render_messages(body.messages, body.tool_plan(),
-                                          template_renders_tools(self.tokenizer))
-        extra = {"tools": tools} if tools else {}
-        text = render_chat(self.tokenizer, messages, add_generation_prompt=True, **extra)
+        text = chat_prompt(self.tokenizer, body.messages, body.tool_plan())
         self.check_length(text, "messages")
         return [Prompt(self.tokenizer(text, add_special_tokens=False).input_ids)]
 

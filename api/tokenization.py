@@ -1,7 +1,8 @@
 """POST /tokenize and /detokenize, in vLLM's request and response shapes.
 
-/tokenize takes a `prompt` (completions' text) or `messages` (rendered with the chat
-template, as chat completions would); /detokenize turns token ids back into text.
+/tokenize takes a `prompt` (completions' text) or `messages` (with the tools offered, if
+any, rendered exactly as chat completions renders them); /detokenize turns token ids back
+into text.
 """
 
 from __future__ import annotations
@@ -19,9 +20,10 @@ from api.protocol import (
     RequestBody,
     TokenId,
     or_null,
-    template_messages,
 )
 from api.responses import DetokenizeResponse, TokenizeResponse
+from api.tool_prompt import render_messages, template_renders_tools
+from api.tools import ToolPlan, tool_plan
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -47,6 +49,15 @@ def render_chat(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, Any
                        "messages") from exc
 
 
+def chat_prompt(tokenizer: PreTrainedTokenizerBase, messages: list[ChatMessage],
+                plan: ToolPlan | None, add_generation_prompt: bool = True) -> str:
+    """The text a chat request runs: its messages (tool calls and results included) and the
+    tools it offers, through the chat template."""
+    rendered, tools = render_messages(messages, plan, template_renders_tools(tokenizer))
+    extra = {"tools": tools} if tools else {}
+    return render_chat(tokenizer, rendered, add_generation_prompt, **extra)
+
+
 class TokenizeRequest(RequestBody):
     """Exactly one of `prompt` and `messages` (oneOf in the document)."""
 
@@ -60,6 +71,21 @@ class TokenizeRequest(RequestBody):
     add_special_tokens: bool | None = None  # default: True for a prompt, False for messages
     add_generation_prompt: Annotated[bool, *or_null("boolean", True)] = True  # messages only
     return_token_strs: NullFalse = False
+    # With messages: the tools offered, as chat completions takes them (api/tools.py).
+    tools: list[dict] | None = None
+    tool_choice: str | dict | None = None
+    parallel_tool_calls: bool | None = None
+    functions: list[dict] | None = None
+    function_call: str | dict | None = None
+
+    def tool_plan(self) -> ToolPlan | None:
+        if self.messages is None:
+            for name in ("tools", "tool_choice", "parallel_tool_calls", "functions",
+                         "function_call"):
+                if getattr(self, name) is not None:
+                    raise APIError(f"'{name}' goes with 'messages'; a prompt has no tools.",
+                                   name)
+        return tool_plan(self)
 
 
 class DetokenizeRequest(RequestBody):
@@ -84,9 +110,9 @@ class TokenizationServing:
         self.check_model(body.model)
         if (body.prompt is None) == (body.messages is None):
             raise APIError("Send either 'prompt' or 'messages'.", "prompt")
+        plan = body.tool_plan()
         if body.messages is not None:
-            text = render_chat(self.tokenizer, template_messages(body.messages),
-                               body.add_generation_prompt)
+            text = chat_prompt(self.tokenizer, body.messages, plan, body.add_generation_prompt)
             add_special = bool(body.add_special_tokens)
         else:
             text, add_special = body.prompt, body.add_special_tokens is not False

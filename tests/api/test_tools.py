@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import httpx
 import jsonschema
 import openai
 import pytest
@@ -240,3 +241,24 @@ def test_a_call_cut_off_reads_the_same_streamed_or_not(client: openai.OpenAI, ma
         after = client.chat.completions.create(model=MODEL_NAME, messages=history, tools=TOOLS,
                                                tool_choice="none", max_tokens=4)
         assert after.choices[0].message.content is not None
+
+
+def test_tokenize_counts_the_prompt_chat_runs(client: openai.OpenAI, server):
+    """/tokenize with the tools and a history of calls counts what chat completions runs."""
+    history = [*ASK,
+               {"role": "assistant", "content": None, "tool_calls": [{
+                   "id": "call_1", "type": "function", "function": {
+                       "name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+               {"role": "tool", "tool_call_id": "call_1", "content": "22 degrees, sunny"}]
+    for choice in ("auto", "none", {"type": "function", "function": {"name": "get_time"}}):
+        ran = client.chat.completions.create(model=MODEL_NAME, messages=history, tools=TOOLS,
+                                             tool_choice=choice, max_tokens=1)
+        counted = httpx.post(server.url + "/tokenize", timeout=30, json={
+            "messages": history, "tools": TOOLS, "tool_choice": choice}).json()
+        print(choice, ran.usage.prompt_tokens, counted["count"])
+        assert counted["count"] == ran.usage.prompt_tokens
+    bare = httpx.post(server.url + "/tokenize", timeout=30, json={"messages": history}).json()
+    assert bare["count"] < counted["count"]  # the tools are in the prompt
+    r = httpx.post(server.url + "/tokenize", timeout=30, json={"prompt": "Hi", "tools": TOOLS})
+    print(r.text)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools"
