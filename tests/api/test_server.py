@@ -505,8 +505,8 @@ def test_a_deeply_nested_body_is_a_400(server, depth):
 
 def test_tokenize_refuses_a_field_it_does_not_have_and_takes_null(server):
     r = httpx.post(server.url + "/tokenize", timeout=30, json={
-        "messages": [{"role": "user", "content": "Hi"}], "tools": []})
-    assert r.status_code == 400 and r.json()["error"]["param"] == "tools", r.text
+        "messages": [{"role": "user", "content": "Hi"}], "temperature": 0})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "temperature", r.text
     r = httpx.post(server.url + "/tokenize", timeout=30, json={
         "messages": [{"role": "user", "content": "Hi"}], "add_generation_prompt": None,
         "return_token_strs": None})
