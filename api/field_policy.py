@@ -228,7 +228,8 @@ RESPONSE_FIELDS: dict[str, FieldRule] = {
     "context_management": refused("Context compaction is not offered."),
     "moderation": CHAT_FIELDS["moderation"],
     "max_tool_calls": no_effect("Limits built-in tool calls, and none are offered."),
-    "stream_options": no_effect("include_obfuscation: no obfuscation padding is sent."),
+    "stream_options": no_effect("With stream only; include_obfuscation: no obfuscation "
+                                "padding is sent."),
     "user": SHARED["user"],
     "request_timeout": SHARED["request_timeout"],
     **{name: CHAT_FIELDS[name] for name in ("service_tier", "safety_identifier",

@@ -129,8 +129,13 @@ class RequestBody(APIModel):
 
     def check_supported(self, accept_unknown: bool = False) -> None:
         """A 400 for a field this endpoint refuses, or one no API defines (with
-        `accept_unknown`: a logged warning)."""
+        `accept_unknown`: a logged warning); stream_options only with stream, as on
+        OpenAI's API."""
         check_fields(self.ENDPOINT, self.sent_fields(), accept_unknown)
+        if getattr(self, "stream_options", None) is not None and not getattr(self, "stream",
+                                                                             False):
+            raise APIError("stream_options is only allowed with stream: true.",
+                           "stream_options")
 
     @model_validator(mode="before")
     @classmethod
@@ -250,13 +255,6 @@ class SamplingFields(RequestBody):
             raise APIError("priority is honoured only by a server started with "
                            "--scheduling-policy priority; this one serves first come first "
                            "served.", "priority")
-
-    def check_supported(self, accept_unknown: bool = False) -> None:
-        """As every body's, and stream_options only with stream, as on OpenAI's API."""
-        super().check_supported(accept_unknown)
-        if self.stream_options is not None and not self.stream:
-            raise APIError("stream_options is only allowed with stream: true.",
-                           "stream_options")
 
     def to_sampling_params(self, num_prompt_tokens: int, max_model_len: int,
                            vocab_size: int) -> SamplingParams:

@@ -19,6 +19,7 @@ from api.errors import APIError
 from api.field_policy import RESPONSES
 from api.protocol import (
     MIN_REQUEST_TIMEOUT,
+    APIModel,
     ChatCompletionRequest,
     ChatMessage,
     NullFalse,
@@ -27,6 +28,10 @@ from api.protocol import (
 
 ROLES = ("user", "assistant", "system", "developer")
 TEXT_PARTS = ("input_text", "output_text")
+
+
+class ResponsesStreamOptions(APIModel):
+    include_obfuscation: bool | None = None  # no padding is sent either way
 
 
 class ResponsesRequest(RequestBody):
@@ -47,6 +52,7 @@ class ResponsesRequest(RequestBody):
     temperature: float | None = None
     top_p: float | None = None
     stream: NullFalse = False
+    stream_options: ResponsesStreamOptions | None = None
     metadata: dict[str, str] | None = None
     store: bool | None = None
     user: str | None = None
