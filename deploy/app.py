@@ -9,7 +9,6 @@ comparison).
 from __future__ import annotations
 
 import argparse
-import os
 import shlex
 from collections.abc import Sequence
 from typing import Any
@@ -18,10 +17,9 @@ from ray import serve
 from ray.serve import Application
 from ray.serve.config import RequestRouterConfig
 
-from api.security import API_KEY_ENV
 from deploy.ingress import Ingress
 from deploy.prefix_router import PrefixAwareRouter
-from deploy.replica import EngineReplica
+from deploy.replica import EngineReplica, Front
 from engine.config import EngineConfig
 
 ROUTERS = ("prefix", "power-of-two")
@@ -29,14 +27,9 @@ HEALTH_CHECK_PERIOD_S = 2.0
 HEALTH_CHECK_TIMEOUT_S = 30.0
 IN_PROCESS = ("each replica runs its engine on a thread of its own Ray actor process, which "
               "Ray places, counts and health-checks")
-# server.py's flags for its own HTTP front, which the replicas (reached through Ray Serve's
-# proxy and the ingress) do not honour: refused, so that none is silently dropped.
+# server.py's flags for stopping its own process, which Ray Serve does for the replicas:
+# refused, so that none is silently dropped.
 SERVER_ONLY = {
-    "--api-key": "the replicas check no key: put an authenticating proxy in front of Ray "
-                 "Serve's",
-    "--protect-health-metrics": "the replicas check no key",
-    "--allowed-origins": "the ingress answers no CORS preflight",
-    "--max-request-bytes": "the ingress reads every body whole before a replica sees it",
     "--shutdown-timeout": "Ray Serve stops the replicas (graceful_shutdown_timeout_s)",
     "--exit-on-engine-failure": "Ray Serve's health checks replace a replica whose engine died",
     "--no-exit-on-engine-failure": "Ray Serve's health checks replace a replica whose engine "
@@ -47,23 +40,23 @@ SERVER_ONLY = {
 def replica_engine_config(args: argparse.Namespace, argv: Sequence[str]) -> EngineConfig:
     """server.py's engine flags (`args`, parsed from `argv`) for every replica, with the
     in-process defaults (--single-thread-below 16); ValueError for the flags of an engine
-    core process, which replicas do not start, and for those of server.py's own HTTP front
-    (SERVER_ONLY), and for a key in $NANO_VLLM_API_KEY, which no replica would check."""
+    core process, which replicas do not start, and for those that stop server.py's own
+    process (SERVER_ONLY)."""
     refused = {**dict.fromkeys(("--engine-process", "--engine-cpus"), IN_PROCESS),
                **SERVER_ONLY}
     for flag, why in refused.items():
         if any(arg == flag or arg.startswith(flag + "=") for arg in argv):
             raise ValueError(f"{flag} is not supported by the Ray replicas: {why}")
-    if os.environ.get(API_KEY_ENV, "").strip():
-        raise ValueError(f"${API_KEY_ENV} is not supported by the Ray replicas: "
-                         f"{SERVER_ONLY['--api-key']}")
     args.engine_process = False
     return EngineConfig.from_args(args)
 
 
 def build_app(config: EngineConfig, model_name: str, replicas: int = 2,
               router: str = "prefix", router_kwargs: dict[str, Any] | None = None,
-              ) -> Application:
+              front: Front | None = None) -> Application:
+    """The application: `replicas` engine replicas behind one ingress, each replica's app
+    checking what `front` says (keys, CORS, body size) as server.py's does."""
+    front = front or Front()
     if replicas < 1:
         raise ValueError("--replicas must be at least 1")
     if router not in ROUTERS:
@@ -82,11 +75,11 @@ def build_app(config: EngineConfig, model_name: str, replicas: int = 2,
         health_check_period_s=HEALTH_CHECK_PERIOD_S,
         health_check_timeout_s=HEALTH_CHECK_TIMEOUT_S,
         graceful_shutdown_timeout_s=5, **options,
-    ).bind(config, model_name)
+    ).bind(config, model_name, front)
     ingress = serve.deployment(Ingress, name="Ingress", num_replicas=1,
                                max_ongoing_requests=10_000,
                                ray_actor_options={"num_cpus": 0})
-    return ingress.bind(engines)
+    return ingress.bind(engines, front.max_request_bytes)
 
 
 def app_builder(args: dict[str, str]) -> Application:
@@ -100,7 +93,8 @@ def app_builder(args: dict[str, str]) -> Application:
         raise ValueError(f"unknown application args: {', '.join(sorted(unknown))}")
     argv = shlex.split(args.get("engine_args", ""))
     parser = build_parser(None)
-    parser.allow_abbrev = False  # "--api-ke K" must not slip past the refusal of --api-key
+    parser.allow_abbrev = False  # "--shutdown-t 5" must not slip past its refusal
     engine_args = parser.parse_args(argv)
     return build_app(replica_engine_config(engine_args, argv), served_name(engine_args),
-                     int(args.get("replicas", 2)), args.get("router", "prefix"))
+                     int(args.get("replicas", 2)), args.get("router", "prefix"),
+                     front=Front.from_args(engine_args))

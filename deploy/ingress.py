@@ -2,11 +2,14 @@
 
 Every request is passed as it came (method, path, headers, body) to one replica through a
 deployment handle; that replica answers it with api/app.py, so responses, errors and SSE
-events are the single server's. The ingress only pulls the prompt's text out of the body
-for the router (deploy/prefix_router.py) and turns a replica's death into an error the
-client can read: HTTP 503 in OpenAI's envelope before the response has started, an SSE error
-event (then `[DONE]`) in the middle of a stream. `GET /health` and `/metrics` are answered by
-one replica, like any request (its X-Nano-Vllm-Replica header says which).
+events are the single server's, and so are its checks of API keys and CORS (the headers
+travel with the request). The ingress only pulls the prompt's text out of the body for the
+router (deploy/prefix_router.py), refuses a body over --max-request-bytes before reading it
+whole (api/limits.py's 413, when that flag is given; the replicas' apps check their
+default), and turns a replica's death into an error the client can read: HTTP 503 in
+OpenAI's envelope before the response has started, an SSE error event (then `[DONE]`) in
+the middle of a stream. `GET /health` and `/metrics` are answered by one replica, like any
+request (its X-Nano-Vllm-Replica header says which).
 """
 
 # No `from __future__ import annotations` here: FastAPI must see the handler's annotations as
@@ -23,6 +26,7 @@ from ray.exceptions import RayError
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
 from api.errors import error_body
+from api.limits import BodySizeLimit
 from deploy.asgi_call import ForwardedRequest
 
 log = logging.getLogger("nano_vllm.deploy")
@@ -84,10 +88,14 @@ def replica_lost(exc: BaseException) -> dict[str, Any]:
 class Ingress:
     """The deployment's class (deploy/app.py wraps it in `serve.deployment`)."""
 
-    def __init__(self, engines: DeploymentHandle) -> None:
+    def __init__(self, engines: DeploymentHandle, max_request_bytes: int | None = None) -> None:
         self.engines = engines.options(method_name="forward", stream=True)
+        if max_request_bytes is not None:  # before the app's first request builds its stack
+            app.add_middleware(BodySizeLimit, max_bytes=max_request_bytes)
 
-    @app.api_route("/{path:path}", methods=["GET", "POST"], include_in_schema=False)
+    # HEAD for uptime probes, OPTIONS for CORS preflights: the replica's app answers both.
+    @app.api_route("/{path:path}", methods=["GET", "POST", "HEAD", "OPTIONS"],
+                   include_in_schema=False)
     async def forward(self, path: str, request: Request) -> Response:
         body = await request.body()
         forwarded = ForwardedRequest(

@@ -15,8 +15,12 @@ import signal
 import sys
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from engine.config import EngineConfig
+
+if TYPE_CHECKING:
+    from deploy.replica import Front
 from server import build_parser, served_name
 
 APP_NAME = "nano-vllm"
@@ -26,7 +30,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 def parser() -> argparse.ArgumentParser:
     p = build_parser(__doc__)
     p.formatter_class = argparse.RawDescriptionHelpFormatter
-    p.allow_abbrev = False  # "--api-ke K" must not slip past the refusal of --api-key
+    p.allow_abbrev = False  # "--shutdown-t 5" must not slip past its refusal
     p.add_argument("--replicas", type=int, default=2, help="engine replicas (one engine each)")
     p.add_argument("--router", default="prefix", choices=["prefix", "power-of-two"],
                    help="prefix: requests go where their prompt's prefix is cached; "
@@ -38,7 +42,8 @@ def parser() -> argparse.ArgumentParser:
 
 
 def start(config: EngineConfig, model_name: str, replicas: int = 2, router: str = "prefix",
-          host: str = "127.0.0.1", port: int = 8080, address: str | None = None) -> None:
+          host: str = "127.0.0.1", port: int = 8080, address: str | None = None,
+          front: Front | None = None) -> None:
     """Start (or join) Ray and Serve, and deploy the application; returns once it is up."""
     import ray
     from ray import serve
@@ -54,21 +59,24 @@ def start(config: EngineConfig, model_name: str, replicas: int = 2, router: str 
     else:
         ray.init(address=address, runtime_env=runtime_env)
     serve.start(http_options={"host": host, "port": port})
-    serve.run(build_app(config, model_name, replicas, router), name=APP_NAME, route_prefix="/")
+    serve.run(build_app(config, model_name, replicas, router, front=front), name=APP_NAME,
+              route_prefix="/")
 
 
 def main() -> int:
     args = parser().parse_args()
     try:
         from deploy.app import replica_engine_config
+        from deploy.replica import Front
         config = replica_engine_config(args, sys.argv[1:])
+        front = Front.from_args(args)
         if args.replicas < 1:
             raise ValueError("--replicas must be at least 1")
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     start(config, served_name(args), args.replicas, args.router, args.host, args.port,
-          args.address)
+          args.address, front)
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):  # after ray.init, which sets its own
         signal.signal(signum, lambda *_: stop.set())

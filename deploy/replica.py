@@ -17,14 +17,18 @@ engine-process flags).
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from typing import Any
 
 from ray import serve
 
 from api.app import create_app
+from api.limits import check_max_request_bytes
+from api.security import AccessConfig
 from deploy.asgi_call import ForwardedRequest, call_asgi
 from engine.config import EngineConfig
 from engine.heap import freeze_startup_heap
@@ -36,13 +40,29 @@ REPLICA_PID_HEADER = "x-nano-vllm-replica-pid"
 log = logging.getLogger("nano_vllm.deploy")
 
 
+@dataclass(frozen=True)
+class Front:
+    """What server.py's HTTP front checks, here checked by each replica's app (the ingress
+    forwards every header) and, for the body size, by the ingress before it reads a body."""
+    access: AccessConfig = field(default_factory=AccessConfig)
+    max_request_bytes: int | None = None  # None: the replicas' default (api/limits.py)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> Front:
+        check_max_request_bytes(args.max_request_bytes)
+        return cls(AccessConfig.from_args(args), args.max_request_bytes)
+
+
 class EngineReplica:
     """The deployment's class (deploy/app.py wraps it in `serve.deployment`)."""
 
-    def __init__(self, config: EngineConfig, model_name: str) -> None:
+    def __init__(self, config: EngineConfig, model_name: str,
+                 front: Front | None = None) -> None:
+        front = front or Front()
         self.engine = load_engine(config)
-        self.app = create_app(self.engine, model_name,
+        self.app = create_app(self.engine, model_name, front.access,
                               grammar_timeout=config.grammar_compile_timeout,
+                              max_request_bytes=front.max_request_bytes,
                               accept_unknown_fields=config.accept_unknown_fields)
         self.engine.start()
         freeze_startup_heap()  # see engine/heap.py

@@ -27,11 +27,12 @@ else:
     ray = pytest.importorskip("ray")
 from ray import serve
 
+from api.security import AccessConfig
 from benchmarks.live_server import DONE, free_port, sse_events
 from deploy.app import build_app
 from deploy.ingress import routing_text
 from deploy.ray_serve import APP_NAME, REPO_ROOT
-from deploy.replica import REPLICA_HEADER, REPLICA_PID_HEADER
+from deploy.replica import REPLICA_HEADER, REPLICA_PID_HEADER, Front
 from engine.batch_engine import BatchEngine
 from engine.config import EngineConfig
 from tests.api.conftest import MODEL_NAME
@@ -54,16 +55,19 @@ class Endpoint:
     url: str
 
 
-def deploy(router: str, endpoint: Endpoint | None = None) -> None:
+def deploy(router: str, endpoint: Endpoint | None = None, front: Front | None = None,
+           headers: dict[str, str] | None = None) -> None:
     """(Re)deploy the app with fresh replicas; with `endpoint`, return only once requests
-    reach both (the ingress learns of new replicas a moment after they run)."""
-    serve.run(build_app(REPLICA_CONFIG, MODEL_NAME, REPLICAS, router), name=APP_NAME,
-              route_prefix="/")
+    (with `headers`) reach both (the ingress learns of new replicas a moment after they
+    run)."""
+    serve.run(build_app(REPLICA_CONFIG, MODEL_NAME, REPLICAS, router, front=front),
+              name=APP_NAME, route_prefix="/")
     deadline, seen = time.monotonic() + WAIT_S, set()
     while endpoint is not None and len(seen) < REPLICAS:
         assert time.monotonic() < deadline, f"requests reached only {seen}"
         with ThreadPoolExecutor(REPLICAS * 2) as pool:  # together: the least loaded differs
-            answers = list(pool.map(lambda _: complete(endpoint, "Hi", max_tokens=1),
+            answers = list(pool.map(lambda _: complete(endpoint, "Hi", max_tokens=1,
+                                                       headers=headers),
                                     range(REPLICAS * 2)))
         seen |= {r.headers.get(REPLICA_HEADER) for r in answers if r.status_code == 200}
 
@@ -84,8 +88,8 @@ def cluster() -> Iterator[Endpoint]:
 
 
 def complete(endpoint: Endpoint, prompt: str, max_tokens: int = 2,
-             timeout: float = WAIT_S) -> httpx.Response:
-    return httpx.post(endpoint.url + "/v1/completions", timeout=timeout,
+             timeout: float = WAIT_S, headers: dict[str, str] | None = None) -> httpx.Response:
+    return httpx.post(endpoint.url + "/v1/completions", timeout=timeout, headers=headers,
                       json={"model": MODEL_NAME, "prompt": prompt, "max_tokens": max_tokens,
                             "temperature": 0})
 
@@ -138,13 +142,11 @@ def test_replicas_run_their_engine_in_process() -> None:
         print(argv, "->", refused.value)
 
 
-@pytest.mark.parametrize("argv", [["--api-key", "k"], ["--api-key=k"],
-                                  ["--protect-health-metrics"], ["--allowed-origins", "*"],
-                                  ["--max-request-bytes", "1000"], ["--shutdown-timeout", "5"],
+@pytest.mark.parametrize("argv", [["--shutdown-timeout", "5"], ["--shutdown-timeout=5"],
                                   ["--no-exit-on-engine-failure"]])
-def test_server_front_flags_are_refused_not_dropped(argv) -> None:
-    """The flags of server.py's own HTTP front (a key, CORS, body size, shutdown) do nothing
-    behind Ray Serve's proxy and the ingress: an error, not a server without its key."""
+def test_process_exit_flags_are_refused_not_dropped(argv) -> None:
+    """The flags that stop server.py's own process do nothing where Ray Serve stops and
+    replaces the replicas: an error, not a flag that seems to work."""
     from deploy.app import replica_engine_config
     from server import build_parser
 
@@ -154,23 +156,32 @@ def test_server_front_flags_are_refused_not_dropped(argv) -> None:
 
 
 def test_an_abbreviated_flag_is_not_taken() -> None:
-    """argparse takes "--api-ke" for --api-key unless told not to: the Ray paths refuse it."""
+    """argparse takes "--shutdown-t" for --shutdown-timeout unless told not to: the Ray paths
+    refuse it."""
     from deploy.app import app_builder
     from deploy.ray_serve import parser
 
     with pytest.raises(SystemExit):
-        parser().parse_args(["--api-ke", "k"])
+        parser().parse_args(["--shutdown-t", "5"])
     with pytest.raises(SystemExit):
-        app_builder({"engine_args": "--api-ke k"})
+        app_builder({"engine_args": "--shutdown-t 5"})
 
 
-def test_a_key_in_the_environment_is_refused_not_dropped(monkeypatch) -> None:
-    from deploy.app import replica_engine_config
+def test_the_front_flags_reach_the_replicas(monkeypatch) -> None:
+    """Keys (flags and $NANO_VLLM_API_KEY), CORS origins and the body limit are read as
+    server.py reads them, with its errors."""
+    from deploy.replica import Front
     from server import build_parser
 
-    monkeypatch.setenv("NANO_VLLM_API_KEY", "k")
-    with pytest.raises(ValueError, match="NANO_VLLM_API_KEY"):
-        replica_engine_config(build_parser(None).parse_args([]), [])
+    monkeypatch.setenv("NANO_VLLM_API_KEY", "k2")
+    front = Front.from_args(build_parser(None).parse_args(
+        ["--api-key", "k1", "--protect-health-metrics", "--allowed-origins", "https://a.example",
+         "--max-request-bytes", "5000"]))
+    assert front.access.api_keys == ("k1", "k2") and front.access.protect_health_metrics
+    assert front.access.allowed_origins == ("https://a.example",)
+    assert front.max_request_bytes == 5000
+    with pytest.raises(ValueError, match="max-request-bytes"):
+        Front.from_args(build_parser(None).parse_args(["--max-request-bytes", "0"]))
 
 
 # --- through the cluster -----------------------------------------------------------------------
@@ -397,3 +408,35 @@ def test_prefix_routing_keeps_each_group_on_its_replica(cluster: Endpoint, token
     # so it keeps the groups apart by luck now and then (each placement is a coin toss), and
     # "it hit fewer" would fail by chance.
     assert prefix_hits >= later - 1
+
+
+def test_keys_cors_and_the_body_limit_hold_behind_the_ingress(cluster: Endpoint) -> None:
+    """server.py's front flags, on the replicas: a key is needed (in either header), /health
+    is open or not as asked, a CORS preflight from an allowed origin is answered, and a body
+    over the limit is a 413 from the ingress itself, no replica reached. Redeploys, then
+    puts the default app back."""
+    origin, key, limit = "https://app.example", "sekret", 20_000
+    front = Front(AccessConfig(api_keys=(key,), allowed_origins=(origin,)), limit)
+    deploy("prefix", cluster, front, headers={"Authorization": f"Bearer {key}"})
+    try:
+        refused = complete(cluster, "Hi")
+        print(refused.status_code, refused.text)
+        assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key"
+        assert complete(cluster, "Hi", headers={"x-api-key": key}).status_code == 200
+        assert httpx.get(cluster.url + "/health", timeout=WAIT_S).status_code == 200
+        preflight = httpx.options(cluster.url + "/v1/completions", timeout=WAIT_S, headers={
+            "Origin": origin, "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization, content-type"})
+        print(preflight.status_code, dict(preflight.headers))
+        assert preflight.status_code == 200
+        assert preflight.headers["access-control-allow-origin"] == origin
+        big = httpx.post(cluster.url + "/v1/completions", timeout=WAIT_S,
+                         headers={"Authorization": f"Bearer {key}"},
+                         json={"model": MODEL_NAME, "prompt": "x" * limit, "max_tokens": 1})
+        print(big.status_code, big.text, dict(big.headers))
+        assert big.status_code == 413 and big.json()["error"]["code"] == "request_too_large"
+        assert REPLICA_HEADER not in big.headers  # the ingress answered
+        head = httpx.head(cluster.url + "/health", timeout=WAIT_S)
+        assert head.status_code == 200 and head.content == b""
+    finally:
+        deploy("prefix", cluster)
