@@ -92,6 +92,10 @@ def app_builder(args: dict[str, str]) -> Application:
     if unknown:
         raise ValueError(f"unknown application args: {', '.join(sorted(unknown))}")
     argv = shlex.split(args.get("engine_args", ""))
+    for flag in ("--host", "--port"):
+        if any(arg == flag or arg.startswith(flag + "=") for arg in argv):
+            raise ValueError(f"{flag} is not an engine flag here: the Serve config's "
+                             "http_options say where Ray Serve listens")
     parser = build_parser(None)
     parser.allow_abbrev = False  # "--shutdown-t 5" must not slip past its refusal
     engine_args = parser.parse_args(argv)

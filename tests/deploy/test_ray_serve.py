@@ -126,6 +126,9 @@ def test_the_serve_config_file_builds_the_app() -> None:
     assert type(app_builder(application["args"])).__name__ == "Application"
     with pytest.raises(ValueError, match="replica"):
         app_builder({"replica": "2"})
+    for flag in ("--port 9000", "--host=0.0.0.0"):  # http_options decide: not dropped
+        with pytest.raises(ValueError, match="http_options"):
+            app_builder({"engine_args": flag})
 
 
 def test_replicas_run_their_engine_in_process() -> None:
