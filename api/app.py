@@ -14,6 +14,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -152,12 +153,21 @@ def create_app(engine: EngineClient, model_name: str, access: AccessConfig | Non
             return JSONResponse(body.model_dump(), status_code=503)
         return JSONResponse({"status": "ok"})
 
+    card = ModelCard(id=model_name, created=created, display_name=model_name,
+                     created_at=datetime.fromtimestamp(created, UTC).isoformat(),
+                     max_model_len=engine.max_tokens_per_request, model_type=engine.model_type,
+                     max_position_embeddings=engine.max_position_embeddings)
+
     @app.get("/v1/models", dependencies=guarded, responses=error_responses(*auth))
     async def models() -> ModelList:
-        return ModelList(data=[ModelCard(
-            id=model_name, created=created, max_model_len=engine.max_tokens_per_request,
-            model_type=engine.model_type,
-            max_position_embeddings=engine.max_position_embeddings)])
+        return ModelList(data=[card], first_id=card.id, last_id=card.id)
+
+    @app.get("/v1/models/{model_id:path}", dependencies=guarded,
+             responses=error_responses(404, *auth))
+    async def model(model_id: str) -> ModelCard:
+        """The served model, by its name or "default"."""
+        completion_serving.check_model_name(model_id)
+        return card
 
     @app.get("/metrics", dependencies=probe, response_class=Response,
              responses={**text_response("Prometheus' text exposition format, version 0.0.4."),

@@ -193,6 +193,8 @@ class DetokenizeResponse(BaseModel):
 
 
 class ModelCard(BaseModel):
+    """OpenAI's model object, with the fields of Anthropic's (type, display_name, created_at),
+    so that both clients read /v1/models."""
     id: str
     object: Literal["model"] = "model"
     created: int
@@ -200,11 +202,18 @@ class ModelCard(BaseModel):
     max_model_len: int  # prompt + completion tokens one request may hold here
     model_type: str  # the architecture, as config.json names it
     max_position_embeddings: int  # the model's own context length
+    type: Literal["model"] = "model"  # Anthropic's
+    display_name: str  # Anthropic's: the id
+    created_at: str  # Anthropic's: `created` in RFC 3339
 
 
 class ModelList(BaseModel):
+    """OpenAI's list; has_more, first_id and last_id are Anthropic's page fields."""
     object: Literal["list"] = "list"
     data: list[ModelCard]
+    has_more: bool = False
+    first_id: str | None = None
+    last_id: str | None = None
 
 
 class HealthStatus(BaseModel):

@@ -149,8 +149,12 @@ class OpenAIServing(ABC, Generic[Body]):
                            field) from exc
 
     def check_model(self, body: Body) -> None:
-        if body.model is not None and body.model not in self.accepted_model_names:
-            raise APIError(f"The model '{body.model}' does not exist; this server serves "
+        if body.model is not None:
+            self.check_model_name(body.model)
+
+    def check_model_name(self, name: str) -> None:
+        if name not in self.accepted_model_names:
+            raise APIError(f"The model '{name}' does not exist; this server serves "
                            f"'{self.model_name}'.", "model", status=404, code="model_not_found")
 
     def submit(self, job: Job, params: list[SamplingParams], timeout: float | None = None,

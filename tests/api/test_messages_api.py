@@ -113,6 +113,18 @@ def test_usage_splits_the_prompt_by_the_prefix_cache(claude):
     assert final.usage.cache_read_input_tokens == again.usage.cache_read_input_tokens
 
 
+def test_the_anthropic_client_lists_and_gets_the_model(claude):
+    """/v1/models carries Anthropic's fields beside OpenAI's, so `models.list()` and
+    `models.retrieve()` of the anthropic client read it too."""
+    (model,) = list(claude.models.list())
+    print(model)
+    assert model.id == MODEL_NAME and model.type == "model" and model.display_name == MODEL_NAME
+    assert model.created_at.tzinfo is not None  # parsed from RFC 3339
+    assert claude.models.retrieve("default") == model
+    page = claude.models.list()
+    assert page.has_more is False and page.first_id == page.last_id == MODEL_NAME
+
+
 def test_stop_sequences_and_max_tokens(claude):
     ask = [{"role": "user", "content": "Count from one to twenty in words."}]
     full = claude.messages.create(model=MODEL_NAME, max_tokens=16, messages=ask,

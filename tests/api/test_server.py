@@ -363,6 +363,11 @@ def test_openai_client_models_and_errors(client):
     ids = [m.id for m in client.models.list()]
     print("models:", ids)
     assert ids == [MODEL_NAME]
+    for name in (MODEL_NAME, "default"):
+        assert client.models.retrieve(name).id == MODEL_NAME
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.models.retrieve("gpt-4o")
+    assert missing.value.body["code"] == "model_not_found"
     with pytest.raises(openai.BadRequestError) as info:
         client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=0)
     print("max_tokens=0:", info.value.body)
