@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
@@ -95,18 +97,42 @@ def run_server(description: str | None, title: str = "nano-vLLM", core: str = PA
     if args is None:
         args = build_parser(description).parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    stopped_by: dict[str, int] = {}
     try:
         config = replace(EngineConfig.from_args(args), **(fixed or {}))
         access = AccessConfig.from_args(args)
         limits.check_max_request_bytes(args.max_request_bytes)
-        engine = build_engine(config, args, core)
+        with stop_signals_interrupt(stopped_by):
+            engine = build_engine(config, args, core)
     except (ModelPreparationError, ValueError, QuantizedKernelUnavailable,
             EngineStartError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # SIGINT or SIGTERM before the server was up
+        signum = stopped_by.get("signal", signal.SIGINT)
+        print(f"stopped while starting ({signal.Signals(signum).name})", file=sys.stderr)
+        return 0 if signum == signal.SIGTERM else 128 + signum
     print(f"{title}: {served_name(args)} on {engine.describe()}; "
           f"serving on http://{args.host}:{args.port}/v1", flush=True)
     return serve(engine, args, served_name(args), access)
+
+
+@contextmanager
+def stop_signals_interrupt(came: dict[str, int]) -> Iterator[None]:
+    """While the model loads (up to a minute on a first start), SIGTERM stops start-up as
+    Ctrl-C does: a KeyboardInterrupt that unwinds what was started (the engine core process
+    included); `came["signal"]` says which signal it was. Serving sets its own handlers."""
+
+    def interrupt(signum: int, _frame: object) -> None:
+        came["signal"] = signum
+        raise KeyboardInterrupt
+
+    previous = {s: signal.signal(s, interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 def build_engine(config: EngineConfig, args: argparse.Namespace, core: str) -> ServedEngine:

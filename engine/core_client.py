@@ -140,7 +140,10 @@ class EngineProcessClient:
         self._process = SpawnedCore(config, addresses, cpus, core)
         try:
             ready = self._process.wait_ready(self._receive_one, start_timeout)
-        except EngineStartError:
+        except BaseException:  # it failed, or the server was told to stop (KeyboardInterrupt)
+            if self._process.poll() is None:
+                self._process.kill()
+                self._process.wait()
             self._close_sockets()
             raise
         self.core_pid = ready.pid

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -199,3 +200,28 @@ def test_an_engine_failure_exits_non_zero_for_the_supervisor(tmp_path):
     assert check_error(r, 503, "server_error")["code"] == "engine_failed"
     assert bystander.error() is not None and bystander.error()["code"] == "engine_failed"
     assert rc == ENGINE_FAILURE_EXIT_CODE
+
+
+@pytest.mark.parametrize(("signum", "status"), [(signal.SIGINT, 130), (signal.SIGTERM, 0)])
+def test_a_signal_while_starting_stops_cleanly(signum, status):
+    """Ctrl-C or SIGTERM while the engine core loads the model: a line saying so, not a
+    traceback; SIGTERM's status is a drain's (0), Ctrl-C's the shell's 130; no core process
+    is left behind."""
+    proc = subprocess.Popen([sys.executable, "server.py", "--port", "0", "--num-blocks", "64"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    lines = []
+    for line in proc.stdout:  # the core process logs its model load (relayed here)
+        lines.append(line)
+        if "nano_vllm.engine loading" in line:
+            break
+    proc.send_signal(signum)
+    rest, _ = proc.communicate(timeout=60)
+    output = "".join(lines) + rest
+    print(output)
+    assert proc.returncode == status
+    assert f"stopped while starting ({signal.Signals(signum).name})" in output
+    assert "Traceback" not in output and "serving on" not in output
+    cores = subprocess.run(["pgrep", "-f", f"engine.core_process .*--parent {proc.pid}"],
+                           capture_output=True, text=True).stdout
+    assert not cores.strip(), cores
