@@ -132,8 +132,8 @@ class RequestBody(APIModel):
         `accept_unknown`: a logged warning); stream_options only with stream, as on
         OpenAI's API."""
         check_fields(self.ENDPOINT, self.sent_fields(), accept_unknown)
-        if getattr(self, "stream_options", None) is not None and not getattr(self, "stream",
-                                                                             False):
+        if ("stream_options" in type(self).model_fields and self.stream_options is not None
+                and not self.stream):
             raise APIError("stream_options is only allowed with stream: true.",
                            "stream_options")
 

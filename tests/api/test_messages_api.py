@@ -123,6 +123,8 @@ def test_the_anthropic_client_lists_and_gets_the_model(claude):
     assert claude.models.retrieve("default") == model
     page = claude.models.list()
     assert page.has_more is False and page.first_id == page.last_id == MODEL_NAME
+    assert list(claude.models.list(after_id=page.last_id)) == []  # a client paging by hand
+    assert list(claude.models.list(before_id=page.first_id)) == []
 
 
 def test_stop_sequences_and_max_tokens(claude):
@@ -480,3 +482,13 @@ def test_the_tool_runner_falls_back_from_a_thread_to_the_whole_conversation(clau
     print([m.content for m in replies], calls)
     assert len(replies) == 2 and len(calls) >= 1  # a call, its result sent back, a second turn
     assert all(block.type == "tool_use" for block in replies[0].content)
+
+
+def test_stream_options_is_only_checked_where_it_is_a_field():
+    """Under --accept-unknown-fields, a stream_options sent to /v1/messages (which has no such
+    field) is logged and ignored like any unknown field, not refused for want of stream."""
+    body = MessagesRequest.model_validate({"model": "m", "max_tokens": 4, "messages": ASK,
+                                           "stream_options": {"include_usage": True}})
+    body.check_supported(accept_unknown=True)
+    with pytest.raises(Exception, match="stream_options"):
+        body.check_supported(accept_unknown=False)
