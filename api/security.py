@@ -152,7 +152,12 @@ def guard(app: FastAPI, guarded: bool = True, browser: bool = False) -> list[Sec
 def install_access(app: FastAPI, access: AccessConfig) -> None:
     """Keep the keys where require_api_key finds them, and answer CORS for the origins."""
     app.state.api_key_check = APIKeyCheck(access.api_keys)
-    if access.allowed_origins:
-        app.add_middleware(CORSMiddleware, allow_origins=list(access.allowed_origins),
+    add_cors(app, access.allowed_origins)
+
+
+def add_cors(app: FastAPI, origins: tuple[str, ...]) -> None:
+    """Answer CORS (preflights, and the headers on every response) for `origins`, if any."""
+    if origins:
+        app.add_middleware(CORSMiddleware, allow_origins=list(origins),
                            allow_methods=["GET", "POST"], allow_headers=CORS_REQUEST_HEADERS,
                            expose_headers=CORS_EXPOSED_HEADERS)

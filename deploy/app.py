@@ -79,7 +79,7 @@ def build_app(config: EngineConfig, model_name: str, replicas: int = 2,
     ingress = serve.deployment(Ingress, name="Ingress", num_replicas=1,
                                max_ongoing_requests=10_000,
                                ray_actor_options={"num_cpus": 0})
-    return ingress.bind(engines, front.max_request_bytes)
+    return ingress.bind(engines, front.max_request_bytes, front.access.allowed_origins)
 
 
 def app_builder(args: dict[str, str]) -> Application:

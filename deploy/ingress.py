@@ -4,9 +4,9 @@ Every request is passed as it came (method, path, headers, body) to one replica 
 deployment handle; that replica answers it with api/app.py, so responses, errors and SSE
 events are the single server's, and so are its checks of API keys and CORS (the headers
 travel with the request). The ingress only pulls the prompt's text out of the body for the
-router (deploy/prefix_router.py), refuses a body over --max-request-bytes before reading it
-whole (api/limits.py's 413, when that flag is given; the replicas' apps check their
-default), and turns a replica's death into an error the client can read: HTTP 503 in
+router (deploy/prefix_router.py), refuses a body over --max-request-bytes (without it, over
+INGRESS_MAX_BYTES) before reading it whole, with api/limits.py's 413, answers CORS as the
+replicas do, and turns a replica's death into an error the client can read: HTTP 503 in
 OpenAI's envelope before the response has started, an SSE error event (then `[DONE]`) in
 the middle of a stream. `GET /health` and `/metrics` are answered by one replica, like any
 request (its X-Nano-Vllm-Replica header says which).
@@ -27,11 +27,17 @@ from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
 from api.errors import error_body
 from api.limits import BodySizeLimit
+from api.security import add_cors
 from deploy.asgi_call import ForwardedRequest
 
 log = logging.getLogger("nano_vllm.deploy")
 GENERATING_PATHS = ("/v1/completions", "/v1/chat/completions")
 DROPPED_HEADERS = {b"content-length", b"transfer-encoding", b"connection"}
+# Without --max-request-bytes, the most the ingress reads of a body before refusing it: the
+# replicas' own default (what the longest prompt that fits can take, about 9 MB for the
+# default model) is theirs to check; this keeps a body no model could take from being read
+# whole here, key or no key.
+INGRESS_MAX_BYTES = 64 << 20
 # Ray Serve's proxy sets X-Request-Id on every response (the client's, if it sent one, which
 # the replica's app echoes too): keep one.
 DROPPED_RESPONSE_HEADERS = DROPPED_HEADERS | {b"x-request-id"}
@@ -88,10 +94,13 @@ def replica_lost(exc: BaseException) -> dict[str, Any]:
 class Ingress:
     """The deployment's class (deploy/app.py wraps it in `serve.deployment`)."""
 
-    def __init__(self, engines: DeploymentHandle, max_request_bytes: int | None = None) -> None:
+    def __init__(self, engines: DeploymentHandle, max_request_bytes: int | None = None,
+                 allowed_origins: tuple[str, ...] = ()) -> None:
         self.engines = engines.options(method_name="forward", stream=True)
-        if max_request_bytes is not None:  # before the app's first request builds its stack
-            app.add_middleware(BodySizeLimit, max_bytes=max_request_bytes)
+        # Before the app's first request builds its middleware stack. CORS outermost, so
+        # that the ingress's own errors (413, 503) carry its headers too.
+        app.add_middleware(BodySizeLimit, max_bytes=max_request_bytes or INGRESS_MAX_BYTES)
+        add_cors(app, allowed_origins)
 
     # HEAD for uptime probes, OPTIONS for CORS preflights: the replica's app answers both.
     @app.api_route("/{path:path}", methods=["GET", "POST", "HEAD", "OPTIONS"],

@@ -433,12 +433,15 @@ def test_keys_cors_and_the_body_limit_hold_behind_the_ingress(cluster: Endpoint)
         print(preflight.status_code, dict(preflight.headers))
         assert preflight.status_code == 200
         assert preflight.headers["access-control-allow-origin"] == origin
+        answer = complete(cluster, "Hi", headers={"x-api-key": key, "Origin": origin})
+        assert answer.headers.get_list("access-control-allow-origin") == [origin]  # once
         big = httpx.post(cluster.url + "/v1/completions", timeout=WAIT_S,
-                         headers={"Authorization": f"Bearer {key}"},
+                         headers={"Authorization": f"Bearer {key}", "Origin": origin},
                          json={"model": MODEL_NAME, "prompt": "x" * limit, "max_tokens": 1})
         print(big.status_code, big.text, dict(big.headers))
         assert big.status_code == 413 and big.json()["error"]["code"] == "request_too_large"
         assert REPLICA_HEADER not in big.headers  # the ingress answered
+        assert big.headers["access-control-allow-origin"] == origin  # a browser can read it
         head = httpx.head(cluster.url + "/health", timeout=WAIT_S)
         assert head.status_code == 200 and head.content == b""
     finally:
