@@ -15,10 +15,11 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
+from typing import Annotated
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -158,14 +159,21 @@ def create_app(engine: EngineClient, model_name: str, access: AccessConfig | Non
                      max_model_len=engine.max_tokens_per_request, model_type=engine.model_type,
                      max_position_embeddings=engine.max_position_embeddings)
 
-    @app.get("/v1/models", dependencies=guarded, responses=error_responses(*auth))
-    async def models() -> ModelList:
+    @app.get("/v1/models", dependencies=guarded, responses=error_responses(400, *auth))
+    async def models(after_id: str | None = None, before_id: str | None = None,
+                     limit: Annotated[int, Query(ge=1, le=1000)] = 20) -> ModelList:
+        """The one model; Anthropic's page parameters: a page after or before it is empty
+        (so a client paging by hand stops), `limit` (1 to 1000) changes nothing."""
+        if after_id is not None or before_id is not None:
+            return ModelList(data=[])
         return ModelList(data=[card], first_id=card.id, last_id=card.id)
 
     @app.get("/v1/models/{model_id:path}", dependencies=guarded,
              responses=error_responses(404, *auth))
     async def model(model_id: str) -> ModelCard:
         """The served model, by its name or "default"."""
+        if not model_id:  # "/v1/models/": the list, as before this route took the path
+            return RedirectResponse("/v1/models")
         completion_serving.check_model_name(model_id)
         return card
 
@@ -179,6 +187,7 @@ def create_app(engine: EngineClient, model_name: str, access: AccessConfig | Non
     # headers, and uvicorn sends no body.
     for path, endpoint, dependencies in (("/health", health, probe),
                                           ("/v1/models", models, guarded),
+                                          ("/v1/models/{model_id:path}", model, guarded),
                                           ("/metrics", metrics, probe)):
         app.add_api_route(path, endpoint, methods=["HEAD"], dependencies=dependencies,
                           include_in_schema=False)

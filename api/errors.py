@@ -69,7 +69,10 @@ def error_response(exc: APIError, path: str = "",
 def field_path(loc: tuple | list, body: Any, missing: bool = False) -> list[str]:
     """An error location as the fields of the body it points into: its parts that are no key
     or index there (the labels pydantic gives a union's members, such as 'str' or
-    'list[int]', and a tagged union's tag) left out; a missing field's name kept."""
+    'list[int]', and a tagged union's tag) left out; a missing field's name kept. A query or
+    path parameter's location is its name."""
+    if list(loc[:1]) in (["query"], ["path"]):
+        return [str(part) for part in loc[1:2]]
     parts = list(loc[1:] if loc[:1] in (("body",), ["body"]) else loc)
     path: list[str] = []
     node, tag_seen = body, False

@@ -53,13 +53,21 @@ def test_wrong_method_405_with_allow(server, method, path, allowed):
     assert r.headers["Allow"] == allowed
 
 
-@pytest.mark.parametrize("path", ["/health", "/v1/models", "/metrics"])
+@pytest.mark.parametrize("path", ["/health", "/v1/models", "/v1/models/default", "/metrics"])
 def test_head_answers_where_get_does(server, path):
     """Uptime monitors probe with HEAD: GET's status and headers, no body."""
     got, head = httpx.get(server.url + path, timeout=10), httpx.head(server.url + path, timeout=10)
     print(path, got.status_code, head.status_code, head.headers)
     assert head.status_code == got.status_code == 200
     assert head.headers["content-type"] == got.headers["content-type"] and head.content == b""
+
+
+def test_models_slash_is_the_list(server):
+    r = httpx.get(server.url + "/v1/models/", timeout=10, follow_redirects=True)
+    assert r.status_code == 200 and r.json()["object"] == "list"
+    r = httpx.get(server.url + "/v1/models?limit=0", timeout=10)  # Anthropic's: 1 to 1000
+    print(r.text)
+    assert envelope(r, 400)["param"] == "limit" and "'limit'" in r.json()["error"]["message"]
 
 
 def test_unknown_model_404(server):

@@ -70,6 +70,8 @@ def test_keys_guard_the_api(tokenizer):
     check_401(c.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 1}))
     check_401(c.post("/v1/chat/completions", json={"messages": []}))  # before validation
     check_401(c.post("/tokenize", json={"prompt": "Hi"}, headers=bearer("key-on")))  # a prefix
+    check_401(c.get("/v1/models/default"))
+    check_401(c.get("/v1/models/no-such-model"))  # the key first: no model names leak
     for key in KEYS:  # each key works, the scheme's case does not matter
         assert c.get("/v1/models", headers=bearer(key)).status_code == 200
         r = c.post("/tokenize", json={"prompt": "Hi"},
