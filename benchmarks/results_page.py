@@ -452,8 +452,10 @@ def sections(folder: Path) -> list[Section]:
             "Prefix caching: a ~660-token system prompt shared by 30 users",
             "With the cache the shared prompt is computed once, by the first user: the others "
             "wait the step it takes for its last blocks to be cached rather than compute them "
-            "alongside it, then each prefills its own ~20 tokens and the shared prompt's last, "
-            "partly filled block; without it each user prefills its whole ~690-token prompt.",
+            "alongside it, then each prefills its own ~20 tokens and (in this run, before a "
+            "partly matching block was copied from a seated request) the shared prompt's "
+            "last, partly filled block; without it each user prefills its whole ~690-token "
+            "prompt.",
             [f"{SERVER}                   & {BENCH} --label prefix-cache-on  --users 30 "
              "--max-tokens 100 --system-repeats 50",
              f"{SERVER} --no-prefix-cache & {BENCH} --label prefix-cache-off --users 30 "

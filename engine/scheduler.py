@@ -9,7 +9,9 @@ request has tokens computed (K/V in the cache) and tokens still to compute. A de
 has one left; a prompt being prefilled takes as much of the token budget as is left,
 in chunks over several steps if need be. Then requests are seated from the front of the
 waiting line while seats, budget and KV blocks allow, each starting after its longest
-cached prefix. A request whose next prompt block is still being computed by a seated one
+cached prefix, and after as many tokens of the next block as a seated request has computed
+alike (its block copied, so a system prompt ending inside a block is not computed again
+for each user). A request whose next prompt block is still being computed by a seated one
 (users arriving together with one system prompt) is passed over until that block is
 cached, its seats kept for it; those behind it may go first.
 
@@ -46,7 +48,7 @@ from engine.spec_decode import SpeculativeConfig, can_speculate, note_drafts, pr
 from engine.step_types import RequestUpdate, RunnerOutput, SchedulerOutput
 from engine.waiting_queue import PriorityQueue, make_waiting_queue
 from kvcache.kv_cache_manager import KVCacheManager, SequenceBlocks
-from kvcache.pool import BLOCK_SIZE
+from kvcache.pool import BLOCK_SIZE, DUMMY_BLOCK
 
 
 class Scheduler:
@@ -176,13 +178,43 @@ class Scheduler:
         self._schedule(request, 1 + len(drafts), out, drafts)
         return True
 
+    def _partial_source(self, request: Request, cached: int,
+                        looked_up: int) -> tuple[Request | None, int]:
+        """The seated request whose computed K/V holds the most of `request`'s tokens after
+        its `cached` (whole-block) prefix, within the block that follows (a whole block
+        would be cached), and how many: (None, 0) if none does. Never the last of the
+        `looked_up` tokens: its logits are needed."""
+        want = request.token_ids[cached:min(cached + BLOCK_SIZE - 1, looked_up - 1)]
+        if not want or not self.kv.allocator.enable_prefix_cache:
+            return None, 0
+        index = cached // BLOCK_SIZE
+        # A block this step's copies have yet to fill holds nothing yet (copies read first).
+        filling = {destination for _, destination in self.kv.block_copies}
+        best, most = None, 0
+        for seated in self.running:
+            computed = min(seated.num_computed_tokens, seated.num_tokens)
+            if (computed <= cached or seated.token_ids[cached] != want[0]
+                    or any(t[index] in filling or t[index] == DUMMY_BLOCK
+                           for t in seated.blocks.tables)
+                    or seated.token_ids[:cached] != request.token_ids[:cached]):
+                continue
+            theirs = seated.token_ids[cached:min(computed, cached + len(want))]
+            same = next((i for i, (a, b) in enumerate(zip(theirs, want)) if a != b), len(theirs))
+            if same > most:
+                best, most = seated, same
+        return best, most
+
     def _seat(self, request: Request, looked_up: int, hit: SequenceBlocks, budget: int,
               out: SchedulerOutput) -> int:
         """Seat a waiting request after its cached prefix `hit` (found among its first
-        `looked_up` tokens); tokens scheduled (0: no room)."""
-        cached = len(hit.block_table) * BLOCK_SIZE
+        `looked_up` tokens), and after the first tokens of the next block if a seated
+        request has computed them (a copy of its block); tokens scheduled (0: no room)."""
+        source, shared = self._partial_source(request, len(hit.block_table) * BLOCK_SIZE,
+                                              looked_up)
+        cached = len(hit.block_table) * BLOCK_SIZE + shared
         n = min(request.num_tokens - cached, budget)
-        if not self.kv.allocate_slots(hit, cached + n, new_prefix_hit=True):
+        if not self.kv.allocate_slots(hit, cached + n, new_prefix_hit=True,
+                                      partial_from=source.blocks if source else None):
             return 0
         if request is self.waiting[0]:
             self.waiting.popleft()

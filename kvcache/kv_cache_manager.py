@@ -14,8 +14,11 @@ sliding group has the blocks its window reaches from the hit's end.
 
 Samples of one prompt share its blocks (`fork`: one more reference each). Full blocks are
 never written again, so sharing them is free; the last, partly filled block is copied
-(copy-on-write) when a sample first writes into it while others still hold it. The copies
-`allocate_slots` decides are queued in `block_copies` until the step that runs them.
+(copy-on-write) when a sample first writes into it while others still hold it. A sequence
+that shares only the first tokens of a block with a seated one (a system prompt that ends
+inside a block) starts from a copy of that block (`partial_from`), rather than compute those
+tokens again. The copies `allocate_slots` decides are queued in `block_copies` until the
+step that runs them, before its forward pass.
 """
 
 from __future__ import annotations
@@ -133,7 +136,8 @@ class KVCacheManager:
         return found
 
     def allocate_slots(self, blocks: SequenceBlocks, num_tokens: int,
-                       new_prefix_hit: bool = False, write_from: int | None = None) -> bool:
+                       new_prefix_hit: bool = False, write_from: int | None = None,
+                       partial_from: SequenceBlocks | None = None) -> bool:
         """Make `blocks` hold num_tokens in every group, taking fresh blocks as needed; all
         or nothing.
 
@@ -141,6 +145,9 @@ class KVCacheManager:
         are acquired (revived if cached-free) as part of the same all-or-nothing step.
         With write_from (the first position the next step writes), a block there that others
         share is replaced by a private copy (queued in block_copies), in each group.
+        With partial_from (another sequence's blocks, whose K/V for the first tokens of the
+        block after `blocks`' last are this sequence's too), the first fresh block of each
+        group starts as a copy of that sequence's block there (queued in block_copies).
         Returns False, and changes nothing, if the pool cannot supply enough blocks."""
         tables = self._tables(blocks)
         want = blocks_for(num_tokens)
@@ -159,9 +166,15 @@ class KVCacheManager:
             self.allocator.free(source)  # one holder fewer; the others keep it
             table[index] = copy
             self.block_copies.append((source, copy))
-        for table in tables:
+        for g, table in enumerate(tables):
+            first_fresh = len(table)
             for _ in range(want - len(table)):
                 table.append(self.allocator.allocate())
+            if partial_from is not None:
+                assert want > first_fresh, "a partial block is copied into a fresh one"
+                source = partial_from.tables[g][first_fresh]
+                assert source != DUMMY_BLOCK
+                self.block_copies.append((source, table[first_fresh]))
         return True
 
     def _shared_blocks_at(self, blocks: SequenceBlocks,

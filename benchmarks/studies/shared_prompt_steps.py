@@ -4,9 +4,10 @@
 added together to the engine core (no HTTP), after one warm-up request. Each step until
 every user has its first token: its time, the prompt chunks it computed and the prefix-cache
 hits of the users it seated; then the prompt tokens computed in all against the least that
-must be (the shared prefix once, then each user's own tokens), and the engine's own TTFT
-p50. Each round puts a new first sentence before the system prompt, so it starts cold, as
-the benchmark does.
+must be (each token once however many prompts begin with the same tokens up to it, as a
+cache of single tokens would compute, but each prompt's last token, whose logits are needed),
+and the engine's own TTFT p50. Each round puts a new first sentence before the system
+prompt, so it starts cold, as the benchmark does.
 
     python3 benchmarks/studies/shared_prompt_steps.py --rounds 2 [--dtype bfloat16 [--no-amx-sdpa]]
 """
@@ -27,17 +28,29 @@ from engine.load import load_engine
 from engine.request import Request, SamplingParams
 
 
+def same_start(a: list[int], b: list[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
 def common_prefix(prompts: list[list[int]]) -> int:
-    first = prompts[0]
-    return min(next((i for i, (a, b) in enumerate(zip(first, p)) if a != b), len(p))
-               for p in prompts[1:])
+    return min(same_start(prompts[0], p) for p in prompts[1:])
+
+
+def least_computed(prompts: list[list[int]]) -> int:
+    """Tokens computed if each is computed once for all the prompts that begin with the same
+    tokens up to it (each prompt's last token always: its logits are needed)."""
+    least = 0
+    for u, prompt in enumerate(prompts):
+        before = max((same_start(prompt, p) for p in prompts[:u]), default=0)
+        least += len(prompt) - min(before, len(prompt) - 1)
+    return least
 
 
 def one_round(core, tokenizer, round_: int, users: int) -> None:
     prefix = f"Session {round_}. " + system_prompt(50)
     prompts = [tokenizer(user_prompt(prefix, u, u)).input_ids for u in range(users)]
     shared = common_prefix(prompts)
-    least = shared + sum(len(p) - shared for p in prompts)
+    least = least_computed(prompts)
     print(f"round {round_}: prompts of {min(map(len, prompts))}-{max(map(len, prompts))} "
           f"tokens, {shared} shared")
     first: dict[str, float] = {}

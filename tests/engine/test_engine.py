@@ -8,6 +8,7 @@ import torch
 from engine.batch_engine import BatchEngine
 from engine.config import EngineConfig
 from engine.request import FinishReason, Request, RequestOutput, SamplingParams
+from kvcache.pool import BLOCK_SIZE
 
 MAX_NEW = 12
 
@@ -109,6 +110,8 @@ def test_ten_users_arriving_mid_decode_match_hf(model, tokenizer, prompts, hf_an
     hits = sum(r.num_cached_tokens for r in requests)
     print(f"prefix cache {'on' if prefix_cache else 'off'}: {hits} prompt tokens reused")
     assert (hits > 0) == prefix_cache
+    # The system prompt ends inside a block: later users copy that block's first tokens.
+    assert any(r.num_cached_tokens % BLOCK_SIZE for r in requests) == prefix_cache
     assert engine.core.allocator.num_used == 0  # everything released
 
 

@@ -285,6 +285,51 @@ def test_a_prefix_being_computed_is_waited_for_not_computed_twice():
     assert s.running[1].num_cached_tokens == 3 * BLOCK_SIZE
 
 
+def test_a_prompt_that_shares_part_of_a_block_starts_from_a_copy_of_it():
+    """A shared prompt of 1.5 blocks: the second request takes the whole block from the
+    cache and the 8 shared tokens of the next from a copy of the first request's block, and
+    computes only its own 4."""
+    s = make(num_blocks=40, budget=64)
+    s.add(shared("a", 1, shared_tokens=BLOCK_SIZE + 8))
+    assert run_step(s) == [("a", BLOCK_SIZE + 12)]
+    s.add(shared("b", 2, shared_tokens=BLOCK_SIZE + 8))
+    step = s.schedule()
+    a, b = s.running
+    print("plan:", step.plan(), "copies:", step.block_copies)
+    assert step.plan() == [("a", 1), ("b", 4)]
+    assert b.num_computed_tokens == b.num_cached_tokens == BLOCK_SIZE + 8
+    assert step.prefix_hit_tokens == BLOCK_SIZE + 8
+    assert b.blocks.block_table[0] == a.blocks.block_table[0]  # the whole block, shared
+    assert step.block_copies == [(a.blocks.block_table[1], b.blocks.block_table[1])]  # copied
+    s.update_from_output(step, RunnerOutput({"a": [7], "b": [7]}))
+    s.kv.allocator.check_invariants()
+
+
+def test_a_partial_block_is_copied_in_every_kv_cache_group():
+    s = make_sliding(window=4 * BLOCK_SIZE)
+    s.add(shared("a", 1, shared_tokens=BLOCK_SIZE + 8))
+    run_step(s)
+    s.add(shared("b", 2, shared_tokens=BLOCK_SIZE + 8))
+    step = s.schedule()
+    a, b = s.running
+    assert step.plan() == [("a", 1), ("b", 4)]
+    assert step.block_copies == [(ta[1], tb[1]) for ta, tb in zip(a.blocks.tables,
+                                                                   b.blocks.tables)]
+
+
+def test_a_partial_block_never_supplies_the_last_prompt_token():
+    """A prompt that is the first 20 tokens of a seated one's: 19 come from it (the whole
+    block and 3 of the next), the last is computed for its logits."""
+    s = make(num_blocks=40, budget=64)
+    s.add(req("a", 40))
+    run_step(s)
+    s.add(req("b", 20))
+    step = s.schedule()
+    print("plan:", step.plan(), "copies:", step.block_copies)
+    assert step.plan() == [("a", 1), ("b", 1)]
+    assert s.running[1].num_cached_tokens == 19 and len(step.block_copies) == 1
+
+
 def test_without_the_prefix_cache_nothing_waits_for_a_prefix():
     s = make(num_blocks=40, budget=32, prefix_cache=False)
     s.add(shared("a", 1))

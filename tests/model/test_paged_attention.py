@@ -144,6 +144,35 @@ def test_prefix_hit_computes_only_the_rest_and_matches_hf(model, hf_model, token
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_a_copied_partial_block_serves_the_shared_tokens(model, hf_model, tokenizer, backend):
+    """A prompt sharing 2.5 blocks with a computed one: the 2 whole blocks from the cache,
+    the half block from a copy of the other's block (kvcache's partial_from); only the rest
+    is computed, and the logits are Hugging Face's."""
+    runner, manager = make_runner(model, backend=backend)
+    shared = prompt_ids(tokenizer, 2 * BLOCK_SIZE + BLOCK_SIZE // 2, seed=11)
+    first = [*shared, *tokenizer(" and the first user asks about cats").input_ids]
+    second = [*shared, *tokenizer(" while the second one wants dogs, please").input_ids]
+
+    a = SequenceBlocks()
+    assert manager.allocate_slots(a, len(first))
+    runner.compute_logits([SequenceStep(first, 0, a.tables, True)])
+    manager.cache_full_blocks(a, first, len(first))
+
+    b = manager.find_cached_prefix(second)
+    assert len(b.block_table) == 2
+    reused = len(shared)
+    assert manager.allocate_slots(b, len(second), new_prefix_hit=True, partial_from=a)
+    copies = manager.take_block_copies()
+    assert copies == [(a.block_table[2], b.block_table[2])]
+    runner.pool.copy_blocks(copies)
+    logits = runner.compute_logits([SequenceStep(second[reused:], reused, b.tables, True)])[0]
+    diff = (logits - hf_last_logits(hf_model, second)).abs().max().item()
+    print(f"{reused} tokens reused (8 from a copied block), {len(second) - reused} computed; "
+          f"max |diff| vs HF = {diff:.2e}")
+    assert diff < LOGITS_ATOL
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_chunked_prefill_matches_hf(model, hf_model, tokenizer, backend):
     runner, manager = make_runner(model, backend=backend)
     ids = prompt_ids(tokenizer, 45, seed=3)
