@@ -120,19 +120,25 @@ def test_paged_decode_batch_of_different_lengths_matches_hf(model, hf_model, tok
     check_paged_decode(runner, manager, hf_model, tokenizer, [3, 17, 30, 48, 9], backend)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_prefix_hit_computes_only_the_rest_and_matches_hf(model, hf_model, tokenizer, backend):
-    runner, manager = make_runner(model, backend=backend)
-    shared = prompt_ids(tokenizer, 3 * BLOCK_SIZE, seed=7)
+def two_prompts(runner: ModelRunner, manager: KVCacheManager, tokenizer, shared_tokens: int,
+                seed: int) -> tuple[list[int], SequenceBlocks, SequenceBlocks]:
+    """Two prompts that share `shared_tokens` real-text tokens: the first computed (its full
+    blocks cached), and the second's blocks as the prefix cache finds them, with the
+    second's tokens."""
+    shared = prompt_ids(tokenizer, shared_tokens, seed=seed)
     first = [*shared, *tokenizer(" and the first user asks about cats").input_ids]
     second = [*shared, *tokenizer(" while the second one wants dogs, please").input_ids]
-
     a = SequenceBlocks()
     assert manager.allocate_slots(a, len(first))
     runner.compute_logits([SequenceStep(first, 0, a.tables, True)])
     manager.cache_full_blocks(a, first, len(first))
+    return second, a, manager.find_cached_prefix(second)
 
-    b = manager.find_cached_prefix(second)
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_prefix_hit_computes_only_the_rest_and_matches_hf(model, hf_model, tokenizer, backend):
+    runner, manager = make_runner(model, backend=backend)
+    second, _, b = two_prompts(runner, manager, tokenizer, 3 * BLOCK_SIZE, seed=7)
     cached = len(b.block_table) * BLOCK_SIZE
     assert cached == 3 * BLOCK_SIZE
     assert manager.allocate_slots(b, len(second), new_prefix_hit=True)
@@ -149,18 +155,9 @@ def test_a_copied_partial_block_serves_the_shared_tokens(model, hf_model, tokeni
     the half block from a copy of the other's block (kvcache's partial_from); only the rest
     is computed, and the logits are Hugging Face's."""
     runner, manager = make_runner(model, backend=backend)
-    shared = prompt_ids(tokenizer, 2 * BLOCK_SIZE + BLOCK_SIZE // 2, seed=11)
-    first = [*shared, *tokenizer(" and the first user asks about cats").input_ids]
-    second = [*shared, *tokenizer(" while the second one wants dogs, please").input_ids]
-
-    a = SequenceBlocks()
-    assert manager.allocate_slots(a, len(first))
-    runner.compute_logits([SequenceStep(first, 0, a.tables, True)])
-    manager.cache_full_blocks(a, first, len(first))
-
-    b = manager.find_cached_prefix(second)
+    reused = 2 * BLOCK_SIZE + BLOCK_SIZE // 2
+    second, a, b = two_prompts(runner, manager, tokenizer, reused, seed=11)
     assert len(b.block_table) == 2
-    reused = len(shared)
     assert manager.allocate_slots(b, len(second), new_prefix_hit=True, partial_from=a)
     copies = manager.take_block_copies()
     assert copies == [(a.block_table[2], b.block_table[2])]
