@@ -157,7 +157,8 @@ class Scheduler:
         """Schedule a decoding request with its last token and drafts, if it has drafts and
         they fit in the budget and in free blocks (never preempting for them)."""
         assert self.speculative is not None
-        if request.num_tokens - request.num_computed_tokens != 1 or not can_speculate(request):
+        if (request.num_tokens - request.num_computed_tokens != 1 or request.pending_forks
+                or not can_speculate(request)):
             return False
         if request.draft_pause:
             request.draft_pause -= 1

@@ -218,3 +218,15 @@ def test_drafting_pauses_longer_after_each_failed_draft_and_resumes_on_success()
     # next one is tried at once.
     assert drafted == [True, False, True, False, False, True, False, False, False, False,
                        True, True]
+
+
+def test_a_prompt_with_samples_to_fork_is_not_drafted_past():
+    """n=2 and a prompt whose last token comes alone (a chunk of the budget before it): that
+    step computes the last token only and forks the sample from its logits, rather than
+    draft past the prompt's end, which would fork the sample mid-answer."""
+    s = make(num_blocks=20)
+    r = copying("a", length=65)
+    r.pending_forks = [r.fork(1)]
+    s.add(r)
+    assert step(s, accept=0) == {"a": (64, [])}
+    assert step(s, accept=0) == {"a": (1, []), "a#1": (0, [])}
