@@ -59,7 +59,8 @@ class EngineMetrics:
         self.prefix_cache_queries = Counter(
             P + "prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", registry=r)
         self.prefix_cache_hits = Counter(
-            P + "prefix_cache_hits", "Prompt tokens found in the prefix cache.", registry=r)
+            P + "prefix_cache_hits", "Prompt tokens found in the prefix cache (or copied "
+            "from a seated request's partly matching block).", registry=r)
         self.preemptions = Counter(P + "num_preemptions", "Requests preempted.", registry=r)
         self.spec_decode = SpecDecodeMetrics(r)
         self.request_success = finish_counter(r) if count_finishes else None

@@ -179,12 +179,13 @@ class Scheduler:
         self._schedule(request, 1 + len(drafts), out, drafts)
         return True
 
-    def _partial_source(self, request: Request, cached: int,
-                        looked_up: int) -> tuple[Request | None, int]:
+    def _partial_source(self, request: Request, hit: SequenceBlocks, looked_up: int,
+                        out: SchedulerOutput) -> tuple[Request | None, int]:
         """The seated request whose computed K/V holds the most of `request`'s tokens after
-        its `cached` (whole-block) prefix, within the block that follows (a whole block
-        would be cached), and how many: (None, 0) if none does. Never the last of the
-        `looked_up` tokens: its logits are needed."""
+        its cached whole blocks (`hit`), within the block that follows (a whole block would
+        be cached), and how many: (None, 0) if none does. Never the last of the `looked_up`
+        tokens: its logits are needed."""
+        cached = len(hit.block_table) * BLOCK_SIZE
         want = request.token_ids[cached:min(cached + BLOCK_SIZE - 1, looked_up - 1)]
         if not want or not self.kv.allocator.enable_prefix_cache:
             return None, 0
@@ -193,11 +194,14 @@ class Scheduler:
         filling = {destination for _, destination in self.kv.block_copies}
         best, most = None, 0
         for seated in self.running:
+            entry = out.scheduled.get(seated.request_id)
+            if entry is not None and entry.fork_of is not None:
+                continue  # forked this step: its prompt's K/V are written by this step's pass
             computed = min(seated.num_computed_tokens, seated.num_tokens)
             if (computed <= cached or seated.token_ids[cached] != want[0]
                     or any(t[index] in filling or t[index] == DUMMY_BLOCK
                            for t in seated.blocks.tables)
-                    or seated.token_ids[:cached] != request.token_ids[:cached]):
+                    or not self._same_prefix(seated, request, hit)):
                 continue
             theirs = seated.token_ids[cached:min(computed, cached + len(want))]
             same = next((i for i, (a, b) in enumerate(zip(theirs, want)) if a != b), len(theirs))
@@ -205,13 +209,22 @@ class Scheduler:
                 best, most = seated, same
         return best, most
 
+    @staticmethod
+    def _same_prefix(seated: Request, request: Request, hit: SequenceBlocks) -> bool:
+        """Whether `seated` begins with `request`'s cached whole blocks: by the hash chained
+        over them all where `seated` has cached that many, else by the tokens."""
+        index = len(hit.hashes)
+        if index and len(seated.blocks.hashes) >= index:
+            return seated.blocks.hashes[index - 1] == hit.hashes[-1]
+        cached = len(hit.block_table) * BLOCK_SIZE
+        return seated.token_ids[:cached] == request.token_ids[:cached]
+
     def _seat(self, request: Request, looked_up: int, hit: SequenceBlocks, budget: int,
               out: SchedulerOutput) -> int:
         """Seat a waiting request after its cached prefix `hit` (found among its first
         `looked_up` tokens), and after the first tokens of the next block if a seated
         request has computed them (a copy of its block); tokens scheduled (0: no room)."""
-        source, shared = self._partial_source(request, len(hit.block_table) * BLOCK_SIZE,
-                                              looked_up)
+        source, shared = self._partial_source(request, hit, looked_up, out)
         cached = len(hit.block_table) * BLOCK_SIZE + shared
         n = min(request.num_tokens - cached, budget)
         if not self.kv.allocate_slots(hit, cached + n, new_prefix_hit=True,

@@ -381,3 +381,59 @@ def test_sliding_groups_preempt_whole_and_resume_from_what_the_cache_kept():
     assert b.num_preemptions > 0 and resumable
     assert (a.num_output_tokens, b.num_output_tokens) == (30, 20)
     assert s.kv.allocator.num_used == 0
+
+
+def written_this_step(step) -> set[tuple[int, int]]:
+    """(block, offset) of every K/V slot the step's forward pass writes, in every group."""
+    slots = set()
+    for entry in step.scheduled.values():
+        start = entry.request.num_computed_tokens
+        for p in range(start, start + entry.num_tokens):
+            for table in entry.request.blocks.tables:
+                slots.add((table[p // BLOCK_SIZE], p % BLOCK_SIZE))
+    return slots
+
+
+def assert_partial_copies_read_only_computed_kv(step, newcomer: Request) -> None:
+    shared = newcomer.num_computed_tokens % BLOCK_SIZE
+    written = written_this_step(step)
+    for source, _ in step.block_copies:
+        stale = [off for off in range(shared) if (source, off) in written]
+        assert not stale, (f"block {source} copied for {newcomer.request_id}'s first {shared} "
+                           f"tokens before this step writes its offsets {stale}")
+
+
+def test_a_partial_block_is_not_copied_from_a_sample_forked_in_the_same_step():
+    """a (n=2) computes its prompt's last 12 tokens, block 1, in the step that forks a#1
+    (seated with num_computed_tokens = num_tokens); b, seated later in that step, must not
+    copy block 1: the copy runs before the forward pass that writes it."""
+    s = make(num_blocks=40, budget=BLOCK_SIZE)
+    a = shared("a", 1, shared_tokens=BLOCK_SIZE + 8)
+    a.pending_forks = [a.fork(1)]
+    s.add(a)
+    assert run_step(s) == [("a", BLOCK_SIZE)]  # block 0 computed and cached
+    b = shared("b", 2, shared_tokens=BLOCK_SIZE + 8)
+    s.add(b)
+    step = s.schedule()
+    print("plan:", step.plan(), "copies:", step.block_copies,
+          "b computed:", b.num_computed_tokens)
+    assert ("a#1", 0) in step.plan()
+    assert_partial_copies_read_only_computed_kv(step, b)
+
+
+def test_a_partial_block_is_not_copied_from_a_newcomer_forked_in_the_same_step():
+    """The same when a (n=2) and b arrive together after z cached block 0: a is seated,
+    computes block 1 and forks; b, seated next, must not copy block 1 from a#1."""
+    s = make(num_blocks=40, budget=64, max_num_seqs=5)
+    s.add(req("z", BLOCK_SIZE + 1, start=1000, max_tokens=1))  # caches block 0, then ends
+    run_step(s)
+    assert not s.running
+    a = shared("a", 1, shared_tokens=BLOCK_SIZE + 8)
+    a.pending_forks = [a.fork(1)]
+    b = shared("b", 2, shared_tokens=BLOCK_SIZE + 8)
+    s.add(a)
+    s.add(b)
+    step = s.schedule()
+    print("plan:", step.plan(), "copies:", step.block_copies,
+          "b computed:", b.num_computed_tokens)
+    assert_partial_copies_read_only_computed_kv(step, b)
