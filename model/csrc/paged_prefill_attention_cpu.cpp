@@ -305,13 +305,21 @@ void prefill_task(const Shape& sh, const T* qp, const T* kp, const T* vp, const 
 // evenly among the threads and tiles of at least a vector of rows allow it (30 positions of
 // a group of 3 on 3 K/V heads and 2 threads: 2 tiles of 15, not 21 + 9; 14 positions: 2 of
 // 7, not 3 tasks on 2 threads).
-int64_t count_tiles(int64_t n, int64_t group, int64_t kv_heads, int64_t threads) {
+int64_t whole_tiles(int64_t n, int64_t group) {
   const int64_t most = std::max<int64_t>(1, kRows / group);  // positions per task
+  return (n + most - 1) / most;
+}
+
+int64_t count_tiles(int64_t n, int64_t group, int64_t kv_heads, int64_t threads) {
   const int64_t least = std::max<int64_t>(1, kLanes / group);
-  int64_t tiles = (n + most - 1) / most;
+  int64_t tiles = whole_tiles(n, group);
   while ((tiles * kv_heads) % threads != 0 && n / (tiles + 1) >= least) ++tiles;
   return tiles;
 }
+
+// With at least this many tasks per thread when no chunk is cut finer than kRows rows, the
+// tasks share out well enough among the threads as they are (longest first).
+constexpr int64_t kWholeTasksPerThread = 4;
 
 #ifndef PREFILL_TASK_ONLY
 // One chunk's place in a call: its rows of q (and of the output) and its block table.
@@ -326,17 +334,27 @@ struct Task {
   int64_t chunk, g, q0, count, work;
 };
 
-// Every chunk of a step in one parallel region: each chunk cut into the tasks a call for it
-// alone would make (so each row's sums are the same either way), all the step's tasks handed
-// out longest first.
+// Every chunk of a step in one parallel region, all the step's tasks handed out longest
+// first. A chunk is cut as a call for it alone would cut it (count_tiles: finer where that
+// shares a few tasks evenly), unless the step has many tasks without that: then each chunk
+// is cut only to fit kRows rows a task, so vectors of rows are fuller and each K/V row read
+// serves more of them. A row's sums are the same however its chunk is cut, but for a sliding
+// window, whose key tiles start at the window of the task's first position: such chunks are
+// always cut as a call of their own would cut them.
 template <typename T>
 at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k_cache,
                              const at::Tensor& v_cache, std::vector<Chunk>& chunks, double scale) {
   const int64_t threads = omp_get_max_threads();
+  int64_t whole_tasks = 0;
+  for (const Chunk& chunk : chunks)
+    whole_tasks += whole_tiles(chunk.shape.n, chunk.shape.group) * chunk.shape.kv_heads;
+  const bool many = whole_tasks >= kWholeTasksPerThread * threads;
   std::vector<Task> tasks;
   for (int64_t c = 0; c < static_cast<int64_t>(chunks.size()); ++c) {
     Shape& sh = chunks[c].shape;
-    const int64_t tiles = count_tiles(sh.n, sh.group, sh.kv_heads, threads);
+    const int64_t tiles = many && sh.window == 0
+                              ? whole_tiles(sh.n, sh.group)
+                              : count_tiles(sh.n, sh.group, sh.kv_heads, threads);
     sh.positions = (sh.n + tiles - 1) / tiles;  // query positions per task
     for (int64_t tile = 0; tile < tiles; ++tile) {
       const int64_t q0 = tile * sh.positions, count = std::min(sh.positions, sh.n - q0);
