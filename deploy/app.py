@@ -37,6 +37,11 @@ SERVER_ONLY = {
 }
 
 
+def given(flag: str, argv: Sequence[str]) -> bool:
+    """Whether `argv` sets `flag` (as "--flag VALUE" or "--flag=VALUE")."""
+    return any(arg == flag or arg.startswith(flag + "=") for arg in argv)
+
+
 def replica_engine_config(args: argparse.Namespace, argv: Sequence[str]) -> EngineConfig:
     """server.py's engine flags (`args`, parsed from `argv`) for every replica, with the
     in-process defaults (--single-thread-below 16); ValueError for the flags of an engine
@@ -45,7 +50,7 @@ def replica_engine_config(args: argparse.Namespace, argv: Sequence[str]) -> Engi
     refused = {**dict.fromkeys(("--engine-process", "--engine-cpus"), IN_PROCESS),
                **SERVER_ONLY}
     for flag, why in refused.items():
-        if any(arg == flag or arg.startswith(flag + "=") for arg in argv):
+        if given(flag, argv):
             raise ValueError(f"{flag} is not supported by the Ray replicas: {why}")
     args.engine_process = False
     return EngineConfig.from_args(args)
@@ -93,7 +98,7 @@ def app_builder(args: dict[str, str]) -> Application:
         raise ValueError(f"unknown application args: {', '.join(sorted(unknown))}")
     argv = shlex.split(args.get("engine_args", ""))
     for flag in ("--host", "--port"):
-        if any(arg == flag or arg.startswith(flag + "=") for arg in argv):
+        if given(flag, argv):
             raise ValueError(f"{flag} is not an engine flag here: the Serve config's "
                              "http_options say where Ray Serve listens")
     parser = build_parser(None)

@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from engine.config import EngineConfig
+from server import build_parser, served_name
 
 if TYPE_CHECKING:
     from deploy.replica import Front
-from server import build_parser, served_name
 
 APP_NAME = "nano-vllm"
 REPO_ROOT = Path(__file__).resolve().parent.parent
