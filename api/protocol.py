@@ -454,7 +454,18 @@ class ChatMessage(APIModel):
         return "".join(part.text for part in self.content)
 
 
-class ChatCompletionRequest(SamplingFields):
+class ToolFields(BaseModel):
+    """Function tools (api/tools.py), and their legacy form: what a chat body offers, and
+    /tokenize's body to count the same prompt."""
+
+    tools: list[dict] | None = None
+    tool_choice: str | dict | None = None
+    parallel_tool_calls: bool | None = None
+    functions: list[dict] | None = None
+    function_call: str | dict | None = None
+
+
+class ChatCompletionRequest(SamplingFields, ToolFields):
     ENDPOINT: ClassVar[str] = CHAT
     PROMPT_FIELD: ClassVar[str] = "messages"
     # top_logprobs needs logprobs: true, which JSON Schema says as if/then.
@@ -467,12 +478,6 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: int | None = None
     logprobs: NullFalse = False
     top_logprobs: int | None = None
-    # Function tools (api/tools.py), and their legacy form.
-    tools: list[dict] | None = None
-    tool_choice: str | dict | None = None
-    parallel_tool_calls: bool | None = None
-    functions: list[dict] | None = None
-    function_call: str | dict | None = None
     _tool_plan: tuple[ToolPlan | None] | None = PrivateAttr(default=None)
 
     def tool_plan(self) -> ToolPlan | None:

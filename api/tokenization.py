@@ -19,6 +19,7 @@ from api.protocol import (
     NullFalse,
     RequestBody,
     TokenId,
+    ToolFields,
     or_null,
 )
 from api.responses import DetokenizeResponse, TokenizeResponse
@@ -58,7 +59,7 @@ def chat_prompt(tokenizer: PreTrainedTokenizerBase, messages: list[ChatMessage],
     return render_chat(tokenizer, rendered, add_generation_prompt, **extra)
 
 
-class TokenizeRequest(RequestBody):
+class TokenizeRequest(RequestBody, ToolFields):
     """Exactly one of `prompt` and `messages` (oneOf in the document)."""
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={"oneOf": [
@@ -71,17 +72,11 @@ class TokenizeRequest(RequestBody):
     add_special_tokens: bool | None = None  # default: True for a prompt, False for messages
     add_generation_prompt: Annotated[bool, *or_null("boolean", True)] = True  # messages only
     return_token_strs: NullFalse = False
-    # With messages: the tools offered, as chat completions takes them (api/tools.py).
-    tools: list[dict] | None = None
-    tool_choice: str | dict | None = None
-    parallel_tool_calls: bool | None = None
-    functions: list[dict] | None = None
-    function_call: str | dict | None = None
 
     def tool_plan(self) -> ToolPlan | None:
+        """The tools offered with `messages` (ToolFields, as chat takes them)."""
         if self.messages is None:
-            for name in ("tools", "tool_choice", "parallel_tool_calls", "functions",
-                         "function_call"):
+            for name in ToolFields.model_fields:
                 if getattr(self, name) is not None:
                     raise APIError(f"'{name}' goes with 'messages'; a prompt has no tools.",
                                    name)
