@@ -12,7 +12,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from model.cpu_kernel import (
-    AMX_ENV,
     as_avx2,
     cpu_flags,
     cpu_supports,
@@ -31,48 +30,21 @@ from model.dense_linear import (
 from model.layers import Linear, causal_attention
 from model.loader import load_model
 from tests.conftest import LOGITS_ATOL, PROMPTS
+from tests.model.conftest import (
+    AMX,
+    AMX_CHUNK,
+    AMX_ROWS,
+    BF16_AVX512,
+    BF16_OK,
+    BF16_PATHS,
+    DTYPE_PATHS,
+    FP32_OK,
+    PATHS,
+    needs_bf16,
+    needs_fp32,
+)
 
 torch.set_grad_enabled(False)
-
-FP32_OK = kernel_fn(torch.float32) is not None
-BF16_OK = kernel_fn(torch.bfloat16) is not None
-needs_fp32 = pytest.mark.skipif(not FP32_OK, reason="no AVX2 or no C++ toolchain here")
-needs_bf16 = pytest.mark.skipif(not BF16_OK, reason="no AVX2 or no C++ toolchain here")
-# The kernel's paths: the one this CPU picks, and where that is AVX-512 the AVX2 one forced
-# too, so that both are checked on every machine with AVX-512.
-PATHS = ["native"] + (["avx2"] if FP32_OK and cpu_supports() and cpu_supports_avx2() else [])
-# Where the CPU has AMX, bf16 from 8 rows runs on it; "no-amx" keeps the AVX-512 path tested.
-AMX = FP32_OK and cpu_supports(bf16=True) and load_cpu_kernels().dense_amx_usable()
-# The AVX-512 path computes bf16 by vdpbf16ps or by FMAs on widened weights, as chosen for the
-# CPU; "dot" and "fma" force each for every row count (AMX off), so both are tested anywhere.
-BF16_AVX512 = FP32_OK and cpu_supports(bf16=True)
-# bf16 tests take every path; fp32 never runs on AMX nor on bf16's two ways, so its tests skip
-# those.
-BF16_PATHS = PATHS + (["no-amx"] if AMX else []) + (["dot", "fma"] if BF16_AVX512 else [])
-DTYPE_PATHS = ([pytest.param(torch.float32, p, id=f"float32-{p}") for p in PATHS]
-               + [pytest.param(torch.bfloat16, p, id=f"bfloat16-{p}") for p in BF16_PATHS])
-# The kernel's defaults (model/csrc/dense_linear.cpp; none under NANO_VLLM_AMX=0).
-AMX_ROWS = 0 if os.environ.get(AMX_ENV, "1") == "0" else 8
-AMX_CHUNK = 0  # all of K
-BF16_FMA = {"dot": 0, "fma": 1}  # set_dense_bf16_fma's blocks for those paths (else -1)
-
-
-@pytest.fixture(params=PATHS)
-def path(request):
-    """Which of the kernel's paths the test runs (set in the kernels module, reset after)."""
-    if request.param == "native":
-        yield request.param
-        return
-    kernels = load_cpu_kernels()
-    kernels.set_dense_avx2(request.param == "avx2" or as_avx2())
-    kernels.set_dense_amx(AMX_ROWS if request.param == "avx2" else 0, AMX_CHUNK)
-    kernels.set_dense_bf16_fma(BF16_FMA.get(request.param, -1))
-    try:
-        yield request.param
-    finally:
-        kernels.set_dense_avx2(as_avx2())
-        kernels.set_dense_amx(AMX_ROWS, AMX_CHUNK)
-        kernels.set_dense_bf16_fma(-1)
 
 
 def test_amx_is_used_where_the_cpu_has_it():
