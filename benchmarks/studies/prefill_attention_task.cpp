@@ -47,7 +47,6 @@ void time_layer(int64_t cached, int64_t chunk) {
   sh.block_size = kBlockSize;
   sh.context_len = context;
   const int64_t tiles = count_tiles(chunk, sh.group, kKvHeads, kThreads);
-  sh.positions = (chunk + tiles - 1) / tiles;
   const float scale = 1.0f / 8.0f;  // head dim 64
 
   double best = 1e30;
@@ -55,9 +54,9 @@ void time_layer(int64_t cached, int64_t chunk) {
     const auto start = std::chrono::steady_clock::now();
     for (int64_t task = 0; task < tiles * kKvHeads; ++task) {
       const int64_t tile = tiles - 1 - task / kKvHeads, g = task % kKvHeads;
-      const int64_t q0 = tile * sh.positions;
-      prefill_task<float>(sh, q.data(), k.data(), v.data(), table.data(), scale, g, q0,
-                          std::min(sh.positions, chunk - q0), out.data());
+      const int64_t q0 = chunk * tile / tiles, count = chunk * (tile + 1) / tiles - q0;
+      prefill_task<float>(sh, q.data(), k.data(), v.data(), table.data(), scale, g, q0, count,
+                          out.data());
     }
     const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
     best = std::min(best, took.count());

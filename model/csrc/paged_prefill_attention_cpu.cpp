@@ -227,7 +227,7 @@ inline void value_tile(const float* const* values, const float* p, int64_t rp, i
 }
 
 struct Shape {
-  int64_t n, heads, kv_heads, dim, group, block_size, context_len, window, positions;
+  int64_t n, heads, kv_heads, dim, group, block_size, context_len, window;
 };
 
 // One task: K/V head g, query positions [q0, q0 + count) of the chunk.
@@ -355,9 +355,12 @@ at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k_cache,
     const int64_t tiles = many && sh.window == 0
                               ? whole_tiles(sh.n, sh.group)
                               : count_tiles(sh.n, sh.group, sh.kv_heads, threads);
-    sh.positions = (sh.n + tiles - 1) / tiles;  // query positions per task
+    // Tile t holds positions [n t / tiles, n (t + 1) / tiles): every tile at least n / tiles
+    // of them (count_tiles keeps tiles <= n). Cutting ceil(n / tiles) a tile instead left the
+    // last tiles short, empty or, with more tiles than that cut needs (Gemma's group of 4 on
+    // one K/V head: 391 positions, 26 tiles of 16), of negative size.
     for (int64_t tile = 0; tile < tiles; ++tile) {
-      const int64_t q0 = tile * sh.positions, count = std::min(sh.positions, sh.n - q0);
+      const int64_t q0 = sh.n * tile / tiles, count = sh.n * (tile + 1) / tiles - q0;
       const int64_t keys = sh.context_len - sh.n + q0 + count;  // the most any row sees
       const int64_t seen = sh.window > 0 ? std::min(keys, sh.window + count) : keys;
       for (int64_t g = 0; g < sh.kv_heads; ++g) tasks.push_back({c, g, q0, count, count * seen});
