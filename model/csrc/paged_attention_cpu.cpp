@@ -23,6 +23,7 @@
 // at a time, as their even and odd values (load16). Any other shape runs the plain loop
 // (attend_generic). Both sum in fp32; they differ only in the order of the sums.
 #include "kernel_api.h"
+#include "parallel_errors.h"
 
 #include <algorithm>
 #include <cmath>
@@ -390,13 +391,12 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_cache,
 
   const Shape shape{heads, dim, group, slot_stride, fscale};
 
+  ParallelErrors errors;  // the per-thread buffers below may fail to grow (parallel_errors.h)
 #pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t task = 0; task < num_tasks; ++task) {
+  for (int64_t task = 0; task < num_tasks; ++task) errors.capture([&] {
     const int64_t b = task_seq[task], start = task_start[task];
     const int64_t n = std::min(kPart, lens[b] - start);
     const int64_t* table = tables + b * max_blocks;
-    // Nothing may throw in here (an exception cannot leave an OpenMP region): every check
-    // is done above.
     thread_local std::vector<float> scores, query;
     thread_local std::vector<int64_t> slots;
     scores.resize(heads * kPart);
@@ -411,13 +411,14 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_cache,
            Task{q_row, slots.data(), n, scores.data(),
                 part_acc.data() + task * heads * dim, part_max.data() + task * heads,
                 part_sum.data() + task * heads});
-  }
+  });
+  errors.rethrow("paged_decode_attention");
 
   const bool split = splits_pairs<T>(dim);  // the sums below are in even/odd order
   auto out = at::empty({batch, heads, dim}, q.options());
   T* op = out.data_ptr<T>();
 #pragma omp parallel for
-  for (int64_t b = 0; b < batch; ++b) {
+  for (int64_t b = 0; b < batch; ++b) errors.capture([&] {
     thread_local std::vector<float> merged;
     merged.resize(dim);
     float* o = merged.data();
@@ -445,6 +446,7 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_cache,
         for (int64_t d = 0; d < dim; ++d) dst[d] = static_cast<T>(o[d] * inv);
       }
     }
-  }
+  });
+  errors.rethrow("paged_decode_attention");
   return out;
 }

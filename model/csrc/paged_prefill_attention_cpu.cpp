@@ -27,6 +27,7 @@
 #else
 #include "kernel_api.h"
 #endif
+#include "parallel_errors.h"
 
 #include <algorithm>
 #include <cmath>
@@ -376,16 +377,20 @@ at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k_cache,
   T* op = out.data_ptr<T>();
   const float fscale = static_cast<float>(scale);
   const int64_t row_elems = q.size(1) * q.size(2);
-  // Nothing may throw in here (an exception cannot leave an OpenMP region): every check is
-  // done before.
+  // Every check is done before; a task's buffers may still fail to be allocated, and an
+  // exception cannot leave an OpenMP region (parallel_errors.h).
+  ParallelErrors errors;
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t i = 0; i < static_cast<int64_t>(tasks.size()); ++i) {
-    const Task& task = tasks[i];
-    const Chunk& chunk = chunks[task.chunk];
-    const int64_t offset = chunk.start * row_elems;
-    prefill_task<T>(chunk.shape, qp + offset, kp, vp, chunk.table, fscale, task.g, task.q0,
-                    task.count, op + offset);
+    errors.capture([&] {
+      const Task& task = tasks[i];
+      const Chunk& chunk = chunks[task.chunk];
+      const int64_t offset = chunk.start * row_elems;
+      prefill_task<T>(chunk.shape, qp + offset, kp, vp, chunk.table, fscale, task.g, task.q0,
+                      task.count, op + offset);
+    });
   }
+  errors.rethrow("paged_prefill_attention");
   return out;
 }
 
