@@ -9,9 +9,13 @@ falls back to a PyTorch path, loudly. One build at a time per module (build_lock
 build that died (a server stopped during its first start) does not stop the next one.
 `python3 -m model.cpu_kernel` builds the module ahead, e.g. into an image.
 
-NANO_VLLM_CPU=avx2 builds and runs everything as on a CPU with AVX2 and FMA but no AVX-512
-(`-march=x86-64-v3`, the AVX-512 flags hidden, the matmuls' AVX2 paths forced), so a
-machine with AVX-512 can run the suite the way such a CPU (AMD Zen 3, say) does.
+$NANO_VLLM_CPU builds and runs everything as on an older CPU, so that one machine with
+AVX-512 can run every CPU-specific path of every kernel:
+- `avx2`: a CPU with AVX2 and FMA but no AVX-512 (AMD Zen 3, say): `-march=x86-64-v3`, the
+  AVX-512 flags hidden, the matmuls' AVX2 paths forced;
+- `avx512`: a CPU with AVX-512 and VNNI but neither AVX512_BF16 nor AMX (Intel Ice Lake):
+  `-march=icelake-server`, those flags hidden; the kernels take a path only where the build's
+  target has its instructions too, so bf16 matmuls take the AVX2 path, as on such a CPU.
 """
 
 from __future__ import annotations
@@ -34,7 +38,11 @@ log = logging.getLogger("nano_vllm.kernel")
 CSRC = Path(__file__).parent / "csrc"
 # -ffast-math lets exp() vectorize; our kernels never see inf or NaN.
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffast-math"]
-CPU_ENV = "NANO_VLLM_CPU"  # "avx2": behave as a CPU without AVX-512 (module docstring)
+CPU_ENV = "NANO_VLLM_CPU"  # "avx2" or "avx512": behave as an older CPU (module docstring)
+# What each $NANO_VLLM_CPU builds for, and the /proc/cpuinfo flags it hides from our code.
+EMULATED_MARCH = {"avx2": "x86-64-v3", "avx512": "icelake-server"}
+HIDDEN_FLAGS = {"avx2": ("avx512", "amx", "avx_vnni"),
+                "avx512": ("avx512_bf16", "avx512_fp16", "amx", "avx_vnni", "avx512_vp2intersect")}
 AMX_ENV = "NANO_VLLM_AMX"  # "0": bf16 matmuls stay on AVX-512 where the CPU has AMX
 # "0": the AVX-512 path computes bf16 by vdpbf16ps, "1": by FMAs on widened weights, "N": by
 # FMAs from N row blocks; unset: as chosen for this CPU (model/csrc/dense_linear.cpp).
@@ -46,33 +54,42 @@ AVX2 = {"avx2", "fma"}  # the dense kernel's path for CPUs without AVX-512
 AVX2_QUANTIZED = AVX2 | {"f16c"}  # the quantized kernels' (fp16 scales)
 
 
+def emulated_cpu() -> str | None:
+    """The older CPU this process is to behave as ($NANO_VLLM_CPU: "avx2" or "avx512"), or
+    None for this CPU as it is."""
+    value = os.environ.get(CPU_ENV, "").lower()
+    if value not in ("", "native", *EMULATED_MARCH):
+        raise ValueError(f"{CPU_ENV}={value!r}: expected 'avx2', 'avx512' or 'native'")
+    return value if value in EMULATED_MARCH else None
+
+
 def as_avx2() -> bool:
     """Is this process to behave as on a CPU with AVX2 but no AVX-512 ($NANO_VLLM_CPU=avx2)?"""
-    value = os.environ.get(CPU_ENV, "").lower()
-    if value not in ("", "native", "avx2"):
-        raise ValueError(f"{CPU_ENV}={value!r}: expected 'avx2' or 'native'")
-    return value == "avx2"
+    return emulated_cpu() == "avx2"
 
 
 def cflags() -> list[str]:
-    """The compiler flags: CFLAGS, for x86-64-v3 (AVX2, FMA) instead of this CPU under
-    $NANO_VLLM_CPU=avx2."""
-    if not as_avx2():
+    """The compiler flags: CFLAGS, for the emulated CPU's target instead of this CPU's under
+    $NANO_VLLM_CPU."""
+    emulated = emulated_cpu()
+    if emulated is None:
         return CFLAGS
-    return [f for f in CFLAGS if f != "-march=native"] + ["-march=x86-64-v3", "-mtune=native"]
+    return [f for f in CFLAGS if f != "-march=native"] + [f"-march={EMULATED_MARCH[emulated]}",
+                                                          "-mtune=native"]
 
 
 @cache
 def cpu_flags() -> frozenset[str]:
-    """The CPU's feature flags from /proc/cpuinfo (empty where there is none; without the
-    AVX-512 and AMX ones under $NANO_VLLM_CPU=avx2); read once: every quantized layer asks
-    at load."""
+    """The CPU's feature flags from /proc/cpuinfo (empty where there is none; without those
+    the emulated CPU lacks under $NANO_VLLM_CPU); read once: every quantized layer asks at
+    load."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("flags"):
                 flags = line.split(":", 1)[1].split()
-                if as_avx2():
-                    flags = [f for f in flags if not f.startswith(("avx512", "amx"))]
+                emulated = emulated_cpu()
+                if emulated is not None:
+                    flags = [f for f in flags if not f.startswith(HIDDEN_FLAGS[emulated])]
                 return frozenset(flags)
     except OSError:
         pass
@@ -126,7 +143,8 @@ def cpu_identity() -> str:
         import platform
         return platform.processor()
     wanted = [ln for ln in lines if ln.startswith(("model name", "flags"))]
-    return "\n".join(wanted[:2] + (["as x86-64-v3"] if as_avx2() else []))
+    emulated = emulated_cpu()
+    return "\n".join(wanted[:2] + ([f"as {EMULATED_MARCH[emulated]}"] if emulated else []))
 
 
 def module_name() -> str:

@@ -360,8 +360,14 @@ static bool cpu_has_avx512() {
          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
 }
 
+// Only where the build's target has it too: a build for a CPU without it (NANO_VLLM_CPU=avx512
+// on one with it, model/cpu_kernel.py) then takes the paths such a CPU takes.
 static bool cpu_has_avx512_bf16() {
+#ifdef __AVX512BF16__
   return cpu_has_avx512() && __builtin_cpu_supports("avx512bf16");
+#else
+  return false;
+#endif
 }
 
 // vdpbf16ps's multiply-adds per second over FMAs' on this CPU (0 where it has none),

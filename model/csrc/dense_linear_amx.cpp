@@ -31,8 +31,10 @@
 namespace dense_amx {
 
 // Does the CPU have AMX-TILE and AMX-BF16, and has the kernel let this process use the tile
-// registers (Linux asks each process to request them once)?
+// registers (Linux asks each process to request them once)? Never in a build for a target
+// without AMX (NANO_VLLM_CPU=avx512, model/cpu_kernel.py).
 bool amx_usable() {
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
   static const bool usable = [] {
     unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
     if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
@@ -42,6 +44,9 @@ bool amx_usable() {
     return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
   }();
   return usable;
+#else
+  return false;
+#endif
 }
 
 }  // namespace dense_amx
