@@ -29,6 +29,8 @@ class EngineConfig:
     decode_stack: bool = True  # decode steps' layers in one C++ call, where the model allows
     threads: int | None = None  # most threads a step uses; None = PyTorch's default (cores)
     single_thread_below: int = 16  # steps computing fewer tokens run on one thread; 0 = never
+    # A step uses only the cores other processes leave free (engine/cpu_load.py); False: all.
+    yield_cores: bool = True
     # The engine core process: "cached" (measure unless this machine's choice is cached),
     # "again" (measure anew), "no" (use single_thread_below); engine/thread_choice.py.
     measure_threads: str = "no"
@@ -95,6 +97,11 @@ class EngineConfig:
                                  "cache; 'measure' measures again. With --no-engine-process, "
                                  f"where the step shares the process with the HTTP server: "
                                  f"{d.single_thread_below}")
+        parser.add_argument("--no-yield-cores", action="store_true",
+                            help="keep every thread while other processes hold cores (default: "
+                                 "a step uses only the cores they leave free, read from /proc "
+                                 "every 0.25 s: OpenMP threads sharing a busy core wait for "
+                                 "each other)")
         parser.add_argument("--weights", default=d.weights, choices=["default", "q4_1", "int8"],
                             help="q4_1: the default model's own 4-bit GGUF codes, or with "
                                  "--model FILE.gguf that file's own codes where a kernel takes "
@@ -165,6 +172,7 @@ class EngineConfig:
                      activations=args.activations, lm_head=args.lm_head,
                      threads=args.threads, single_thread_below=single_thread_below(args),
                      measure_threads=measure_threads(args),
+                     yield_cores=not args.no_yield_cores,
                      max_waiting=args.max_waiting,
                      request_timeout=args.request_timeout,
                      max_num_queued_tokens=args.max_num_queued_tokens,

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, TypedDict
 
 from engine.config import EngineConfig
+from engine.cpu_load import ContentionWatch
 from engine.model_runner import ModelRunner, ThreadPolicy
 from engine.request import FinishReason, Request
 from engine.scheduler import Scheduler
@@ -100,8 +101,9 @@ class PagedEngineCore:
                                    config.max_prefills_per_step, eos_token_ids,
                                    config.scheduling_policy, config.priority_aging,
                                    config.speculative)
-        threads = ThreadPolicy(config.threads or len(os.sched_getaffinity(0)),
-                               config.single_thread_below)
+        most = config.threads or len(os.sched_getaffinity(0))
+        threads = ThreadPolicy(most, config.single_thread_below,
+                               watch=ContentionWatch(most) if config.yield_cores else None)
         self.runner = ModelRunner(model, self.pool, config.attention, threads,
                                   config.decode_stack)
         # A request longer than this could never fit, even alone in the pool (counted as if
@@ -160,6 +162,8 @@ class PagedEngineCore:
                 f"{self.runner.attention_backend} attention, {self.runner.matmul_path} matmuls, "
                 f"{'decode layers in one C++ call, ' if self.runner.decode_stack else ''}"
                 + describe_threads(threads.max_threads, threads.single_below)
+                + (", fewer while other processes hold cores"
+                   if threads.watch is not None and threads.watch.enabled else "")
                 + (f", {describe_speculation(self.config.speculative)}"
                    if self.config.speculative else ""))
 

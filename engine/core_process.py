@@ -42,7 +42,7 @@ import zmq
 
 from engine.arrivals import gather
 from engine.batch_engine import BatchEngine
-from engine.core import EngineCore
+from engine.core import EngineCore, PagedEngineCore
 from engine.core_messages import (
     Abort,
     AbortAll,
@@ -306,8 +306,11 @@ def main(argv: list[str] | None = None) -> int:
     except (ModelPreparationError, ValueError, QuantizedKernelUnavailable) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    if isinstance(engine.core, PagedEngineCore) and engine.core.runner.threads.watch:
+        # The API process's CPU time is serving, not a neighbour taking our cores.
+        engine.core.runner.threads.watch.load.add_own(parent)
     if config.measure_threads != "no":
-        choose_threads(engine.core, again=config.measure_threads == "again")
+        choose_threads(engine.core, again=config.measure_threads == "again", own_pids=[parent])
     addresses = {"requests": args.requests, "outputs": args.outputs, "metrics": args.metrics}
     core = CoreProcess(engine, addresses)
     freeze_startup_heap()  # the model and its imports: no collection between steps walks them

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from engine.cpu_load import ContentionWatch
 from engine.logprobs import gather_logprobs, raw_logprobs
 from engine.request import Request
 from engine.sampler import Sampler
@@ -61,9 +62,13 @@ class ThreadPolicy:
     max_threads: int
     single_below: int  # steps that compute fewer tokens than this run on one thread
     current: int = 0
+    # Fewer threads while other processes hold cores (engine/cpu_load.py); None: never.
+    watch: ContentionWatch | None = None
 
     def apply(self, num_tokens: int) -> None:
         wanted = 1 if num_tokens < self.single_below else self.max_threads
+        if wanted > 1 and self.watch is not None:
+            wanted = min(wanted, self.watch.threads())
         if wanted != self.current:
             torch.set_num_threads(wanted)
             self.current = wanted

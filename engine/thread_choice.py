@@ -18,6 +18,15 @@ without software prefetch, so a step of one would not see the distance); the def
 is kept unless another is faster by more than PREFETCH_MARGIN, and the choice is cached with
 the threads'.
 
+A measurement describes the machine only if nothing else ran on it meanwhile: another
+process on one core makes the all-threads steps wait for the thread sharing it (a busy first
+start once cached "1 thread below 32 tokens" where the idle machine wants all threads at
+every size). So the CPU time of other processes during the measurement is read from /proc
+(engine/cpu_load.py); above FOREIGN_LIMIT cores the choice is not cached, the start says so
+and uses the configured default (all threads, fewer while the others hold cores), and the
+next start measures again. The cache is keyed by the CPU's flags as well as its model name:
+two different CPUs here both call themselves "Intel(R) Xeon(R) Processor @ 2.80GHz".
+
 In-process (--no-engine-process) the step shares the GIL with the HTTP server: a
 measurement taken at start, with no HTTP load, would favour threads that lose once requests
 arrive, so that mode keeps its fixed default (engine/config.py) and never measures.
@@ -25,6 +34,7 @@ arrive, so that mode keeps its fixed default (engine/config.py) and never measur
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -37,6 +47,7 @@ from pathlib import Path
 from typing import Protocol
 
 from engine.core import PagedEngineCore
+from engine.cpu_load import ForeignLoad
 from engine.request import FinishReason, Request, SamplingParams
 
 log = logging.getLogger("nano_vllm.threads")
@@ -58,6 +69,9 @@ PREFETCH_BYTES = (4096, 16384)
 PREFETCH_BATCH = 4
 PREFETCH_ROUNDS = 10
 PREFETCH_MARGIN = 0.03
+# Other processes' CPU time during a measurement, in cores on average, above which it is not
+# cached (an idle machine measured 0.01-0.03 here; one spinning process, 0.7-1.0).
+FOREIGN_LIMIT = 0.2
 
 
 @dataclass
@@ -99,11 +113,13 @@ def cache_file() -> Path:
 def cache_key(core: PagedEngineCore, cpu: str | None = None) -> dict[str, object]:
     """What the choice depends on."""
     config, runner = core.config, core.runner
-    from model.cpu_kernel import as_avx2
+    from model.cpu_kernel import EMULATED_MARCH, cpu_flags, emulated_cpu
     from model.prepare import resolve_model_dir
 
-    cpu = (cpu or cpu_model_name()) + (" as x86-64-v3" if as_avx2() else "")
-    return {"cpu": cpu, "threads": runner.threads.max_threads,
+    emulated = emulated_cpu()
+    cpu = (cpu or cpu_model_name()) + (f" as {EMULATED_MARCH[emulated]}" if emulated else "")
+    flags = hashlib.sha256(" ".join(sorted(cpu_flags())).encode()).hexdigest()[:16]
+    return {"cpu": cpu, "cpu_flags": flags, "threads": runner.threads.max_threads,
             "model": str(resolve_model_dir(config.model)), "dtype": config.dtype,
             "weights": config.weights, "attention": runner.attention_backend,
             "matmul": runner.matmul_path, "fused_ops": config.fused_ops,
@@ -197,12 +213,14 @@ def _timed_steps(core: PagedEngineCore, batch: int) -> list[float]:
 def timing_steps(core: PagedEngineCore) -> Iterator[None]:
     """Speculation off while steps are timed (drafts would make a decode step more than one
     token); afterwards the core is checked clean: no request, no block held or cached."""
-    scheduler = core.scheduler
+    scheduler, policy = core.scheduler, core.runner.threads
     speculative, scheduler.speculative = scheduler.speculative, None
+    watch, policy.watch = policy.watch, None  # the thread counts timed are the ones asked for
     try:
         yield
     finally:
         scheduler.speculative = speculative
+        policy.watch = watch
     check_clean(core)
 
 
@@ -279,12 +297,14 @@ def check_clean(core: PagedEngineCore) -> None:
     core.allocator.check_invariants()
 
 
+def describe_threshold(threshold: int) -> str:
+    return "all threads for every step" if threshold == 0 else f"1 below {threshold} tokens"
+
+
 def describe(choice: Choice, threads: int) -> str:
     measured = "; ".join(f"batch {t.batch}: 1 thread {t.one_thread_ms:.1f} ms, {threads} "
                          f"threads {t.all_threads_ms:.1f} ms" for t in choice.timings)
-    threshold = choice.single_thread_below
-    text = "all threads for every step" if threshold == 0 else f"1 below {threshold} tokens"
-    text = f"{text} (measured: {measured})"
+    text = f"{describe_threshold(choice.single_thread_below)} (measured: {measured})"
     if choice.prefetch_ms:
         tried = ", ".join(f"{b // 1024} KB {ms:.2f} ms" for b, ms in choice.prefetch_ms.items())
         text += (f"; matmul prefetch {choice.prefetch_one_block // 1024} KB ahead for a few "
@@ -292,10 +312,12 @@ def describe(choice: Choice, threads: int) -> str:
     return text
 
 
-def choose_threads(core: object, again: bool = False) -> int | None:
+def choose_threads(core: object, again: bool = False,
+                   own_pids: Sequence[int] = ()) -> int | None:
     """Set the core's --single-thread-below from the cache or a measurement (`again`, or
     $NANO_MEASURE_THREADS=1: measure even if cached) and return it; None where there is
-    nothing to choose (not nano-vLLM's paged core, not on the CPU, or one thread)."""
+    nothing to choose (not nano-vLLM's paged core, not on the CPU, or one thread).
+    `own_pids`: processes whose CPU time is not another's load (the API process)."""
     if not isinstance(core, PagedEngineCore) or core.runner.device.type != "cpu":
         return None
     policy = core.runner.threads
@@ -311,14 +333,23 @@ def choose_threads(core: object, again: bool = False) -> int | None:
         log.info("threads: %s, read from %s", describe(choice, threads), path)
     else:
         log.info("threads: measuring decode steps on 1 and %d threads ...", threads)
+        load = ForeignLoad(own_pids)
         timings = measure(core)
         choice = Choice(threshold_from(timings), timings)
-        if kernels is not None:
-            policy.single_below = choice.single_thread_below
-            choice.prefetch_ms = measure_prefetch(core, kernels)
-            choice.prefetch_one_block = prefetch_from(choice.prefetch_ms)
-        write_cached(path, key, choice)
-        log.info("threads: %s, cached in %s", describe(choice, threads), path)
+        foreign = load.cores_since_last()
+        if foreign is not None and foreign > FOREIGN_LIMIT:
+            log.warning("threads: other processes used %.2f cores while this start measured "
+                        "(%s): not cached, measured again at the next start; this start "
+                        "uses %s", foreign, describe(choice, threads),
+                        describe_threshold(core.config.single_thread_below))
+            choice = Choice(core.config.single_thread_below, timings)
+        else:
+            if kernels is not None:
+                policy.single_below = choice.single_thread_below
+                choice.prefetch_ms = measure_prefetch(core, kernels)
+                choice.prefetch_one_block = prefetch_from(choice.prefetch_ms)
+            write_cached(path, key, choice)
+            log.info("threads: %s, cached in %s", describe(choice, threads), path)
     policy.single_below = core.config.single_thread_below = choice.single_thread_below
     if kernels is not None and choice.prefetch_one_block is not None:
         kernels.set_prefetch_one_block(choice.prefetch_one_block)

@@ -7,6 +7,10 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -196,3 +200,45 @@ def test_measures_leaving_the_engine_clean_then_reads_the_cache(tmp_path, monkey
     assert second.core.runner.threads.single_below == chosen
     with pytest.raises(AssertionError, match="measured again"):
         choose_threads(engine(model, tokenizer).core, again=True)
+
+
+def spinning(count: int) -> list[subprocess.Popen]:
+    """`count` processes that each keep a core busy until killed."""
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+
+
+def test_a_measurement_beside_a_busy_process_is_not_cached(tmp_path, monkeypatch, model,
+                                                          tokenizer, caplog):
+    """A spinning process on the other core while the first start measures: what it found
+    is not cached, the configured default is used, and the next start measures again."""
+    path = tmp_path / "choices.json"
+    monkeypatch.setenv(thread_choice.CACHE_ENV, str(path))
+    monkeypatch.setattr(thread_choice, "BATCH_SIZES", (1, 4))
+    monkeypatch.setattr(thread_choice, "TIMED_STEPS", 2)
+    caplog.set_level(logging.INFO, "nano_vllm.threads")
+    core = engine(model, tokenizer, single_thread_below=0).core
+    spinners = spinning(max(1, len(os.sched_getaffinity(0)) - 1))
+    try:
+        time.sleep(0.2)
+        assert choose_threads(core) == 0
+    finally:
+        for p in spinners:
+            p.kill()
+            p.wait()
+    print(caplog.text)
+    assert "not cached, measured again at the next start" in caplog.text
+    assert "this start uses all threads for every step" in caplog.text
+    assert not path.exists() or read_cached(path, cache_key(core)) is None
+    assert core.runner.threads.single_below == 0
+
+
+def test_the_cache_is_keyed_by_the_cpu_flags(monkeypatch, model, tokenizer):
+    """Two CPUs with one model name and different flags get different entries."""
+    from model import cpu_kernel
+
+    core = engine(model, tokenizer).core
+    first = cache_key(core, cpu="Intel(R) Xeon(R) Processor @ 2.80GHz")
+    monkeypatch.setattr(cpu_kernel, "cpu_flags", lambda: frozenset({"avx2", "avx512f"}))
+    second = cache_key(core, cpu="Intel(R) Xeon(R) Processor @ 2.80GHz")
+    print(f"flags' digests: {first['cpu_flags']} and {second['cpu_flags']}")
+    assert first["cpu"] == second["cpu"] and first["cpu_flags"] != second["cpu_flags"]
