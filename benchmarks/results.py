@@ -355,3 +355,38 @@ class StartupRun(JsonFile):
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> StartupRun:
         return cls(**{**raw, "machine": Machine(**raw["machine"])})
+
+
+@dataclass
+class NeighbourStep:
+    """neighbour.py's median decode step of `batch` sequences, `neighbour` "idle" or "busy",
+    `threads` "all threads" (--no-yield-cores) or "yield cores" (the default)."""
+
+    neighbour: str
+    batch: int
+    threads: str
+    step_ms: float
+
+
+@dataclass
+class NeighbourRun(JsonFile):
+    """neighbour.py: decode steps on every thread and with the default, on the idle machine
+    and beside `spinning_processes` processes that each keep a core busy."""
+
+    machine: Machine
+    command: str
+    model: str
+    dtype: str
+    threads: int
+    spinning_processes: int
+    rounds: int
+    rows: list[NeighbourStep]
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> NeighbourRun:
+        return cls(**{**raw, "machine": Machine(**raw["machine"]),
+                      "rows": [NeighbourStep(**r) for r in raw["rows"]]})
+
+    def step_ms(self, neighbour: str, batch: int, threads: str) -> float:
+        return next(r.step_ms for r in self.rows
+                    if (r.neighbour, r.batch, r.threads) == (neighbour, batch, threads))

@@ -57,9 +57,12 @@ python3 benchmarks/profile_decode.py --users 1 30 --contexts 100 1000 \
   --out "$OUT/profile_decode.json"
 python3 benchmarks/profile_decode.py --dtype bfloat16 --users 1 30 --contexts 100 1000 \
   --out "$OUT/profile_decode_bf16.json"
-# 5. Charts and tables.
+# 5. What a process spinning beside the engine costs a decode step, with and without giving
+#    it the core (one file per CPU).
+python3 benchmarks/neighbour.py --out-dir "$OUT/neighbour"
+# 6. Charts and tables.
 python3 benchmarks/report.py --results "$OUT"   # docs/results.md and docs/charts/
-# 6. Preemption: 30 users in a pool of 64 blocks (1,024 tokens, about a third of what they
+# 7. Preemption: 30 users in a pool of 64 blocks (1,024 tokens, about a third of what they
 #    need at once). Every request must still finish; /metrics counts the preemptions.
 with_server /tmp/nano-vllm-preemption.log . python3 server.py --port {port} --num-blocks 64 -- \
   bash -c 'python3 benchmarks/bench.py --url "$SERVER_URL" --label preemption-64-blocks \

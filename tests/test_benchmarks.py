@@ -23,6 +23,7 @@ from benchmarks.results import (
     BenchRun,
     DashboardOverheadRun,
     InterleavedRun,
+    NeighbourRun,
     ProfileRun,
     RooflineRun,
     ServedOverheadRun,
@@ -57,6 +58,8 @@ def result_kind(path: Path) -> type | None:
         return InterleavedRun
     if path.parent.name.startswith("startup"):
         return StartupRun
+    if path.parent.name == "neighbour":
+        return NeighbourRun
     return DashboardOverheadRun if path.parent.name == "dashboard" else BenchRun
 
 
