@@ -36,13 +36,14 @@ log = logging.getLogger("nano_vllm.kernel")
 @cache
 def kernel_support() -> dict[str, bool]:
     """Which weight dtypes this CPU can run the kernel in (before trying to build it): both
-    run on AVX2 with FMA, and on AVX-512 where the CPU has it (F, BW, VL, DQ; bfloat16 there
-    also AVX512_BF16). Read from /proc/cpuinfo; where there is none, torch's own probe
-    decides. The environment variable NANO_VLLM_DENSE_KERNEL=0 turns the kernel off."""
+    run on AVX2 with FMA, and on AVX-512 where the CPU has it (F, BW, VL, DQ; bfloat16 by
+    vdpbf16ps or AMX where it also has AVX512_BF16, else by FMAs on widened weights). Read
+    from /proc/cpuinfo; where there is none, torch's own probe decides. The environment
+    variable NANO_VLLM_DENSE_KERNEL=0 turns the kernel off."""
     if os.environ.get("NANO_VLLM_DENSE_KERNEL", "1") == "0":
         return {"float32": False, "bfloat16": False}
-    avx2 = cpu_supports_avx2()
-    return {"float32": cpu_supports() or avx2, "bfloat16": cpu_supports(bf16=True) or avx2}
+    both = cpu_supports() or cpu_supports_avx2()
+    return {"float32": both, "bfloat16": both}
 
 
 def kernel_isa(dtype: torch.dtype) -> str:
@@ -52,7 +53,7 @@ def kernel_isa(dtype: torch.dtype) -> str:
     name = {torch.float32: "float32", torch.bfloat16: "bfloat16"}.get(dtype)
     if name is None or not kernel_support()[name]:
         return "none"
-    return "avx512" if cpu_supports(bf16=dtype == torch.bfloat16) else "avx2"
+    return "avx512" if cpu_supports() else "avx2"
 
 
 def bf16_arithmetic() -> str:
@@ -60,6 +61,8 @@ def bf16_arithmetic() -> str:
     isa = kernel_isa(torch.bfloat16)
     if isa != "avx512":
         return {"avx2": "FMAs on weights widened to fp32 (AVX2)", "none": "torch"}[isa]
+    if not cpu_supports(bf16=True):
+        return "FMAs on weights widened to fp32 (AVX-512; this CPU has no AVX512_BF16)"
     kernels = load_dense_linear()
     blocks = kernels.dense_bf16_fma_blocks()
     way = ("vdpbf16ps" if blocks == 0 else "FMAs on weights widened to fp32" if blocks == 1

@@ -25,8 +25,9 @@
 // in k order per output (exact fp32, summed in a different order from MKL). bf16: vdpbf16ps
 // adds two exact bf16 x bf16 products to an fp32 accumulator per step, or, where that
 // instruction is slow (Intel's cores: half the FMAs' multiply-adds per second), FMAs do the
-// same sums on weights widened to fp32 for the rows that are compute bound; the sum is
-// rounded to bf16 once, at the end (round-to-nearest-even, as torch's bf16 matmul does).
+// same sums on weights widened to fp32 for the rows that are compute bound, and for every
+// row on a CPU without AVX512_BF16 (Intel Ice Lake); the sum is rounded to bf16 once, at the
+// end (round-to-nearest-even, as torch's bf16 matmul does).
 #include <ATen/Parallel.h>
 #include "kernel_api.h"
 
@@ -447,11 +448,13 @@ at::Tensor dense_linear(at::Tensor x, at::Tensor packed, int64_t n, int64_t thre
                   reinterpret_cast<uintptr_t>(packed.data_ptr()) % 64 == 0,
               "dense_linear: the packed weight must be contiguous and 64-byte aligned");
   const bool bf16 = x.dtype() == at::kBFloat16;
-  // AVX-512 (with AVX512_BF16 for bf16) where the CPU has it, else AVX2 with FMA.
-  const bool avx512 = !g_force_avx2 && (bf16 ? cpu_has_avx512_bf16() : cpu_has_avx512());
+  // AVX-512 where the CPU has it, else AVX2 with FMA. bf16 without AVX512_BF16 (Intel Ice
+  // Lake) takes the AVX-512 path's FMAs on widened weights, never vdpbf16ps nor AMX: twice
+  // the AVX2 path's vector width.
+  const bool avx512 = !g_force_avx2 && cpu_has_avx512();
+  const bool bf16_dot = avx512 && cpu_has_avx512_bf16();
   TORCH_CHECK(avx512 || (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")),
-              "dense_linear: this CPU has neither AVX-512", bf16 ? " with AVX512_BF16" : "",
-              " nor AVX2 with FMA");
+              "dense_linear: this CPU has neither AVX-512 nor AVX2 with FMA");
   TORCH_CHECK(x.dim() >= 1 && packed.dim() == (bf16 ? 4 : 3),
               "dense_linear: x [..., K]; packed weight [panels, K, NB] (float32) or "
               "[panels, ceil(K/2), NB, 2] (bfloat16)");
@@ -481,9 +484,9 @@ at::Tensor dense_linear(at::Tensor x, at::Tensor packed, int64_t n, int64_t thre
   const int nthreads = threads > 0 ? static_cast<int>(threads) : at::get_num_threads();
   // AMX for bf16 from g_amx_rows rows, where its tiles fit the shape: K pairs must come in
   // whole B tiles of 16.
-  const bool amx = avx512 && bf16 && g_amx_rows > 0 && M >= g_amx_rows && (ldx / 2) % 16 == 0 &&
-                   dense_amx::amx_usable();
-  const int64_t fma_blocks = bf16 && avx512 ? dense_bf16_fma_blocks() : 0;
+  const bool amx = bf16_dot && bf16 && g_amx_rows > 0 && M >= g_amx_rows &&
+                   (ldx / 2) % 16 == 0 && dense_amx::amx_usable();
+  const int64_t fma_blocks = !bf16 || !avx512 ? 0 : bf16_dot ? dense_bf16_fma_blocks() : 1;
 
   // Nothing throws from here on (every check done above: nothing may throw inside OpenMP).
   if (!avx512) {

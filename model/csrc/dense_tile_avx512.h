@@ -13,6 +13,8 @@
 // gives the instruction's own sums (where a CPU does as Intel defines: checked by
 // bf16_dot_is_two_fmas()), and a CPU whose vdpbf16ps has half the FMA units' throughput
 // (Intel's cores, measured) gets fp32's compute rate in bf16 with the same results.
+// The FMA way and the rounding of the outputs to bf16 use AVX-512 F/BW only, so a CPU without
+// AVX512_BF16 (Intel Ice Lake) computes bf16 that way, in 16-float vectors.
 #pragma once
 
 #include <c10/util/BFloat16.h>
@@ -35,6 +37,18 @@ using BF16 = c10::BFloat16;
 inline __mmask16 tail_mask(int64_t valid) {
   return valid >= 16 ? static_cast<__mmask16>(0xFFFF)
                      : static_cast<__mmask16>((1u << std::max<int64_t>(valid, 0)) - 1u);
+}
+
+// 16 fp32 sums -> 16 bf16, rounded to nearest even by integer arithmetic (NaN stays NaN), as
+// torch's conversion and the AVX2 path round: vcvtneps2bf16 would need AVX512_BF16 (and
+// flushes denormal sums to zero).
+inline __m256i to_bf16(__m512 v) {
+  const __m512i bits = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_srli_epi32(
+      _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))), 16);
+  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  return _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(rounded, nan, _mm512_set1_epi32(0x7FC0)));
 }
 
 inline __m512i broadcast_pair(const BF16* p) {
@@ -152,7 +166,7 @@ inline void finish(__m512 (&acc)[MR][NR], float* partial, bool resume, Out* y, i
         else if (valid > 0)
           _mm512_mask_storeu_ps(out, tail_mask(valid), acc[i][j]);
       } else {
-        const __m256i packed = (__m256i)_mm512_cvtneps_pbh(acc[i][j]);  // nearest even
+        const __m256i packed = to_bf16(acc[i][j]);
         if (valid >= 16)
           _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), packed);
         else if (valid > 0)

@@ -320,6 +320,27 @@ def test_capability_probe_is_consistent():
         assert support == {"float32": True, "bfloat16": True}
 
 
+@needs_bf16
+def test_bf16_takes_avx512_wherever_fp32_does():
+    """A CPU with AVX-512 but no AVX512_BF16 (Intel Ice Lake; NANO_VLLM_CPU=avx512 stands in
+    for one) computes bf16 by FMAs on widened weights in 16-float vectors, not on the AVX2
+    path; vdpbf16ps, forced, is never run there (it would not exist)."""
+    from model.dense_linear import bf16_arithmetic
+
+    way = bf16_arithmetic()
+    print(f"bf16 here: {way}")
+    assert kernel_isa(torch.bfloat16) == kernel_isa(torch.float32)
+    assert ("no AVX512_BF16" in way) == (cpu_supports() and not cpu_supports(bf16=True))
+    x, w = inputs(30, 576, 960, torch.bfloat16)
+    layer = PackedLinear(w)
+    kernels = load_cpu_kernels()
+    kernels.set_dense_bf16_fma(0)  # vdpbf16ps, where the CPU has it
+    try:
+        check_bf16(layer(x), x, w)
+    finally:
+        kernels.set_dense_bf16_fma(-1)
+
+
 def kernel_outputs(layer: PackedLinear, x: torch.Tensor, *, avx2: bool = False,
                    bf16_fma: int = -1) -> torch.Tensor:
     """layer(x) with the AVX2 path forced or not and bf16's way set (AMX off: it has its own

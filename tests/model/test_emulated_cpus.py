@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 TESTS = ["tests/model/test_gemma_shapes.py", "tests/model/test_prefill_kernel.py",
          "tests/model/test_cpu_kernel.py", "tests/model/test_fused_ops.py",
          "tests/model/test_dense_linear.py::test_amx_is_used_where_the_cpu_has_it",
+         "tests/model/test_dense_linear.py::test_bf16_takes_avx512_wherever_fp32_does",
          "tests/model/test_kernel_errors.py"]
 
 
