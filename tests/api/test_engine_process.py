@@ -116,12 +116,16 @@ def streamed_chat(url: str, body: dict) -> tuple[str, list]:
 
 def test_the_core_chose_its_threads_and_left_no_trace(split):
     """First on this server: the core measured its thread threshold at start, or read it
-    from the session's cache; either way no request, token or block of it shows."""
+    from the session's cache, or measured while another process was busy and did not cache
+    it (the suite's own processes may be); either way no request, token or block of it
+    shows."""
     text = split.log.read_text()
-    line = re.search(r"threads: (.*), (cached in|read from) (\S+)", text)
+    line = (re.search(r"threads: (.*), (cached in|read from) (\S+)", text)
+            or re.search(r"threads: other processes used .* not cached, .* this start uses (.*)$",
+                         text, re.M))
     assert line, text[-3000:]
     print(line[0])
-    chosen = re.search(r"1 below (\d+) tokens", line[1])
+    chosen = re.search(r"1 below (\d+) tokens", line[1].split(" (measured")[0])
     threshold = int(chosen[1]) if chosen else 0
     # What the core runs with, in its start-up line (on however many threads it has).
     assert any(describe_threads(most, threshold) in text for most in range(1, 65))
