@@ -6,6 +6,7 @@ import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 import torch
@@ -40,6 +41,14 @@ def thread_choices(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("threads") / "thread-choices.json"
     os.environ["NANO_THREADS_CACHE"] = str(path)
     return path
+
+
+def missing(what: str) -> NoReturn:
+    """Skip for want of `what` (an optional install or file), except under CI=true, which has
+    everything the suite needs: there a test that would skip for it fails instead."""
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"CI=true: {what}, which CI provides, is missing")
+    pytest.skip(f"{what} is missing")
 
 
 def kernel_skip_is_a_failure(reason: str, has_compiler: bool, avx512: bool,

@@ -23,6 +23,7 @@ from referencing.jsonschema import DRAFT202012
 
 from tests.api.conftest import MODEL_NAME, RunningServer
 from tests.api.test_server import CHAT_HI, PROMPT, chat, complete, send_bad, stream
+from tests.conftest import missing
 
 OPENAPI_FILE = Path("shared") / "openai-openapi.yaml"
 DOCUMENT_URI = "urn:openai-openapi"
@@ -81,8 +82,8 @@ class OpenAISchemas:
 def schemas() -> OpenAISchemas:
     path = find_openapi_document()
     if path is None:
-        pytest.skip("OpenAI's OpenAPI document not found: put it in shared/ next to the "
-                    "repository or set NANO_VLLM_OPENAPI")
+        missing("OpenAI's OpenAPI document (put it in shared/ next to the repository or set "
+                "NANO_VLLM_OPENAPI)")
     return OpenAISchemas(path)
 
 
