@@ -83,6 +83,10 @@ def chat_messages(body: CountTokensRequest) -> list[dict[str, Any]]:
         check_answered(body, i, blocks)
         if message.role == "assistant":
             rendered.append(assistant_message(blocks))
+        elif message.role == "system":
+            if not all(isinstance(block, TextBlock) for block in blocks):
+                raise APIError(f"{where}: a system message holds text blocks only.", "messages")
+            rendered.append({"role": "system", "content": joined(blocks)})
         else:
             rendered += user_messages(blocks)
     if body.messages[-1].role == "assistant":
@@ -106,7 +110,14 @@ def check_block(block: Any, role: str, where: str, calls: set[str]) -> None:
         if block.id in calls:
             raise APIError(f"{where}: two tool_use blocks have the id {block.id!r}.",
                            "messages")
+        if block.caller is not None and block.caller.type != "direct":
+            raise APIError(f"{where} was called by {block.caller.type!r}; this server runs no "
+                           "code execution, so only the model's own calls (caller "
+                           "'direct') can be in the history.", "messages")
         calls.add(block.id)
+    if isinstance(block, ToolUseBlock | ToolResultBlock) and block.toolset_name is not None:
+        raise APIError(f"{where} belongs to the toolset {block.toolset_name!r}; this server "
+                       "offers client tools only.", "messages")
     if isinstance(block, ToolResultBlock):
         if role != "user":
             raise APIError(f"{where}: tool_result blocks belong in user messages.", "messages")
@@ -175,16 +186,32 @@ def assistant_message(blocks: list[Any]) -> dict[str, Any]:
 
 def chat_tools(tools: list[ToolDefinition]) -> list[dict[str, Any]]:
     """Function tools, checked in Anthropic's terms (input_schema) first."""
-    described = [{"name": t.name, "description": t.description, "input_schema": t.input_schema}
+    for i, tool in enumerate(tools):
+        if tool.defer_loading:
+            raise APIError(f"tools[{i}] has defer_loading: true, which leaves it for a tool "
+                           "search to find; this server offers no tool search.", "tools")
+        if tool.allowed_callers is not None and "direct" not in tool.allowed_callers:
+            raise APIError(f"tools[{i}]'s allowed_callers leave out 'direct': only code "
+                           "execution could call it, and this server runs none.", "tools")
+    described = [{"name": t.name, "description": describe(t), "input_schema": t.input_schema}
                  for t in tools]
     read_functions(described, "tools", schema_key="input_schema")
     functions = []
     for tool in tools:
         function: dict[str, Any] = {"name": tool.name, "parameters": tool.input_schema}
-        if tool.description is not None:
-            function["description"] = tool.description
+        if (description := describe(tool)) is not None:
+            function["description"] = description
         functions.append({"type": "function", "function": function})
     return functions
+
+
+def describe(tool: ToolDefinition) -> str | None:
+    """The tool's description, with its input_examples after it (the model sees them as the
+    description's end: the chat template has no place of their own for them)."""
+    if not tool.input_examples:
+        return tool.description
+    examples = "\n".join(json.dumps(example) for example in tool.input_examples)
+    return f"{tool.description or ''}\n\nExample inputs:\n{examples}".lstrip()
 
 
 def chat_tool_choice(choice: ToolChoice | None,

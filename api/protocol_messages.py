@@ -44,13 +44,25 @@ class TextBlock(Block):
     citations: list[dict] | None = None  # where an earlier answer's text came from: not shown
 
 
+class Caller(APIModel):
+    """Who made a tool call: the model itself ("direct"), or code it ran on Anthropic's
+    servers (which this server does not run: refused by the translation)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+    type: Literal["direct", "code_execution_20250825", "code_execution_20260120"]
+    tool_id: str | None = None
+
+
 class ToolUseBlock(Block):
-    """An earlier call of the assistant's."""
+    """An earlier call of the assistant's. The SDK's own response block, dumped, carries
+    `caller` and `toolset_name` as null: the model's own call, of a client tool."""
 
     type: Literal["tool_use"]
     id: str = Field(min_length=1)
     name: str
     input: dict[str, Any]
+    caller: Caller | None = None
+    toolset_name: str | None = None  # a server toolset's tool: refused by the translation
 
 
 class UnreadBlock(APIModel):
@@ -59,7 +71,9 @@ class UnreadBlock(APIModel):
     model_config = ConfigDict(strict=True, extra="allow")
     type: Literal["image", "document", "search_result", "thinking", "redacted_thinking",
                   "server_tool_use", "web_search_tool_result", "web_fetch_tool_result",
-                  "code_execution_tool_result", "container_upload", "tool_reference"]
+                  "code_execution_tool_result", "bash_code_execution_tool_result",
+                  "text_editor_code_execution_tool_result", "tool_search_tool_result",
+                  "container_upload", "tool_reference", "browser_state"]
 
 
 ResultContentBlock = Annotated[TextBlock | UnreadBlock, Field(discriminator="type")]
@@ -72,6 +86,7 @@ class ToolResultBlock(Block):
     tool_use_id: str = Field(min_length=1)
     content: str | list[ResultContentBlock] | None = None
     is_error: bool | None = None  # shown to the model as "Error: " before the content
+    toolset_name: str | None = None  # a server toolset's result: refused by the translation
 
 
 ContentBlock = Annotated[TextBlock | ToolUseBlock | ToolResultBlock | UnreadBlock,
@@ -79,9 +94,15 @@ ContentBlock = Annotated[TextBlock | ToolUseBlock | ToolResultBlock | UnreadBloc
 
 
 class InputMessage(APIModel):
+    """A turn; a "system" one (text only) is a system turn in its place in the chat."""
+
     model_config = ConfigDict(strict=True, extra="forbid")
-    role: Literal["user", "assistant"]
+    role: Literal["user", "assistant", "system"]
     content: str | list[ContentBlock]
+
+
+CallerType = Literal["direct", "code_execution_20250825", "code_execution_20260120",
+                     "code_execution_20260521"]
 
 
 class ToolDefinition(APIModel):
@@ -94,6 +115,11 @@ class ToolDefinition(APIModel):
     type: Literal["custom"] | None = None
     cache_control: CacheControl | None = None
     strict: bool | None = None  # calls always validate against input_schema (a grammar)
+    # Who may call it: the model itself must be among them (code execution is not offered).
+    allowed_callers: list[CallerType] | None = None
+    defer_loading: bool | None = None  # True: found by a tool search, not offered: refused
+    eager_input_streaming: bool | None = None  # how arguments stream: no effect here
+    input_examples: list[dict[str, Any]] | None = None  # shown to the model in its description
 
     @model_validator(mode="before")
     @classmethod

@@ -418,6 +418,71 @@ def test_a_body_too_large_in_anthropic_shape(tokenizer):
 # --- the field policy covers Anthropic's request ---------------------------------------------
 
 
+@pytest.mark.parametrize("sent_as", ["objects", "model_dump"])
+def test_the_sdks_own_blocks_go_back_in_the_next_request(claude, sent_as):
+    """The SDK's tool loop: the assistant's content appended as the response gave it (its
+    block objects, or dumped: `caller` and `toolset_name` null on tool_use, `citations` null
+    on text), then a tool_result for each call."""
+    first = claude.messages.create(model=MODEL_NAME, max_tokens=80, messages=ASK, tools=TOOLS,
+                                   tool_choice={"type": "any"}, extra_body=GREEDY)
+    calls = check_tool_use(first)
+    content = (first.content if sent_as == "objects"
+               else [block.model_dump() for block in first.content])
+    print("sent back:", content)
+    results = [{"type": "tool_result", "tool_use_id": b.id, "content": "18 degrees, sunny"}
+               for b in calls]
+    history = [*ASK, {"role": "assistant", "content": content},
+               {"role": "user", "content": results}]
+    second = claude.messages.create(model=MODEL_NAME, max_tokens=8, messages=history,
+                                    tools=TOOLS, extra_body=GREEDY)
+    assert second.stop_reason in ("end_turn", "max_tokens", "tool_use")
+
+
+# The SDK's request types at each depth, and our model of each: every key the SDK can send
+# must be a field of ours (a null one means absent; a value that changes the meaning is
+# refused by the translation, naming it).
+SDK_BLOCKS = [("TextBlockParam", "TextBlock"), ("ToolUseBlockParam", "ToolUseBlock"),
+              ("ToolResultBlockParam", "ToolResultBlock"), ("ToolParam", "ToolDefinition"),
+              ("CacheControlEphemeralParam", "CacheControl"),
+              ("MetadataParam", "Metadata"), ("ToolChoiceAutoParam", "ToolChoiceAuto"),
+              ("ToolChoiceAnyParam", "ToolChoiceAny"), ("ToolChoiceToolParam", "ToolChoiceTool"),
+              ("ToolChoiceNoneParam", "ToolChoiceNone"), ("MessageParam", "InputMessage")]
+# The response blocks a client sends back dumped: their keys too.
+SDK_RESPONSE_BLOCKS = [("TextBlock", "TextBlock"), ("ToolUseBlock", "ToolUseBlock")]
+
+
+@pytest.mark.parametrize("sdk_name, ours", SDK_BLOCKS + SDK_RESPONSE_BLOCKS)
+def test_every_key_of_the_sdks_blocks_is_a_field(sdk_name, ours):
+    from api import protocol_messages
+
+    sdk_type = getattr(anthropic.types, sdk_name)
+    if hasattr(sdk_type, "model_fields"):  # a response block
+        keys = set(sdk_type.model_fields)
+    else:  # a request type, or a union of them (MessageParam)
+        variants = typing.get_args(sdk_type) or (sdk_type,)
+        keys = set().union(*(typing.get_type_hints(v) for v in variants))
+    fields = set(getattr(protocol_messages, ours).model_fields)
+    print(f"{sdk_name}: {sorted(keys)}")
+    assert keys <= fields, sorted(keys - fields)
+
+
+@pytest.mark.parametrize("block, refused", [
+    ({"caller": {"type": "code_execution_20250825", "tool_id": "srvtoolu_1"}},
+     "code_execution_20250825"),
+    ({"toolset_name": "browser"}, "browser"),
+])
+def test_a_call_made_by_code_execution_or_a_toolset_is_refused_by_name(server, block, refused):
+    history = [*ASK, {"role": "assistant", "content": [
+        {"type": "tool_use", "id": "toolu_1", "name": "get_weather",
+         "input": {"city": "Paris", "unit": "celsius"}, **block}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1",
+                                      "content": "18"}]}]
+    r = httpx.post(server.url + "/v1/messages", json={
+        "model": MODEL_NAME, "max_tokens": 4, "messages": history, "tools": TOOLS}, timeout=30)
+    print(r.text)
+    assert r.status_code == 400 and refused in r.json()["error"]["message"]
+
+
 @pytest.mark.parametrize("endpoint, params, body", [
     (MESSAGES, message_create_params.MessageCreateParamsBase, MessagesRequest),
     # The beta surface (the tool runner's), but for betas, which the client sends as a header.

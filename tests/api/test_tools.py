@@ -139,6 +139,25 @@ def test_history_with_a_tool_result(client: openai.OpenAI):
     check_calls(r.choices[0])
 
 
+@pytest.mark.parametrize("sent_as", ["object", "model_dump"])
+def test_the_sdks_own_message_goes_back_in_the_next_request(client: openai.OpenAI, sent_as):
+    """The SDK's tool loop: the assistant's message appended as the response gave it (the
+    object, or dumped with its null fields: refusal, audio, function_call, annotations),
+    then a tool message for each call."""
+    first = client.chat.completions.create(model=MODEL_NAME, messages=ASK, tools=TOOLS,
+                                           tool_choice="required", temperature=0,
+                                           max_tokens=120)
+    check_calls(first.choices[0])
+    message = first.choices[0].message
+    sent = message if sent_as == "object" else message.model_dump()
+    print("sent back:", sent)
+    results = [{"role": "tool", "tool_call_id": call.id, "content": "22 degrees, sunny"}
+               for call in message.tool_calls]
+    second = client.chat.completions.create(model=MODEL_NAME, messages=[*ASK, sent, *results],
+                                            tools=TOOLS, temperature=0, max_tokens=8)
+    assert second.choices[0].finish_reason in ("stop", "length", "tool_calls")
+
+
 def test_legacy_functions(client: openai.OpenAI):
     r = client.chat.completions.create(
         model=MODEL_NAME, messages=ASK, temperature=0, max_tokens=120,
