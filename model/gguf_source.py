@@ -10,6 +10,8 @@ Gemma models are provided under the Gemma Terms of Use (https://ai.google.dev/ge
 
 A tokenizer built from GGUF metadata takes transformers some 15 s for Gemma's 262,144
 tokens, so it is built once per file and saved beside the cache's models.
+
+`python3 -m model.gguf_source gemma-3-270m` fetches it ahead (CI does, for Gemma's tests).
 """
 
 from __future__ import annotations
@@ -138,3 +140,28 @@ def load_tokenizer(model_path: str | Path):
             shutil.rmtree(staging, ignore_errors=True)
         return tokenizer
     return AutoTokenizer.from_pretrained(saved)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python3 -m model.gguf_source NAME ...`: fetch the named releases into the cache (and
+    build each one's tokenizer), printing their paths; 1 if one cannot be had."""
+    names = sys.argv[1:] if argv is None else argv
+    unknown = [name for name in names if name not in GGUF_RELEASES]
+    if not names or unknown:
+        print(f"usage: python3 -m model.gguf_source NAME ... (NAME: "
+              f"{', '.join(GGUF_RELEASES)}){'; unknown: ' + ', '.join(unknown) if unknown else ''}",
+              file=sys.stderr)
+        return 2
+    try:
+        for name in names:
+            path = fetch_release(name)
+            load_tokenizer(path)
+            print(path)
+    except ModelPreparationError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -4,22 +4,22 @@ every step's logits, after a 600-token prompt (longer than the 512-token window)
 About 70 s (three models loaded from the GGUF: transformers', ours dequantized, ours
 on the file's codes), and it needs the 241 MiB file: it runs where
 `gemma-3-270m` is already in the cache (`python3 benchmarks/gemma3_gguf_check.py` fetches
-it and runs the same comparison with more steps), and skips elsewhere rather than download.
+it and runs the same comparison with more steps), and skips elsewhere rather than download
+(under CI, which fetches it, a missing file fails).
 """
 
 from __future__ import annotations
 
-import pytest
-
 from benchmarks.gemma3_gguf_check import TOLERANCE, compare
 from model.gguf_source import release_path
+from tests.conftest import missing
 
 
 def test_gemma3_270m_from_gguf_matches_transformers():
     """Ours dequantized to fp32 and on the file's own codes (`--weights q4_1`)."""
     path = release_path("gemma-3-270m")
     if not path.is_file():
-        pytest.skip(f"{path} not fetched (benchmarks/gemma3_gguf_check.py fetches it)")
+        missing(f"{path} (python3 -m model.gguf_source gemma-3-270m fetches it)")
     tokens, results = compare(path, prompt_tokens=600, new_tokens=3, chunk=256,
                               weights=("default", "q4_1"))
     print(f"greedy tokens: {tokens}")

@@ -11,7 +11,8 @@ same GGUF file; and the Q8_0 head made at load from fp32 weights (the default mo
   back exactly.
 
 The Gemma tests need the cached file (`gemma-3-270m`, fetched by
-benchmarks/gemma3_gguf_check.py) and skip without it rather than download; three models are
+benchmarks/gemma3_gguf_check.py) and skip without it rather than download (under CI, which
+fetches it, they fail); three models are
 loaded from it (about a minute).
 """
 
@@ -29,7 +30,7 @@ from model.quantized import (
     QuantizedLinear,
     quantized_kernels,
 )
-from tests.conftest import LOGITS_ATOL, PROMPTS
+from tests.conftest import LOGITS_ATOL, PROMPTS, missing
 from tests.model.test_architectures import save_tiny
 from tests.model.test_bf16 import KL_TOLERANCE, TOP1_AGREEMENT, kl_per_position, logits
 
@@ -39,7 +40,7 @@ GEMMA = release_path("gemma-3-270m")
 
 def gemma_or_skip() -> None:
     if not GEMMA.is_file():
-        pytest.skip(f"{GEMMA} not fetched (benchmarks/gemma3_gguf_check.py fetches it)")
+        missing(f"{GEMMA} (python3 -m model.gguf_source gemma-3-270m fetches it)")
 
 
 def kernel_or_skip() -> None:
