@@ -89,11 +89,15 @@ def call_grammar(tools: list[FunctionTool], parallel: bool, free_text: bool) -> 
     `free_text` also any text not starting with "<"."""
     lines = ["start: calls | TEXT" if free_text else "start: calls",
              f"calls: call ({json.dumps(CALL_SEPARATOR)} call)*" if parallel else "calls: call",
-             "call: " + " | ".join(f"call_{i}" for i in range(len(tools)))]
+             "call: " + " | ".join(f"call_{i}" for i in range(len(tools))),
+             # Rules of one literal each: where the tokenizer holds a tag as one token of its
+             # own (Qwen's <tool_call>), the grammar accepts that token too (grammar.py).
+             f"call_open: {json.dumps(CALL_OPEN)}", f"call_close: {json.dumps(CALL_CLOSE)}"]
     for i, tool in enumerate(tools):
-        head = NAME_PREFIX + json.dumps(tool.name) + ARGUMENTS_PREFIX
+        head = NAME_PREFIX.removeprefix(CALL_OPEN) + json.dumps(tool.name) + ARGUMENTS_PREFIX
         schema = {**tool.parameters, "x-guidance": {"whitespace_flexible": False}}
-        lines += [f"call_{i}: {json.dumps(head)} args_{i} {json.dumps(CALL_SUFFIX)}",
+        lines += [f"call_{i}: call_open {json.dumps(head)} args_{i} "
+                  f"{json.dumps(CALL_SUFFIX.removesuffix(CALL_CLOSE))} call_close",
                   f"args_{i}: %json {json.dumps(schema)}"]
     if free_text:
         lines.append(f"TEXT: {TEXT_LEXEME}")

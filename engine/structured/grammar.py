@@ -8,6 +8,7 @@ tokens, which a preempted request keeps, so recomputing the request's K/V needs 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -46,8 +47,32 @@ class GrammarSpec:
 JSON_OPTIONS: llguidance.JsonCompileOptions = {"whitespace_flexible": False}
 
 
-def grammar_text(spec: GrammarSpec) -> str:
-    """The llguidance grammar of a spec (not yet checked)."""
+# A lark rule that is one string literal, e.g. `call_open: "<tool_call>"`.
+ONE_LITERAL_RULE = re.compile(r'^(\w+): ("(?:[^"\\]|\\.)*")$', re.MULTILINE)
+
+
+def with_special_tokens(lark: str, tokenizer: llguidance.LLTokenizer | None) -> str:
+    """The grammar, where each rule of one literal also takes the one token the tokenizer has
+    for that text when llguidance counts that token as special.
+
+    Qwen's tokenizers hold `<tool_call>` as one added token that decodes to its text but that
+    llguidance counts as special: a grammar asking for the text "<tool_call>" then offers that
+    token (the text's only tokenization) and refuses it when it comes. Naming the token
+    (`<[id]>`) as an alternative lets it through; the text it decodes to is the same."""
+    if tokenizer is None:
+        return lark
+
+    def widen(rule: re.Match) -> str:
+        ids = tokenizer.tokenize_str(json.loads(rule[2]))
+        if len(ids) != 1 or not tokenizer.is_special_token(ids[0]):
+            return rule[0]
+        return f"{rule[1]}: {rule[2]} | <[{ids[0]}]>"
+
+    return ONE_LITERAL_RULE.sub(widen, lark)
+
+
+def grammar_text(spec: GrammarSpec, tokenizer: llguidance.LLTokenizer | None = None) -> str:
+    """The llguidance grammar of a spec (not yet checked), for `tokenizer` where given."""
     matcher = llguidance.LLMatcher
     try:
         if spec.kind is GrammarKind.JSON_SCHEMA:
@@ -57,7 +82,7 @@ def grammar_text(spec: GrammarSpec) -> str:
         if spec.kind is GrammarKind.REGEX:
             return matcher.grammar_from_regex(spec.value)
         if spec.kind is GrammarKind.LARK:
-            return matcher.grammar_from_lark(spec.value)
+            return matcher.grammar_from_lark(with_special_tokens(spec.value, tokenizer))
     except (ValueError, RuntimeError, TypeError) as exc:
         raise GrammarError(str(exc)) from exc
     # Lark string literals take JSON's escapes, so json.dumps quotes any choice safely.
@@ -73,8 +98,8 @@ class CompiledGrammar:
         GrammarError for an invalid or oversized grammar, with llguidance's reason."""
         self.spec = spec
         try:
-            self._start = llguidance.LLMatcher(tokenizer, grammar_text(spec), log_level=0,
-                                               limits=limits)
+            self._start = llguidance.LLMatcher(tokenizer, grammar_text(spec, tokenizer),
+                                               log_level=0, limits=limits)
         except (ValueError, RuntimeError, TypeError) as exc:  # its errors are mostly states
             raise GrammarError(str(exc)) from exc
         if self._start.is_error():

@@ -15,7 +15,13 @@ from engine.batch_engine import BatchEngine
 from engine.config import EngineConfig
 from engine.request import Request, RequestOutput, SamplingParams
 from engine.structured.compiler import GrammarCompiler, GrammarTimeout
-from engine.structured.grammar import CompiledGrammar, GrammarError, GrammarKind, GrammarSpec
+from engine.structured.grammar import (
+    CompiledGrammar,
+    GrammarError,
+    GrammarKind,
+    GrammarSpec,
+    llguidance_tokenizer,
+)
 
 PERSON = {
     "type": "object",
@@ -189,3 +195,35 @@ def test_compiled_grammars_are_cached_by_spec(tokenizer):
     compiler.compile_now(GrammarSpec(GrammarKind.REGEX, "a"))
     compiler.compile_now(GrammarSpec(GrammarKind.REGEX, "b"))  # evicts the oldest
     assert compiler.compile_now(GrammarSpec(GrammarKind.JSON_SCHEMA, POINT)) is not first
+
+
+def test_a_tag_the_tokenizer_holds_as_one_token_is_accepted_as_that_token(tokenizer):
+    """Qwen's tokenizers hold <tool_call> and </tool_call> as added tokens that decode to
+    their text but that llguidance counts as special: the call grammar offered that token as
+    the text's only form, then refused it, and the answer ended after one token. The rules
+    of one literal now take the token too; the text's tokens still work."""
+    import copy
+
+    from api.tools import CALL_CLOSE, CALL_OPEN, FunctionTool, call_grammar
+    from engine.structured.grammar import with_special_tokens
+
+    tagged = copy.deepcopy(tokenizer)
+    tagged.add_tokens([CALL_OPEN, CALL_CLOSE])  # not special: they decode to their text
+    open_id, close_id = tagged.convert_tokens_to_ids([CALL_OPEN, CALL_CLOSE])
+    assert tagged.decode([open_id], skip_special_tokens=True) == CALL_OPEN
+    lt = llguidance_tokenizer(tagged)
+    assert lt.is_special_token(open_id)  # what makes the plain grammar fail
+    tools = [FunctionTool("f", None, {"type": "object", "properties": {"x": {"type": "integer"}},
+                                      "required": ["x"]})]
+    grammar = call_grammar(tools, parallel=False, free_text=False)
+    print(with_special_tokens(grammar, lt))
+    body = tagged('{"name":"f","arguments":{"x":1}}', add_special_tokens=False).input_ids
+    for as_tokens in (True, False):
+        ids = ([open_id, *body, close_id] if as_tokens else
+               tagged(f'{CALL_OPEN}{{"name":"f","arguments":{{"x":1}}}}{CALL_CLOSE}',
+                      split_special_tokens=True, add_special_tokens=False).input_ids)
+        state = CompiledGrammar(GrammarSpec(GrammarKind.LARK, grammar), lt).matcher()
+        bits = state.allowed_bits()
+        assert bits[open_id // 8] >> (open_id % 8) & 1  # the token is offered first
+        assert not any(state.accept(t) for t in ids), (as_tokens, ids)
+        assert state.finished, as_tokens
