@@ -68,6 +68,8 @@ def to_chat(body: CountTokensRequest, accept_unknown: bool = False) -> ChatCompl
 def chat_messages(body: CountTokensRequest) -> list[dict[str, Any]]:
     """The system turn and every message, as chat messages."""
     rendered: list[dict[str, Any]] = []
+    if isinstance(body.system, list) and any(not block.text for block in body.system):
+        raise APIError("system: text content blocks must be non-empty.", "system")
     if body.system:
         system = body.system if isinstance(body.system, str) else joined(body.system)
         rendered.append({"role": "system", "content": system})

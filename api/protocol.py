@@ -115,12 +115,39 @@ def render_path(path: tuple[str | int, ...]) -> str:
     return out or "the body"
 
 
+def not_both(a: str, b: str) -> dict[str, Any]:
+    """A JSON Schema rule: fields `a` and `b` are not both given (null counts as absent)."""
+    given = {"not": {"type": "null"}}
+    return {"not": {"properties": {a: given, b: given}, "required": [a, b]}}
+
+
+def needs(field: str, other: str, value: Any) -> dict[str, Any]:
+    """A JSON Schema rule: `field`, when given (not null), needs `other` to be `value`."""
+    return {"if": {"properties": {field: {"not": {"type": "null"}}}, "required": [field]},
+            "then": {"properties": {other: {"const": value}}, "required": [other]}}
+
+
+def add_schema_rules(schema: dict[str, Any], cls: type) -> None:
+    """The document's body schema gets the class's SCHEMA_RULES (and stream_options' need of
+    stream where the body has both), in an allOf."""
+    rules = list(getattr(cls, "SCHEMA_RULES", ()))
+    if "stream_options" in getattr(cls, "model_fields", {}):
+        rules.append(needs("stream_options", "stream", True))
+    if rules:
+        schema.setdefault("allOf", []).extend(rules)
+
+
 class RequestBody(APIModel):
     """A request's whole body: text that is not Unicode (a lone surrogate) is refused before
     anything reads it, with a 400 naming where it is; a generating endpoint's body (one with
-    an ENDPOINT) is judged field by field by api/field_policy.py."""
+    an ENDPOINT) is judged field by field by api/field_policy.py.
 
+    SCHEMA_RULES: what the document states of the body beyond each field's own schema (rules
+    between fields), each one the server enforces with a 400."""
+
+    model_config = ConfigDict(json_schema_extra=add_schema_rules)
     ENDPOINT: ClassVar[str]
+    SCHEMA_RULES: ClassVar[tuple[dict[str, Any], ...]] = ()
 
     def sent_fields(self) -> dict[str, Any]:
         """Every field the body was sent with, declared or not, and its value."""
@@ -194,7 +221,7 @@ class SamplingFields(RequestBody):
     response_format: dict | None = None
     structured_outputs: dict | None = None
     guided_json: dict | str | None = None
-    guided_regex: str | None = None
+    guided_regex: str | None = Field(default=None, json_schema_extra={"minLength": 1})
     guided_choice: Annotated[list[NonEmptyText], Field(min_length=1)] | None = None
 
     @property
@@ -465,14 +492,15 @@ class ToolFields(BaseModel):
     function_call: str | dict | None = None
 
 
+# The tool fields' rules: the new form or the legacy one, not both (tool_plan's 400s).
+TOOL_RULES = (not_both("tools", "functions"), not_both("tool_choice", "function_call"))
+
+
 class ChatCompletionRequest(SamplingFields, ToolFields):
     ENDPOINT: ClassVar[str] = CHAT
     PROMPT_FIELD: ClassVar[str] = "messages"
-    # top_logprobs needs logprobs: true, which JSON Schema says as if/then.
-    model_config = ConfigDict(json_schema_extra={
-        "if": {"properties": {"top_logprobs": {"type": "integer"}},
-               "required": ["top_logprobs"]},
-        "then": {"properties": {"logprobs": {"const": True}}, "required": ["logprobs"]}})
+    # top_logprobs needs logprobs: true; tools or the legacy functions, not both.
+    SCHEMA_RULES = (needs("top_logprobs", "logprobs", True), *TOOL_RULES)
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None

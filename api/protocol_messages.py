@@ -40,7 +40,7 @@ class Block(APIModel):
 
 class TextBlock(Block):
     type: Literal["text"]
-    text: str
+    text: str = Field(json_schema_extra={"minLength": 1})  # an empty one is a 400
     citations: list[dict] | None = None  # where an earlier answer's text came from: not shown
 
 
@@ -98,7 +98,9 @@ class InputMessage(APIModel):
 
     model_config = ConfigDict(strict=True, extra="forbid")
     role: Literal["user", "assistant", "system"]
-    content: str | list[ContentBlock]
+    # Neither empty (a 400, naming which): the document says so with minLength/minItems.
+    content: Annotated[str, Field(json_schema_extra={"minLength": 1})] | Annotated[
+        list[ContentBlock], Field(json_schema_extra={"minItems": 1})]
 
 
 CallerType = Literal["direct", "code_execution_20250825", "code_execution_20260120",

@@ -15,6 +15,7 @@ from pydantic import ConfigDict, Field
 from api.engine_client import EngineClient
 from api.errors import APIError
 from api.protocol import (
+    TOOL_RULES,
     ChatMessage,
     NullFalse,
     RequestBody,
@@ -62,9 +63,11 @@ def chat_prompt(tokenizer: PreTrainedTokenizerBase, messages: list[ChatMessage],
 class TokenizeRequest(RequestBody, ToolFields):
     """Exactly one of `prompt` and `messages` (oneOf in the document)."""
 
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"oneOf": [
+    model_config = ConfigDict(extra="forbid")
+    SCHEMA_RULES = ({"oneOf": [
         {"properties": {"prompt": {"type": "string"}}, "required": ["prompt"]},
-        {"properties": {"messages": {"type": "array"}}, "required": ["messages"]}]})
+        {"properties": {"messages": {"type": "array"}}, "required": ["messages"]}]},
+        *TOOL_RULES)
 
     model: str | None = None
     prompt: str | None = None

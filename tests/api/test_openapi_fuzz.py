@@ -75,6 +75,11 @@ def test_document_is_honest(fuzz_server):
         "message_delta", "message_stop", "error"}
 
 
+HI = {"messages": [{"role": "user", "content": "Hi"}]}
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+FUNCTION = {"name": "f", "parameters": {"type": "object"}}
+CLAUDE = {"model": "default", "max_tokens": 1, "messages": [{"role": "user", "content": "Hi"}]}
+
 # Bodies the server refuses with a 400, which the document must refuse too (and one each it
 # must allow), by request schema.
 REFUSED_BY_THE_DOCUMENT = [
@@ -100,6 +105,22 @@ REFUSED_BY_THE_DOCUMENT = [
      {"model": "default", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}),
     ("CountTokensRequest", {"model": "default", "messages": []},
      {"model": "default", "messages": [{"role": "user", "content": "Hi"}]}),
+    # Rules between fields, and empty strings the server refuses.
+    ("ChatCompletionRequest", {**HI, "tools": [TOOL], "functions": [FUNCTION]},
+     {**HI, "tools": [TOOL]}),
+    ("ChatCompletionRequest", {**HI, "tool_choice": "none", "function_call": "none"},
+     {**HI, "functions": [FUNCTION], "function_call": "none"}),
+    ("TokenizeRequest", {**HI, "tools": [TOOL], "functions": [FUNCTION]},
+     {**HI, "functions": [FUNCTION]}),
+    ("ChatCompletionRequest", {**HI, "guided_regex": ""}, {**HI, "guided_regex": "a+"}),
+    ("MessagesRequest", {**CLAUDE, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": ""}]}]}, CLAUDE),
+    ("CountTokensRequest", {"model": "default", "messages": [{"role": "user", "content": ""}]},
+     {"model": "default", "messages": [{"role": "user", "content": "Hi"}]}),
+    ("ResponsesRequest", {"input": "Hi", "stream_options": {}},
+     {"input": "Hi", "stream_options": None, "max_output_tokens": 1}),
+    ("CompletionRequest", {"prompt": "Hi", "stream_options": {"include_usage": True}},
+     {"prompt": "Hi", "max_tokens": 1}),
 ]
 
 
@@ -121,7 +142,8 @@ def test_document_states_what_the_server_refuses(fuzz_server, name, refused, all
 
 PATHS = {"CompletionRequest": "/v1/completions", "ChatCompletionRequest": "/v1/chat/completions",
          "TokenizeRequest": "/tokenize", "DetokenizeRequest": "/detokenize",
-         "MessagesRequest": "/v1/messages", "CountTokensRequest": "/v1/messages/count_tokens"}
+         "MessagesRequest": "/v1/messages", "CountTokensRequest": "/v1/messages/count_tokens",
+         "ResponsesRequest": "/v1/responses"}
 
 
 def test_schemathesis_finds_nothing(fuzz_server):
