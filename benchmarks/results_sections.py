@@ -180,6 +180,56 @@ def thirty_users_section(title: str, text: str, commands: list[str], base: str,
                    thirty_users_vs_llama(base, subs, first))
 
 
+REPEATED = "vs-llama-cpp-30-users/f32-repeated-prompts"
+IDENTICAL = "interleaved-identical-30-users"
+
+
+def repeated_prompts(folder: Path) -> str:
+    """What llama.cpp's slot cache made of turns that repeated the first turn's prompts."""
+    run = InterleavedRun.load(folder / REPEATED / "interleaved.json")
+    ours, theirs = run.throughput_tok_s["nano-vllm"], run.throughput_tok_s["llama-cpp"]
+    ttft = [level(folder, f"{REPEATED}/llama-cpp-{t}", 30).ttft_p50_ms
+            for t in range(1, len(theirs) + 1)]
+    later = " and ".join(f"{ms:,.0f}" for ms in ttft[1:])
+    return (f"llama.cpp answered the repeats from its slots' cache, 30 users' first token "
+            f"(TTFT p50) at {later} ms in turns 2-{len(ttft)} against {ttft[0]:,.0f} ms in "
+            "turn 1, and our throughput over its came to "
+            + ", ".join(f"{a / b:.2f}" for a, b in zip(ours, theirs, strict=True))
+            + " per turn.")
+
+
+def orders_text(folder: Path) -> str:
+    """The two start orders' runs against each other, and three identical servers' spread."""
+    runs = {sub: InterleavedRun.load(folder / "vs-llama-cpp-30-users-orders" / sub /
+                                     "interleaved.json") for sub in ("llama-first",
+                                                                     "nano-first")}
+    per_turn = {sub: [a / b for a, b in zip(r.throughput_tok_s["nano-vllm"],
+                                            r.throughput_tok_s["llama-cpp"], strict=True)]
+                for sub, r in runs.items()}
+    medians = [statistics.median(x) for x in per_turn.values()]
+    both = [x for turns in per_turn.values() for x in turns]
+    differ = max(medians) / min(medians) - 1
+    llama = {sub: statistics.median(r.throughput_tok_s["llama-cpp"]) for sub, r in runs.items()}
+    ours = {sub: statistics.median(r.throughput_tok_s["nano-vllm"]) for sub, r in runs.items()}
+    same = InterleavedRun.load(folder / IDENTICAL / "interleaved.json")
+    same_medians = [statistics.median(t) for t in same.throughput_tok_s.values()]
+    turns = list(zip(*same.throughput_tok_s.values(), strict=True))
+    worst = max(1 - min(t) / max(t) for t in turns)
+    return (f"The two runs' ratios differ by about {differ:.0%}, more than turns within a run "
+            f"do, and over both runs' {len(both)} turns the median was "
+            f"{statistics.median(both):.2f} ({min(both):.2f}-{max(both):.2f}). Most of the "
+            f"difference is llama.cpp's throughput (median {llama['nano-first']:.0f} tok/s in "
+            f"the run where it started second, {llama['llama-first']:.0f} where it started "
+            f"first; ours {ours['nano-first']:.0f} and {ours['llama-first']:.0f}). Three "
+            f"identical nano-vLLM servers in the same harness right after (the last command "
+            f"above) had throughput medians within {max(same_medians) / min(same_medians) - 1:.0%}"
+            f" of each other ({min(same_medians):.0f}-{max(same_medians):.0f} tok/s), so start "
+            f"order did not move ours; turn by turn they spread further "
+            f"({min(min(t) for t in turns):.0f}-{max(max(t) for t in turns):.0f} tok/s, in one "
+            f"turn one server {worst:.0%} below the fastest). One run's ratio against llama.cpp "
+            f"is uncertain by about that {differ:.0%}.")
+
+
 def fp32_thirty_users(out: str, llama_first: bool = False, drop_caches: bool = False,
                       bench: str = "") -> str:
     """The interleaved.py command of five turns of 30 users in fp32, ours and llama.cpp's."""
@@ -298,8 +348,7 @@ def new_sections(folder: Path) -> list[Section]:
             "rows or more on it; which kernels vLLM's build ran was not looked into), the page "
             "cache dropped before the first server started. The bf16 pair is from a later run, "
             "on a later tree (ours, then vLLM's: the first command with only its bf16 server, "
-            "then the last with KINDS=bf16); ours again right after vLLM's, without dropping "
-            "the cache, gave 1,098 tok/s at 30 users (2.06x).",
+            "then the last with KINDS=bf16).",
             ['python3 benchmarks/side_by_side.py results/vs-vllm-intel "nano-vllm-fp32=server.py" '
              '"nano-vllm-bf16=server.py --dtype bfloat16" -- --users 1 30 --max-tokens 100 '
              "--rounds 2",
@@ -354,27 +403,24 @@ def new_sections(folder: Path) -> list[Section]:
             "interleaved), one user and 100 tokens to each in turn, eight turns, but each "
             "comparison twice: once with nano-vLLM started first, once with llama.cpp "
             "started first, the page cache dropped before each (`--drop-caches`: on this "
-            "VM the server started first after runs that had filled the page cache streamed "
-            "12% slower than identical servers started after it). llama.cpp serves the Q4_1 "
-            "file with `--no-repack`: its weight repacking crashed (SIGSEGV) while loading "
-            "that file on this CPU. Below 1.000, nano-vLLM streams faster. The fp32 and bf16 "
-            "runs are from a later tree than q4_1's (one row's weight panels read four side "
-            "by side, which q4_1's own kernel does not use); on the earlier tree they gave "
-            "0.989 and 0.959 (fp32), 0.774 and 0.757 (bf16).",
+            "VM, after runs that had filled the page cache, the server started first streamed "
+            "slower than identical servers started after it). llama.cpp serves the Q4_1 "
+            "file with `--no-repack`, its faster path for that file off: its weight "
+            "repacking crashed (SIGSEGV) while loading that file on this CPU, so the q4_1 "
+            "rows are against llama.cpp without it. Below 1.000, nano-vLLM streams faster. "
+            "The fp32 and bf16 runs are from a later tree than q4_1's (one row's weight panels "
+            "read four side by side, which q4_1's own kernel does not use).",
             both_orders_commands(),
             [f"one-user-both-orders/{p}/{o}/interleaved.json" for p in INTERLEAVED
              for o in ORDERS], both_orders),
         thirty_users_section(
             "30 users against llama.cpp, interleaved",
             "Both servers up at once, 30 users x 100 tokens to each in turn, three turns. "
-            "llama.cpp serves the Q4_1 file with `--no-repack` (as in the section above). "
-            "Every turn sends prompts no earlier turn sent (interleaved.py). An earlier fp32 "
-            "run on the same engine, whose turns after the first repeated the first turn's "
-            "prompts (the harness before that change), is saved in "
-            "`results/vs-llama-cpp-30-users/f32-repeated-prompts/`: llama.cpp answered the "
-            "repeats from its slots' cache, 30 users' first token at 153 and 157 ms in turns "
-            "2 and 3 against 1,609 ms in turn 1, and our throughput over its came to 2.07, "
-            "1.89 and 1.99 per turn.",
+            "llama.cpp serves the Q4_1 file with `--no-repack` (its faster path for that file "
+            "off, as in the section above). Every turn sends prompts no earlier turn sent "
+            "(interleaved.py). An earlier fp32 run on the same engine, whose turns after the "
+            "first repeated the first turn's prompts (the harness before that change), is "
+            f"saved in `results/{REPEATED}/`: {repeated_prompts(folder)}",
             ["python3 benchmarks/interleaved.py results/vs-llama-cpp-30-users/f32 "
              '"nano-vllm=python3 server.py --port {port}" "llama-cpp=bash '
              'benchmarks/llama_cpp.sh serve f32 {port}" --turns 3 -- --users 30 --max-tokens 100',
@@ -401,26 +447,21 @@ def new_sections(folder: Path) -> list[Section]:
                                bench=" --client aiohttp"),
              fp32_thirty_users("vs-llama-cpp-30-users-clients/httpx")],
             "vs-llama-cpp-30-users-clients", CLIENTS_30, "client"),
-        thirty_users_section(
+        Section(
             "30 users against llama.cpp in fp32, each server started first in turn",
             "As in the section above with the default client, the page cache dropped before the "
             "servers started, once with llama.cpp started first and right after with nano-vLLM "
-            "started first (the order of every 30-user run above). The two runs' ratios differ "
-            "by about 14%, more than turns within a run do, and over both runs' ten turns the "
-            "median was 1.98 (1.83-2.23). Most of the difference is llama.cpp's throughput "
-            "(median 197 tok/s in the run where it started second, 183 where it started "
-            "first; ours 373 and 381). Three identical nano-vLLM servers in the same harness "
-            "right after (`python3 benchmarks/interleaved.py results/interleaved-identical-"
-            '30-users --drop-caches \"a=python3 server.py --port {port}\" \"b=python3 '
-            'server.py --port {port}\" \"c=python3 server.py --port {port}\" --turns 4 -- '
-            "--users 30 --max-tokens 100`) had throughput medians within 2% of each other "
-            "(374-380 tok/s), so start order did not move ours; one run's ratio against "
-            "llama.cpp is uncertain by about that 14%. The machine ran slower for both servers "
-            "that hour than in the runs above.",
+            f"started first (the order of every 30-user run above). {orders_text(folder)} "
+            "The machine ran slower for both servers that hour than in the runs above.",
             [fp32_thirty_users("vs-llama-cpp-30-users-orders/llama-first", llama_first=True,
                                drop_caches=True),
-             fp32_thirty_users("vs-llama-cpp-30-users-orders/nano-first", drop_caches=True)],
-            "vs-llama-cpp-30-users-orders", ORDERS_30, "order"),
+             fp32_thirty_users("vs-llama-cpp-30-users-orders/nano-first", drop_caches=True),
+             f"python3 benchmarks/interleaved.py results/{IDENTICAL} --drop-caches "
+             + " ".join(f'"{x}=python3 server.py --port {{port}}"' for x in "abc")
+             + " --turns 4 -- --users 30 --max-tokens 100"],
+            [f"vs-llama-cpp-30-users-orders/{sub}/interleaved.json" for sub in ORDERS_30.values()]
+            + [f"{IDENTICAL}/interleaved.json"],
+            thirty_users_vs_llama("vs-llama-cpp-30-users-orders", ORDERS_30, "order")),
     ]
 
 
