@@ -55,13 +55,64 @@ class Section:
                        if name.endswith(".json") and (machine := machine_of(folder / name))})
         assert cpus, f"no run of '{self.title}' names its CPU"
         sources = ", ".join(f"`results/{name}`" for name in self.files)
-        lines += [f"CPU: {' and '.join(cpus)}, 2 cores. Saved in {sources}.", ""]
+        lines += [f"CPU: {' and '.join(cpus)}, 2 cores. {self.when(folder)} Saved in "
+                  f"{sources}.", ""]
         lines += self.body(folder)
         if self.after:
             lines += ["", self.after]
         if self.charts:
             lines += [""] + [f"![{name}](charts/{name})" for name in self.charts]
         return [*lines, ""]
+
+
+    def when(self, folder: Path) -> str:
+        """The days its runs started (as the files record them), and whether the engine core
+        then ran in the HTTP process while the commands above no longer say so."""
+        starts = sorted(start for name in self.files if name.endswith(".json")
+                        and (start := json.loads((folder / name).read_text()).get("started_at")))
+        if not starts:
+            return "The files record no date."
+        days = sorted({start[:10] for start in starts})
+        text = f"Run on {days[0]}" + (f" to {days[-1]}" if len(days) > 1 else "")
+        said = any("engine-process" in command for command in self.commands)
+        if starts[0] < ENGINE_PROCESS_DEFAULT and not said:
+            text += (", when `server.py` ran the engine core in the HTTP process (what "
+                     "`--no-engine-process` does now)")
+        return text + "."
+
+
+# When the engine core's own process became server.py's default (commit 89e8496): a run
+# started before it served in-process.
+ENGINE_PROCESS_DEFAULT = "2026-12-01T13:49:24"
+
+# What `bash benchmarks/run_all.sh OUT` writes under OUT: a section whose files are all here
+# is measured again by it.
+RUN_ALL = {"startup/nano-vllm.json", "nano-vllm.json", "nano-vllm-bf16.json",
+           "nano-vllm-q4_1.json", "llama-cpp-f32.json", "llama-cpp-bf16.json",
+           "llama-cpp-q4_1.json", "nano-vllm-vs-baseline.json", "baseline.json",
+           "nano-vllm-first-engine.json", "prefix-cache-on.json", "prefix-cache-off.json",
+           "prefill-one-at-a-time.json", "prefill-batched.json", "profile_decode.json",
+           "profile_decode_bf16.json", "preemption-64-blocks.json", "preemption_metrics.txt"}
+RUN_ALL_FOLDERS = ("neighbour/",)  # one file per CPU
+
+
+def made_by_run_all(name: str) -> bool:
+    return name in RUN_ALL or name.startswith(RUN_ALL_FOLDERS)
+
+
+def run_all_text(all_sections: list[Section]) -> str:
+    """Which sections `benchmarks/run_all.sh` measures again, from their files."""
+    whole = [s for s in all_sections if all(made_by_run_all(f) for f in s.files)]
+    part = [s for s in all_sections if s not in whole and any(made_by_run_all(f)
+                                                                for f in s.files)]
+    links = "; ".join(f"[{s.title}](#{anchor(s.title)})" for s in whole)
+    text = (f"`bash benchmarks/run_all.sh results` measures again the runs of {len(whole)} "
+            f"of these {len(all_sections)} sections, one server at a time: {links}")
+    for s in part:
+        left = ", ".join(f"`results/{f}`" for f in s.files if not made_by_run_all(f))
+        text += f"; and [{s.title}](#{anchor(s.title)}) but for {left}"
+    return (text + ". Then `python3 benchmarks/report.py` writes this page again. Every other "
+            "section's commands, shown in it, remake its runs.")
 
 
 def machine_of(path: Path) -> Machine | None:
@@ -278,7 +329,9 @@ def engine_process(folder: Path) -> list[str]:
                                           "30 users tok/s, thread", "30 users tok/s, process"],
                             first), "",
             "Second run, the engine process with every step on both threads "
-            "(`--single-thread-below 0`, the default in the engine core process):", "",
+            "(`--single-thread-below 0`, the engine core process's default when this was "
+            "measured; it now measures its threshold at the first start on a machine and "
+            "caches it):", "",
             *markdown_table("precision", ["1 user ITL p50 (ms)", "1 user ITL p99 (ms)"],
                             second)]
 
@@ -396,8 +449,8 @@ def sections(folder: Path) -> list[Section]:
             "run."),
         Section(
             "Against llama.cpp, with the engine in its own process",
-            "nano-vLLM with `--engine-process` (every step on both threads) and llama.cpp's "
-            "server on the same weights, one after the other in one run.",
+            "nano-vLLM with `--engine-process` and llama.cpp's server on the same weights, one "
+            "after the other in one run.",
             ["python3 benchmarks/side_by_side.py results/vs-llama-cpp "
              + " ".join(f'"nano-vllm-process-{p}=server.py --engine-process{FLAGS[p]}"'
                         for p in PRECISIONS)
@@ -413,10 +466,9 @@ def sections(folder: Path) -> list[Section]:
                    "vs-llama-cpp/llama-cpp-q4_1"))),
         Section(
             "The default server against the baseline, last measured",
-            "The comparison repeated on the tree these docs describe (the defaults: the engine "
-            "core in its own process, fp32, 100 tokens per user; the baseline's core in its own "
-            "process too), one server after the other: the default path "
-            "against the fixed yardstick.",
+            "The comparison repeated on a later tree (its defaults: the engine core in its own "
+            "process, fp32, 100 tokens per user; the baseline's core in its own process too), "
+            "one server after the other: the default path against the fixed yardstick.",
             ["python3 benchmarks/side_by_side.py results/baseline-check nano=server.py "
              "base=baseline_server.py -- --users 1 30 --max-tokens 100"],
             ["baseline-check/nano.json", "baseline-check/base.json"],
@@ -559,10 +611,9 @@ def build_page(folder: Path) -> str:
         'cores, 24 GiB RAM, no GPU, the machine otherwise idle; `benchmarks/bench.py` starts '
         'its users together, each streaming `--max-tokens` tokens with `ignore_eos` at '
         'temperature 0, and runs on the same 2 cores as the server, for every server alike. '
-        'Compare ratios within a table: figures from different runs are not side by side.', "",
-        "To measure everything again: `bash benchmarks/run_all.sh results`, then "
-        "`python3 benchmarks/report.py`.", ""]
+        'Compare ratios within a table: figures from different runs are not side by side.', ""]
     all_sections = sections(folder)
+    lines += [run_all_text(all_sections), ""]
     lines += [f"- [{s.title}](#{anchor(s.title)})" for s in all_sections] + [""]
     for section in all_sections:
         lines += section.render(folder)
