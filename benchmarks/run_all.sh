@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
-# Every benchmark in the README, side by side in one session, one server at a time.
+# The runs of the results page's core sections, in one go, one server at a time: start-up,
+# against llama.cpp on the same weights, against the baseline, against the first engine,
+# prefix caching, batched prefill, where a decode step's time goes, a busy neighbour and
+# preemption (docs/results.md lists them; every other section prints its own commands).
 #   bash benchmarks/run_all.sh [results-dir]        (about 5 minutes on 2 CPU cores)
 # Needs llama.cpp built once (bash benchmarks/llama_cpp.sh build && ... models), and the
 # first engine's checkout for the before/after row: git worktree add --detach
@@ -60,9 +63,7 @@ python3 benchmarks/profile_decode.py --dtype bfloat16 --users 1 30 --contexts 10
 # 5. What a process spinning beside the engine costs a decode step, with and without giving
 #    it the core (one file per CPU).
 python3 benchmarks/neighbour.py --out-dir "$OUT/neighbour"
-# 6. Charts and tables.
-python3 benchmarks/report.py --results "$OUT"   # docs/results.md and docs/charts/
-# 7. Preemption: 30 users in a pool of 64 blocks (1,024 tokens, about a third of what they
+# 6. Preemption: 30 users in a pool of 64 blocks (1,024 tokens, about a third of what they
 #    need at once). Every request must still finish; /metrics counts the preemptions.
 with_server /tmp/nano-vllm-preemption.log . python3 server.py --port {port} --num-blocks 64 -- \
   bash -c 'python3 benchmarks/bench.py --url "$SERVER_URL" --label preemption-64-blocks \
@@ -71,3 +72,5 @@ with_server /tmp/nano-vllm-preemption.log . python3 server.py --port {port} --nu
              | grep -E "^nano_vllm:(num_preemptions_total|request_success_total)" \
              > "$1/preemption_metrics.txt"' _ "$OUT"
 cat "$OUT/preemption_metrics.txt"
+# 7. Charts and tables, once every run above is saved.
+python3 benchmarks/report.py --results "$OUT"   # docs/results.md and docs/charts/
