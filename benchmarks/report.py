@@ -1,9 +1,13 @@
-"""docs/results.md and its charts, from the JSON files in results/.
+"""docs/results.md and its charts, and the results passages of README.md and docs/*.md, from
+the JSON files in results/.
 
-    python3 benchmarks/report.py            # writes docs/results.md and docs/charts/*.png
-    python3 benchmarks/report.py --check    # exits 1 if docs/results.md differs from the JSON
+    python3 benchmarks/report.py            # writes docs/results.md, docs/charts/*.png and
+                                            # the passages
+    python3 benchmarks/report.py --check    # exits 1 if the page or a passage differs from
+                                            # the JSON
 
-The page's sections (what each run was, its commands, its tables) are benchmarks/results_page.py.
+The page's sections (what each run was, its commands, its tables) are benchmarks/results_page.py;
+the passages elsewhere (between <!-- results:NAME --> marks) are benchmarks/results_blocks.py.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # see benchmarks/_
 
 from benchmarks.plot import draw_charts
 from benchmarks.results import BenchRun
+from benchmarks.results_blocks import write_or_check
 from benchmarks.results_page import CHARTS, build_page
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,9 +51,18 @@ def main() -> None:
     args = parser.parse_args()
     page = build_page(args.results)
     if args.check:
-        sys.exit(check(page, args.out))
+        failed = check(page, args.out)
+        diffs = write_or_check(ROOT, args.results, check=True)
+        sys.stderr.writelines(diffs)
+        if diffs:
+            print("results passages are out of date: run python3 benchmarks/report.py",
+                  file=sys.stderr)
+        else:
+            print("the results passages of README.md and docs/ match the result files")
+        sys.exit(1 if failed or diffs else 0)
     args.out.write_text(page)
     print(f"wrote {args.out}")
+    write_or_check(ROOT, args.results, check=False)
     for prefix, files in CHARTS:
         runs = [BenchRun.load(args.results / name) for name in files]
         for path in draw_charts(runs, args.out.parent / "charts", prefix):

@@ -1,0 +1,61 @@
+"""Passages of README.md and docs/*.md whose figures come from the files in results/.
+
+Each passage sits between `<!-- results:NAME -->` and `<!-- /results:NAME -->` and is
+written by `python3 benchmarks/report.py` from BLOCKS[NAME]; `--check` fails when a passage
+differs from what the files give, as it does for docs/results.md.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+from benchmarks.results_readme import readme_results, tools_under_load
+
+BLOCKS: dict[str, Callable[[Path], str]] = {
+    "readme-results": readme_results,
+    "tools-under-load": tools_under_load,
+}
+
+BLOCK = re.compile(r"(<!-- results:(?P<name>[\w-]+) -->\n)(?P<body>.*?)"
+                   r"(<!-- /results:(?P=name) -->)", re.S)
+
+
+def pages(root: Path) -> list[Path]:
+    """The pages that may hold passages: README.md and docs/*.md but the generated page."""
+    return [root / "README.md",
+            *sorted(p for p in (root / "docs").glob("*.md") if p.name != "results.md")]
+
+
+def fill(text: str, folder: Path) -> str:
+    """The text with every passage written anew from the files in `folder`."""
+    def body(match: re.Match[str]) -> str:
+        name = match["name"]
+        if name not in BLOCKS:
+            raise KeyError(f"no passage named {name!r} (benchmarks/results_blocks.py)")
+        return match[1] + BLOCKS[name](folder).rstrip("\n") + "\n" + match[4]
+    filled, found = BLOCK.subn(body, text)
+    if found != text.count("<!-- results:"):
+        raise ValueError("a <!-- results:NAME --> mark without its <!-- /results:NAME -->")
+    return filled
+
+
+def write_or_check(root: Path, folder: Path, check: bool) -> list[str]:
+    """Write each page's passages (or, `check`, compare them): a unified diff per page that
+    differs. Pages are written only where something changed."""
+    diffs = []
+    for page in pages(root):
+        current = page.read_text()
+        wanted = fill(current, folder)
+        if wanted == current:
+            continue
+        if check:
+            diffs.append("".join(difflib.unified_diff(
+                current.splitlines(keepends=True), wanted.splitlines(keepends=True),
+                str(page), "from the result files")))
+        else:
+            page.write_text(wanted)
+            print(f"wrote the results passages of {page}")
+    return diffs

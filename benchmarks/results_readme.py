@@ -1,0 +1,336 @@
+"""The results passages outside docs/results.md (see benchmarks/results_blocks.py): README.md's
+Results bullets and docs/api.md's tool calls under load, every figure from results/."""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+from pathlib import Path
+
+from benchmarks.results import InterleavedRun, ServedOverheadRun, StartupRun
+from benchmarks.results_page import anchor, level, level_by_order, ratio, run
+from benchmarks.results_sections import INTERLEAVED, ORDERS
+
+PRECISIONS = {"fp32": ("", "f32"), "bf16": ("-bf16", "bf16"), "q4_1": ("-q4_1", "q4_1")}
+ORDERS_TITLE = "30 users against llama.cpp in fp32, each server started first in turn"
+FRESH_TITLE = ("A first start from nothing on an Intel Xeon: compiling while the model is "
+               "prepared")
+NO_REPACK = ("llama.cpp with `--no-repack`, its faster Q4_1 path off (its weight repacking "
+             "crashed loading that file on this CPU)")
+
+
+def results_link(title: str) -> str:
+    return f"[docs/results.md](docs/results.md#{anchor(title)})"
+
+
+def cpu(folder: Path, name: str) -> str:
+    return json.loads((folder / name).read_text())["machine"]["cpu"]
+
+
+def day(folder: Path, *names: str) -> str:
+    """The day (or days) the runs in these files started."""
+    days = sorted({json.loads((folder / n).read_text())["started_at"][:10] for n in names})
+    return days[0] if len(days) == 1 else f"{days[0]} to {days[-1]}"
+
+
+def span(values: list[float], digits: int = 2, unit: str = "") -> str:
+    """'a-b' (or 'a' where both round alike), each to `digits` decimals."""
+    lo, hi = f"{min(values):.{digits}f}", f"{max(values):.{digits}f}"
+    return f"{lo}{unit}" if lo == hi else f"{lo}-{hi}{unit}"
+
+
+def interleaved(folder: Path, name: str) -> InterleavedRun:
+    return InterleavedRun.load(folder / name / "interleaved.json")
+
+
+def per_turn(r: InterleavedRun, ours: str, theirs: str) -> list[float]:
+    """`ours` throughput over `theirs`, turn by turn."""
+    return [a / b for a, b in zip(r.throughput_tok_s[ours], r.throughput_tok_s[theirs],
+                                  strict=True)]
+
+
+def vs_llama_process(folder: Path) -> str:
+    names = {p: (f"vs-llama-cpp/nano-vllm-process-{p}", f"vs-llama-cpp/llama-cpp-{k}")
+             for p, (_, k) in PRECISIONS.items()}
+    ratios = ", ".join(f"{ratio(folder, a, b, 30):.2f}x ({p})" for p, (a, b) in names.items())
+    itl = ", ".join(f"{level(folder, a, 1).itl_p50_ms:.1f} vs {level(folder, b, 1).itl_p50_ms:.1f}"
+                    f" ms ({p})" for p, (a, b) in names.items())
+    theirs_then = level(folder, "vs-llama-cpp/llama-cpp-f32", 30).throughput_tok_s
+    theirs_before = level(folder, "llama-cpp-f32", 30).throughput_tok_s
+    served = ServedOverheadRun.load(folder / "served-overhead/overhead.json")
+    intel = ServedOverheadRun.load(folder / "served-overhead-intel/overhead.json")
+
+    def gap(r: ServedOverheadRun) -> str:
+        ms = [row.overhead_ms for row in r.rows]
+        return f"{min(ms):+.2f} to {max(ms):+.2f} ms"
+
+    return (f"* **Against llama.cpp, one run, the engine in its own process and decode steps in "
+            f"one C++ call** ({cpu(folder, names['fp32'][0] + '.json')}, "
+            f"{day(folder, names['fp32'][0] + '.json')}, `results/vs-llama-cpp/`): 30 users "
+            f"{ratios} its throughput; one user's ITL p50 {itl}. The machine was slower that "
+            f"day than in the earlier run below: llama.cpp's own fp32 30-user throughput "
+            f"{theirs_then:.1f} against {theirs_before:.1f} tok/s. Served minus the engine "
+            f"alone, for one user, two turns each: {gap(served)}, the machine drifting between "
+            "the two measurements by more than that (`results/served-overhead/`, "
+            "[docs/performance.md](docs/performance.md#a-decode-step-in-one-c-call)). On an "
+            f"{intel.machine.cpu}, the engine alone at the server's own thread and prefetch "
+            f"choices: {gap(intel)} in fp32, bf16 and q4_1 (`results/served-overhead-intel/`).")
+
+
+def one_user_amd(folder: Path) -> str:
+    def medians(sub: str) -> list[tuple[str, float, float, float]]:
+        rows = []
+        for p in INTERLEAVED:
+            r = interleaved(folder, f"{sub}/{p}")
+            rows.append((p, statistics.median(r.ratios("nano-vllm", "llama-cpp")),
+                         statistics.median(r.itl_p50_ms["nano-vllm"]),
+                         statistics.median(r.itl_p50_ms["llama-cpp"])))
+        return rows
+
+    first = f"one-user-interleaved/{INTERLEAVED[0]}/interleaved.json"
+    lighter = f"one-user-interleaved-aiohttp/{INTERLEAVED[0]}/interleaved.json"
+    main = ", ".join(f"{x:.3f} in {p} ({a:.1f} vs {b:.1f} ms)" for p, x, a, b in
+                     medians("one-user-interleaved"))
+    aio = ", ".join(f"{x:.3f}" for _, x, _, _ in medians("one-user-interleaved-aiohttp"))
+    return (f"* **One user against llama.cpp, both servers up at once, ten turns each** "
+            f"({cpu(folder, first)}, {day(folder, first)}, `results/one-user-interleaved/`, "
+            "`benchmarks/interleaved.py`): our ITL p50 over llama.cpp's within a turn, median "
+            f"of the turns, {main}. Through a lighter load generator (`--client aiohttp`, "
+            f"`results/one-user-interleaved-aiohttp/`, {day(folder, lighter)}, an earlier run "
+            f"that day): {aio} (fp32, bf16, q4_1). Runs differ by about as much as the two "
+            "servers ([docs/engine-process.md](docs/engine-process.md#the-load-generators-"
+            "share)).")
+
+
+def intel(folder: Path) -> str:
+    orders = {p: [statistics.median(interleaved(folder, f"one-user-both-orders/{p}/{o}")
+                                    .ratios("nano-vllm", "llama-cpp")) for o in ORDERS]
+              for p in INTERLEAVED}
+    one_user = ", ".join(f"{span(v)} in {p}" for p, v in orders.items())
+    thirty = {p: interleaved(folder, f"vs-llama-cpp-30-users/{k}")
+              for p, (_, k) in PRECISIONS.items()}
+    tput = {p: per_turn(r, "nano-vllm", "llama-cpp") for p, r in thirty.items()}
+    their_itl = thirty["fp32"].ratios("llama-cpp", "nano-vllm")
+    clients = {c: per_turn(interleaved(folder, f"vs-llama-cpp-30-users-clients/{c}"),
+                           "nano-vllm", "llama-cpp") for c in ("httpx", "aiohttp")}
+    starts = {o: per_turn(interleaved(folder, f"vs-llama-cpp-30-users-orders/{o}"),
+                          "nano-vllm", "llama-cpp") for o in ORDERS}
+    same = interleaved(folder, "interleaved-identical-30-users")
+    same_medians = [statistics.median(t) for t in same.throughput_tok_s.values()]
+    turns = list(zip(*same.throughput_tok_s.values(), strict=True))
+    int8 = per_turn(interleaved(folder, "int8act-intel"), "int8act", "q4_1")
+    amx = interleaved(folder, "bf16-without-amx")
+    first = "one-user-both-orders/fp32/nano-first/interleaved.json"
+    return (f"* **On an {cpu(folder, first)}** (as its VM reports it; AVX-512 with BF16, and "
+            "AMX), both servers up at once, in turns, the page cache dropped first: one user's "
+            f"ITL p50 over llama.cpp's {one_user}, the q4_1 ratio against {NO_REPACK}, with "
+            f"either server started first ({day(folder, first)}, "
+            "`results/one-user-both-orders/`); at 30 users, every turn with new prompts, our "
+            f"throughput over llama.cpp's per turn {span(tput['fp32'], unit='x')} in fp32 "
+            f"(their ITL p50 over ours {span(their_itl, unit='x')}), "
+            f"{span(tput['bf16'], unit='x')} in bf16 and {span(tput['q4_1'], unit='x')} in "
+            f"q4_1, against llama.cpp with `--no-repack` again "
+            f"({day(folder, 'vs-llama-cpp-30-users/f32/interleaved.json')}, "
+            "`results/vs-llama-cpp-30-users/`; in an earlier run the turns after the first "
+            "repeated the first turn's prompts, which llama.cpp answers from its cache); in a "
+            f"later hour, fp32 over five turns: {span(clients['httpx'], unit='x')} per turn "
+            f"(median {statistics.median(clients['httpx']):.2f}) with bench.py's default "
+            f"client, {span(clients['aiohttp'], unit='x')} (median "
+            f"{statistics.median(clients['aiohttp']):.2f}) right before with its lighter "
+            "aiohttp client, the load generator being a cost on the same 2 cores that grows "
+            "with the tokens a server streams (`results/vs-llama-cpp-30-users-clients/`); two "
+            "back-to-back runs differing only in which server started first gave "
+            f"{statistics.median(starts['nano-first']):.2f}x (ours first) and "
+            f"{statistics.median(starts['llama-first']):.2f}x, "
+            f"{statistics.median(starts['nano-first'] + starts['llama-first']):.2f}x over both "
+            "runs' ten turns, most of the difference llama.cpp's own throughput; three "
+            "identical nano-vLLM servers in the same harness had throughput medians within "
+            f"{max(same_medians) / min(same_medians) - 1:.0%} of each other, while in single "
+            f"turns one ran up to {max(1 - min(t) / max(t) for t in turns):.0%} below the "
+            "fastest (`results/vs-llama-cpp-30-users-orders/`, "
+            "`results/interleaved-identical-30-users/`, commands in "
+            f"{results_link(ORDERS_TITLE)}); `--activations int8` {span(int8, unit='x')} the "
+            "exact q4_1 path's 30-user throughput per turn (`results/int8act-intel/`). With "
+            "AMX off, as on a CPU without it, bf16 serves 30 users "
+            f"{span(per_turn(amx, 'bf16', 'fp32'), unit='x')} as fast as fp32, where "
+            f"`vdpbf16ps` alone made it {span(per_turn(amx, 'bf16-dot', 'fp32'), unit='x')}: "
+            "that CPU's `vdpbf16ps` does half the FMAs' multiply-adds, so compute-bound rows run "
+            "on FMAs over widened weights (`results/bf16-without-amx/`, "
+            "[docs/performance.md](docs/performance.md#our-cpu-kernels)).")
+
+
+def zen3(folder: Path) -> str:
+    def ratios(name: str, ours: str = "nano-vllm") -> str:
+        return span(per_turn(interleaved(folder, name), ours, "llama-cpp"), unit="x")
+
+    itl = {p: interleaved(folder, f"zen3-one-user/{p}").ratios("nano-vllm", "llama-cpp")
+           for p in INTERLEAVED}
+    one = ", ".join(f"{statistics.median(x):.2f}x in {p}" for p, x in itl.items())
+    first = "zen3-30-users/f32/interleaved.json"
+    return (f"* **On an AVX2-only CPU** ({cpu(folder, first)}, Zen 3; both servers up at once, "
+            f"in turns, {day(folder, first, 'zen3-one-user/fp32/interleaved.json')}, "
+            "`results/zen3-30-users/`, `results/zen3-one-user/`): 30 users "
+            f"{ratios('zen3-30-users/f32')} llama.cpp's throughput per turn in fp32 and "
+            f"{ratios('zen3-30-users/bf16')} in bf16 (compute bound there), "
+            f"{ratios('zen3-30-users/q4_1')} with q4_1 and "
+            f"{ratios('zen3-30-users/q4_1', 'nano-vllm-int8act')} with `--activations int8`; "
+            f"one user's ITL p50 over theirs, median of the turns, {one} "
+            "([docs/performance.md](docs/performance.md#our-cpu-kernels)). That was before the "
+            "AVX2 path read one row's panels side by side; it has not been measured on Zen 3 "
+            "since.")
+
+
+def in_process_llama(folder: Path) -> str:
+    pairs = {p: (f"nano-vllm{s}", f"llama-cpp-{k}") for p, (s, k) in PRECISIONS.items()}
+    thirty = ", ".join(f"{ratio(folder, a, b, 30):.2f}x in {p}" for p, (a, b) in pairs.items())
+    one = ", ".join(f"{ratio(folder, a, b, 1):.2f}x" for a, b in pairs.values())
+    return (f"* **Against llama.cpp on the same weights, an earlier run with the engine "
+            f"in-process** ({cpu(folder, 'nano-vllm.json')}, {day(folder, 'nano-vllm.json')}): "
+            f"30 users {thirty} (the model's own 4-bit weights) llama.cpp's throughput; one "
+            f"user {one} (`results/nano-vllm.json`, `nano-vllm-bf16.json`, "
+            "`nano-vllm-q4_1.json` against `results/llama-cpp-f32.json`, "
+            "`llama-cpp-bf16.json`, `llama-cpp-q4_1.json`). The bullets above have later "
+            "figures.")
+
+
+def engine_process(folder: Path) -> str:
+    def mean(kind: str, p: str) -> float:
+        return sum(level(folder, f"engine-process/{kind}-{p}-{t}", 30).throughput_tok_s or 0
+                   for t in (1, 2))
+
+    gains = [mean("process", p) / mean("thread", p) for p in INTERLEAVED]
+    first = "engine-process/process-fp32-1.json"
+    return (f"* **The engine core in its own process** (the default; {cpu(folder, first)}, "
+            f"{day(folder, first)}): in turns with the engine on a thread of the server "
+            f"(`--no-engine-process`), {span(gains, unit='x')} the 30-user throughput (mean "
+            "of two turns) in every precision (`results/engine-process/`).")
+
+
+def vs_vllm(folder: Path) -> str:
+    def part(sub: str) -> tuple[str, str]:
+        thirty = " and ".join(
+            f"{ratio(folder, f'{sub}/nano-vllm-{p}', f'{sub}/vllm-cpu-{k}', 30):.2f}x in {p}"
+            for p, k in (("fp32", "f32"), ("bf16", "bf16")))
+        one = " and ".join(
+            f"{level(folder, f'{sub}/nano-vllm-{p}', 1).itl_p50_ms:.1f} vs "
+            f"{level(folder, f'{sub}/vllm-cpu-{k}', 1).itl_p50_ms:.1f} ms ({p})"
+            for p, k in (("fp32", "f32"), ("bf16", "bf16")))
+        return thirty, one
+
+    (amd30, amd1), (intel30, intel1) = part("vs-vllm"), part("vs-vllm-intel")
+    return (f"* **Against vLLM's CPU build** (`vllm-cpu` 0.32.0, same weights, one run, "
+            f"{cpu(folder, 'vs-vllm/nano-vllm-fp32.json')}, "
+            f"{day(folder, 'vs-vllm/nano-vllm-fp32.json')}): 30 users {amd30} its "
+            f"throughput; one user's ITL p50 {amd1} (`results/vs-vllm/`). On an "
+            f"{cpu(folder, 'vs-vllm-intel/nano-vllm-fp32.json')} with AMX "
+            f"({day(folder, *(f'vs-vllm-intel/nano-vllm-{p}.json' for p in ('fp32', 'bf16')))}"
+            f"): 30 users {intel30} its throughput; one user's ITL p50 {intel1} "
+            "(`results/vs-vllm-intel/`).")
+
+
+def gemma(folder: Path) -> str:
+    theirs = "gemma/llama-cpp-gemma-3-270m"
+    return (f"* **Gemma 3 270M from its GGUF, against llama.cpp on the same file** (one run, "
+            f"{cpu(folder, theirs + '.json')}, {day(folder, theirs + '.json')}): one user's "
+            f"ITL p50 {level(folder, 'gemma/nano-vllm-gemma-codes', 1).itl_p50_ms:.1f} ms on "
+            f"the file's own codes (`--weights q4_1`) vs {level(folder, theirs, 1).itl_p50_ms:.1f}"
+            f" ms; 30 users {ratio(folder, 'gemma/nano-vllm-gemma-codes', theirs, 30):.2f}x its "
+            f"throughput on the codes and {ratio(folder, 'gemma/nano-vllm-gemma', theirs, 30):.2f}"
+            "x with the fp32 model (`results/gemma/`, "
+            "[docs/models.md](docs/models.md#gemma-3-270m)).")
+
+
+def baseline(folder: Path) -> str:
+    nano, base = "baseline-check/nano", "baseline-check/base"
+
+    def at(users: int) -> str:
+        a, b = level(folder, nano, users), level(folder, base, users)
+        assert a.throughput_tok_s and b.throughput_tok_s
+        return (f"{a.throughput_tok_s / b.throughput_tok_s:.2f}x at {users} user"
+                f"{'s' * (users > 1)} ({a.throughput_tok_s:.{1 if users == 1 else 0}f} vs "
+                f"{b.throughput_tok_s:.{1 if users == 1 else 0}f} tok/s)")
+
+    return (f"* **The default server against the baseline** ({cpu(folder, nano + '.json')} with "
+            f"AMX, fp32, one run, {day(folder, nano + '.json')}, `python3 "
+            "benchmarks/side_by_side.py results/baseline-check nano=server.py "
+            "base=baseline_server.py -- --users 1 30 --max-tokens 100`): "
+            f"{at(1)} and {at(30)} of `baseline_server.py`'s throughput "
+            "(`results/baseline-check/`; each ratio is of one run on a machine whose speed "
+            "drifts). An earlier tree with the engine in-process, on "
+            f"{cpu(folder, 'baseline.json')}, gave "
+            f"{ratio(folder, 'nano-vllm-vs-baseline', 'baseline', 30):.2f}x at 30 users "
+            "(`results/nano-vllm-vs-baseline.json` against `results/baseline.json`).")
+
+
+def startup(folder: Path) -> str:
+    after, before = (StartupRun.load(folder / f"startup-intel/{n}.json")
+                     for n in ("after", "before"))
+    kept, overlap = (StartupRun.load(folder / f"startup-fresh-intel/{n}.json")
+                     for n in ("before", "after"))
+    latest = StartupRun.load(folder / "startup/nano-vllm.json")
+    return (f"* **Start-up** ({after.machine.cpu}, the default model prepared, "
+            f"{after.started_at[:10]}, `python3 benchmarks/startup.py results/startup-intel "
+            "after=server.py before=/tmp/before/server.py`, `/tmp/before` a checkout of "
+            "4bf7217): a first start, with the kernels to compile and the thread choice to "
+            f"measure, answers `/health` after {after.first_s:.1f} s, where the tree before the "
+            f"kernel files stopped including `<torch/extension.h>` took {before.first_s:.1f} s; "
+            f"a later start {after.later_s:.1f} s (`results/startup-intel/`). From nothing, the "
+            f"model fetched and prepared too (`--fresh-model`), {kept.first_s:.1f} s "
+            f"({overlap.first_s:.1f} s with the kernels compiled beside the model's "
+            f"preparation, which was dropped; `results/startup-fresh-intel/`, "
+            f"{results_link(FRESH_TITLE)}). The latest run ({latest.started_at[:10]}, "
+            f"`results/startup/`): {latest.first_s:.1f} s first, {latest.later_s:.1f} s later.")
+
+
+def prefix(folder: Path) -> str:
+    on, off = level(folder, "prefix-cache-on", 30), level(folder, "prefix-cache-off", 30)
+    assert on.throughput_tok_s and off.throughput_tok_s
+    return (f"* **A ~660-token system prompt shared by 30 users** "
+            f"({cpu(folder, 'prefix-cache-on.json')}, {day(folder, 'prefix-cache-on.json')}): "
+            f"{on.throughput_tok_s / off.throughput_tok_s:.2f}x the throughput with the prefix "
+            f"cache on than with `--no-prefix-cache`, and TTFT p50 {on.ttft_p50_ms:,.0f} ms "
+            f"against {off.ttft_p50_ms / 1000:.1f} s (`results/prefix-cache-on.json` against "
+            "`results/prefix-cache-off.json`).")
+
+
+def readme_results(folder: Path) -> str:
+    """README.md's Results bullets."""
+    bullets = [vs_llama_process, one_user_amd, intel, zen3, in_process_llama, engine_process,
+               vs_vllm, gemma, baseline, startup, prefix]
+    return "\n".join(wrap(b(folder)) for b in bullets)
+
+
+def wrap(bullet: str, width: int = 96) -> str:
+    """A bullet on lines of at most `width` characters (but for a longer code span), continued
+    with two spaces; a code span stays on one line."""
+    words, lines, line = re.findall(r"(?:[^\s`]*`[^`]*`)+[^\s`]*|\S+", bullet), [], ""
+    for word in words:
+        if line and len(line) + 1 + len(word) > width:
+            lines.append(line)
+            line = "  " + word
+        else:
+            line = f"{line} {word}" if line else word
+    return "\n".join([*lines, line])
+
+
+def tools_under_load(folder: Path) -> str:
+    """docs/api.md's tool calls under load."""
+    summary = json.loads((folder / "tools/tools-summary.json").read_text())
+    constrained, free = level_by_order(folder, "tools/tools-throughput", summary, "throughput")
+    alone, known, new = level_by_order(folder, "tools/tools-enum-compile", summary,
+                                       "enum-compile")
+    assert constrained.throughput_tok_s and free.throughput_tok_s
+    valid = summary["validity"]
+    run_day = run(folder, "tools/tools-throughput").started_at[:10]
+    return wrap(
+        f"On the {summary['machine']['cpu']} ({run_day}, one run): every call's arguments "
+        f"validated ({valid['valid']}/{valid['users']}), and the tool-calling users got "
+        f"{constrained.throughput_tok_s / free.throughput_tok_s:.0%} of the free users' "
+        "throughput. A new tool's grammar compiles on worker threads, in the API process and "
+        "in the engine core process, so it does not hold up a step; what a new tool does cost "
+        "the running streams is its prompt, since the tool's schema is rendered into it: "
+        "beside a ~1,500-token prompt prefilled in 512-token chunks, the streams' ITL p99 went "
+        f"from {alone.itl_p99_ms:.0f} ms to {known.itl_p99_ms:.0f} ms with the grammar already "
+        f"compiled and to {new.itl_p99_ms:.0f} ms with it compiling.", width=95).replace(
+            "\n  ", "\n")
