@@ -1,8 +1,9 @@
 """Passages of README.md and docs/*.md whose figures come from the files in results/.
 
-Each passage sits between `<!-- results:NAME -->` and `<!-- /results:NAME -->` and is
-written by `python3 benchmarks/report.py` from BLOCKS[NAME]; `--check` fails when a passage
-differs from what the files give, as it does for docs/results.md.
+Each passage sits between `<!-- results:NAME -->` and `<!-- /results:NAME -->` (the two marks
+indented alike; the passage takes their indent) and is written by
+`python3 benchmarks/report.py` from BLOCKS[NAME]; `--check` fails when a passage differs
+from what the files give, as it does for docs/results.md.
 """
 
 from __future__ import annotations
@@ -12,15 +13,23 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-from benchmarks.results_readme import readme_results, tools_under_load
+from benchmarks.results_passages import (
+    amx_30_users,
+    load_generator_share,
+    readme_results,
+    tools_under_load,
+)
 
 BLOCKS: dict[str, Callable[[Path], str]] = {
     "readme-results": readme_results,
     "tools-under-load": tools_under_load,
+    "amx-30-users": amx_30_users,
+    "load-generator-share": load_generator_share,
 }
 
-BLOCK = re.compile(r"(<!-- results:(?P<name>[\w-]+) -->\n)(?P<body>.*?)"
-                   r"(<!-- /results:(?P=name) -->)", re.S)
+BLOCK = re.compile(r"^(?P<indent>[ ]*)(?P<open><!-- results:(?P<name>[\w-]+) -->\n)"
+                   r"(?P<body>.*?)^(?P=indent)(?P<close><!-- /results:(?P=name) -->)",
+                   re.S | re.M)
 
 
 def pages(root: Path) -> list[Path]:
@@ -32,10 +41,12 @@ def pages(root: Path) -> list[Path]:
 def fill(text: str, folder: Path) -> str:
     """The text with every passage written anew from the files in `folder`."""
     def body(match: re.Match[str]) -> str:
-        name = match["name"]
+        name, indent = match["name"], match["indent"]
         if name not in BLOCKS:
             raise KeyError(f"no passage named {name!r} (benchmarks/results_blocks.py)")
-        return match[1] + BLOCKS[name](folder).rstrip("\n") + "\n" + match[4]
+        lines = BLOCKS[name](folder).rstrip("\n").split("\n")
+        text = "\n".join(f"{indent}{line}" if line else "" for line in lines)
+        return f"{indent}{match['open']}{text}\n{indent}{match['close']}"
     filled, found = BLOCK.subn(body, text)
     if found != text.count("<!-- results:"):
         raise ValueError("a <!-- results:NAME --> mark without its <!-- /results:NAME -->")

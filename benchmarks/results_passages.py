@@ -1,5 +1,5 @@
 """The results passages outside docs/results.md (see benchmarks/results_blocks.py): README.md's
-Results bullets and docs/api.md's tool calls under load, every figure from results/."""
+Results bullets and the figures other pages of docs/ quote, every one from results/."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 from benchmarks.results import InterleavedRun, ServedOverheadRun, StartupRun
 from benchmarks.results_page import anchor, level, level_by_order, ratio, run
-from benchmarks.results_sections import INTERLEAVED, ORDERS
+from benchmarks.results_sections import INTERLEAVED, ORDERS, turns_table
 
 PRECISIONS = {"fp32": ("", "f32"), "bf16": ("-bf16", "bf16"), "q4_1": ("-q4_1", "q4_1")}
 ORDERS_TITLE = "30 users against llama.cpp in fp32, each server started first in turn"
@@ -301,14 +301,14 @@ def readme_results(folder: Path) -> str:
     return "\n".join(wrap(b(folder)) for b in bullets)
 
 
-def wrap(bullet: str, width: int = 96) -> str:
-    """A bullet on lines of at most `width` characters (but for a longer code span), continued
-    with two spaces; a code span stays on one line."""
+def wrap(bullet: str, width: int = 96, continued: str = "  ") -> str:
+    """A bullet (or paragraph) on lines of at most `width` characters (but for a longer code
+    span), each after the first led by `continued`; a code span stays on one line."""
     words, lines, line = re.findall(r"(?:[^\s`]*`[^`]*`)+[^\s`]*|\S+", bullet), [], ""
     for word in words:
         if line and len(line) + 1 + len(word) > width:
             lines.append(line)
-            line = "  " + word
+            line = continued + word
         else:
             line = f"{line} {word}" if line else word
     return "\n".join([*lines, line])
@@ -332,5 +332,37 @@ def tools_under_load(folder: Path) -> str:
         "the running streams is its prompt, since the tool's schema is rendered into it: "
         "beside a ~1,500-token prompt prefilled in 512-token chunks, the streams' ITL p99 went "
         f"from {alone.itl_p99_ms:.0f} ms to {known.itl_p99_ms:.0f} ms with the grammar already "
-        f"compiled and to {new.itl_p99_ms:.0f} ms with it compiling.", width=95).replace(
-            "\n  ", "\n")
+        f"compiled and to {new.itl_p99_ms:.0f} ms with it compiling.", width=95, continued="")
+
+
+def amx_30_users(folder: Path) -> str:
+    """docs/performance.md's bf16 with and without AMX against fp32, 30 users."""
+    name = "amx-30-users/interleaved.json"
+    r = InterleavedRun.load(folder / name)
+    faster = statistics.median(per_turn(r, "bf16", "fp32"))
+    without = statistics.median(per_turn(r, "bf16-no-amx", "fp32"))
+    return "\n".join([
+        f"{r.machine.cpu}, {r.started_at[:10]} (`results/amx-30-users/`):", "",
+        *turns_table(name, folder), "",
+        wrap(f"So on this CPU bf16 serves 30 users {faster:.2f}x as fast as fp32 (median of "
+             f"the turns), where without AMX it served {without:.2f}x.", 94, continued="")])
+
+
+def load_generator_share(folder: Path) -> str:
+    """docs/engine-process.md's one user against llama.cpp through either client."""
+    def medians(sub: str) -> str:
+        return ", ".join(
+            f"{p} {statistics.median(interleaved(folder, f'{sub}/{p}').ratios('nano-vllm', 'llama-cpp')):.3f}"  # noqa: E501
+            for p in INTERLEAVED)
+
+    aio, httpx = "one-user-interleaved-aiohttp", "one-user-interleaved"
+    return wrap(
+        "The lighter client does not change who streams faster: it takes about as much off both "
+        "servers. One user against llama.cpp, both up at once, ten turns, our ITL p50 over "
+        "theirs within a turn, median of the turns, through aiohttp "
+        f"({interleaved(folder, f'{aio}/fp32').started_at[:16].replace('T', ' ')}): "
+        f"{medians(aio)}; through httpx, a run later that day "
+        f"({interleaved(folder, f'{httpx}/fp32').started_at[:16].replace('T', ' ')}): "
+        f"{medians(httpx)} ([results.md](results.md#one-user-against-llamacpp-interleaved) "
+        "and the section after it). The spread between runs is as large as the differences.",
+        95, continued="")
