@@ -15,9 +15,11 @@ from pathlib import Path
 
 from benchmarks.results_passages import (
     amx_30_users,
+    gemma_served,
     load_generator_share,
     readme_results,
     tools_under_load,
+    vllm_intel,
 )
 
 BLOCKS: dict[str, Callable[[Path], str]] = {
@@ -25,6 +27,8 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "tools-under-load": tools_under_load,
     "amx-30-users": amx_30_users,
     "load-generator-share": load_generator_share,
+    "vllm-intel": vllm_intel,
+    "gemma-served": gemma_served,
 }
 
 BLOCK = re.compile(r"^(?P<indent>[ ]*)(?P<open><!-- results:(?P<name>[\w-]+) -->\n)"

