@@ -16,6 +16,8 @@ from pathlib import Path
 from benchmarks.results_passages import (
     amx_30_users,
     gemma_served,
+    int8act_intel_served,
+    int8act_served,
     load_generator_share,
     readme_results,
     tools_under_load,
@@ -29,6 +31,8 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "load-generator-share": load_generator_share,
     "vllm-intel": vllm_intel,
     "gemma-served": gemma_served,
+    "int8act-served": int8act_served,
+    "int8act-intel-served": int8act_intel_served,
 }
 
 BLOCK = re.compile(r"^(?P<indent>[ ]*)(?P<open><!-- results:(?P<name>[\w-]+) -->\n)"

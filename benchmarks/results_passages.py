@@ -415,3 +415,28 @@ def gemma_served(folder: Path) -> str:
                     for k in ("codes", "fp32", "q8head"))
         + "). 30-user throughput moves between runs on this machine, so these are one run's "
         "ratios, not exact ones.", 95, continued="")
+
+
+def int8act_served(folder: Path) -> str:
+    """docs/quantized.md's int8 activations served to 30 users on AMD."""
+    turns = [ratio(folder, f"int8act/int8act-{t}", f"int8act/q4_1-{t}", 30) for t in (1, 2)]
+    return wrap(
+        f"Served to 30 users the mode gives {turns[0]:.2f}x and {turns[1]:.2f}x the exact "
+        f"path's throughput in two turns ({cpu(folder, 'int8act/q4_1-1.json')}, "
+        f"{day(folder, 'int8act/q4_1-1.json')}, "
+        "[results.md](results.md#int8-activations-for-the-4-bit-weights)).", 95, continued="")
+
+
+def int8act_intel_served(folder: Path) -> str:
+    """docs/quantized.md's int8 activations served to 30 users on the Intel Xeon."""
+    intel = interleaved(folder, "int8act-intel")
+    per = per_turn(intel, "int8act", "q4_1")
+    over = sum(intel.throughput_tok_s["int8act"]) / sum(intel.throughput_tok_s["q4_1"])
+    return wrap(
+        "Served to 30 users, both servers up at once and given the load in turns, the page "
+        f"cache dropped first ({intel.started_at[:10]}): {span(per, unit='x')} the exact "
+        f"path's throughput per turn, {over:.2f}x over the {len(per)} turns, ITL p50 "
+        f"{statistics.median(intel.itl_p50_ms['int8act']):.1f} against "
+        f"{statistics.median(intel.itl_p50_ms['q4_1']):.1f} ms (median of the turns; "
+        "[results.md](results.md#int8-activations-at-30-users-on-an-intel-xeon)).",
+        95, continued="")
