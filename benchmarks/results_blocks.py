@@ -15,13 +15,19 @@ from pathlib import Path
 
 from benchmarks.results_passages import (
     amx_30_users,
+    bf16_without_amx_served,
     gemma_served,
     int8act_intel_served,
     int8act_served,
     load_generator_share,
+    one_user_vs_llama,
     readme_results,
+    served_overhead,
+    served_overhead_intel,
     tools_under_load,
     vllm_intel,
+    zen3_30_users,
+    zen3_one_user,
 )
 
 BLOCKS: dict[str, Callable[[Path], str]] = {
@@ -33,6 +39,12 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "gemma-served": gemma_served,
     "int8act-served": int8act_served,
     "int8act-intel-served": int8act_intel_served,
+    "bf16-without-amx-served": bf16_without_amx_served,
+    "zen3-30-users": zen3_30_users,
+    "zen3-one-user": zen3_one_user,
+    "served-overhead": served_overhead,
+    "served-overhead-intel": served_overhead_intel,
+    "one-user-vs-llama": one_user_vs_llama,
 }
 
 BLOCK = re.compile(r"^(?P<indent>[ ]*)(?P<open><!-- results:(?P<name>[\w-]+) -->\n)"

@@ -8,9 +8,10 @@ import re
 import statistics
 from pathlib import Path
 
-from benchmarks.results import InterleavedRun, ServedOverheadRun, StartupRun
+from benchmarks.results import InterleavedRun, RooflineRun, ServedOverheadRun, StartupRun
 from benchmarks.results_page import anchor, level, level_by_order, ratio, run
 from benchmarks.results_sections import INTERLEAVED, ORDERS, turns_table
+from benchmarks.tables import markdown_table
 
 PRECISIONS = {"fp32": ("", "f32"), "bf16": ("-bf16", "bf16"), "q4_1": ("-q4_1", "q4_1")}
 ORDERS_TITLE = "30 users against llama.cpp in fp32, each server started first in turn"
@@ -439,4 +440,129 @@ def int8act_intel_served(folder: Path) -> str:
         f"{statistics.median(intel.itl_p50_ms['int8act']):.1f} against "
         f"{statistics.median(intel.itl_p50_ms['q4_1']):.1f} ms (median of the turns; "
         "[results.md](results.md#int8-activations-at-30-users-on-an-intel-xeon)).",
+        95, continued="")
+
+
+def bf16_without_amx_served(folder: Path) -> str:
+    """docs/performance.md's bf16 with AMX off, by FMAs and by `vdpbf16ps`, against fp32."""
+    r = interleaved(folder, "bf16-without-amx")
+    tput = r.throughput_tok_s
+
+    def itl(label: str) -> str:
+        return f"{statistics.median(r.ratios(label, 'fp32')):.3f}x"
+
+    return wrap(
+        "Served, 30 users x 100 tokens, fp32 and three bf16 servers up at once, in turns, the "
+        f"page cache dropped first ({r.started_at[:10]}, "
+        "[results.md](results.md#bf16-without-amx-fmas-where-vdpbf16ps-is-slow)): bf16 with AMX "
+        f"off {span(tput['bf16'], 0)} tok/s against fp32's {span(tput['fp32'], 0)} (ITL "
+        f"{itl('bf16')} fp32's per turn, median), where `vdpbf16ps` alone gave "
+        f"{span(tput['bf16-dot'], 0)} ({itl('bf16-dot')}); with AMX, "
+        f"{span(tput['bf16-amx'], 0)}.", 94, continued="")
+
+
+def zen3_30_users(folder: Path) -> str:
+    """docs/performance.md's 30 users against llama.cpp on Zen 3, and the roofline's why."""
+    runs = {p: interleaved(folder, f"zen3-30-users/{k}") for p, (_, k) in PRECISIONS.items()}
+
+    def turns(r: InterleavedRun, label: str) -> str:
+        return ", ".join(f"{t:.1f}" for t in r.throughput_tok_s[label])
+
+    rows = [(p, [turns(r, "nano-vllm"), turns(r, "llama-cpp")]) for p, r in runs.items()]
+    rows.append(("q4_1, `--activations int8`", [turns(runs["q4_1"], "nano-vllm-int8act"),
+                                                "(the q4_1 row's)"]))
+    ours = {p: per_turn(r, "nano-vllm", "llama-cpp") for p, r in runs.items()}
+    four_bit = ours["q4_1"] + per_turn(runs["q4_1"], "nano-vllm-int8act", "llama-cpp")
+    roof = RooflineRun.load(folder / "roofline/amd-epyc-family-25-model-1.json")
+    fp32, bf16 = roof.peak("float32"), roof.peak("bfloat16")
+    at30 = {c.path: c for c in roof.cells if c.rows == 30}
+    return "\n".join([
+        *markdown_table("precision", ["nano-vLLM tok/s per turn", "llama.cpp tok/s per turn"],
+                        rows), "",
+        wrap(f"So on this CPU ({runs['fp32'].started_at[:10]}) we serve 30 users "
+             f"{span(ours['fp32'], unit='x')} llama.cpp's throughput per turn in fp32 and "
+             f"{span(ours['bf16'], unit='x')} in bf16, and {span(four_bit, unit='x')} with the "
+             "4-bit weights. The roofline below says why (`results/roofline/`): at 30 rows the "
+             f"step's matmuls are compute bound, and our fp32 kernel reaches "
+             f"{at30['ours-fp32'].of_compute:.0%} of the fastest {fp32.gemm_size}^3 GEMM "
+             f"measured there (torch's, {fp32.best_gflops:.0f} GFLOP/s; ours "
+             f"{fp32.gflops_by_path['ours']:.0f} at that size), bf16 (widened to fp32, the same "
+             f"FMAs) {at30['ours-bf16'].of_compute:.0%} of our own "
+             f"({bf16.best_gflops:.0f} GFLOP/s).", 94, continued="")])
+
+
+def zen3_one_user(folder: Path) -> str:
+    """docs/performance.md's one user against llama.cpp on Zen 3."""
+    parts = []
+    for p in INTERLEAVED:
+        r = interleaved(folder, f"zen3-one-user/{p}")
+        parts.append(f"{statistics.median(r.ratios('llama-cpp', 'nano-vllm')):.3f} in {p} "
+                     f"(ours {statistics.median(r.itl_p50_ms['nano-vllm']):.1f} ms, theirs "
+                     f"{statistics.median(r.itl_p50_ms['llama-cpp']):.1f})")
+    day_ = interleaved(folder, "zen3-one-user/fp32").started_at[:10]
+    return wrap(f"llama.cpp's ITL p50 over ours within a turn, median ({day_}): "
+                + ", ".join(parts) + ":", 94, continued="")
+
+
+def overhead_table(r: ServedOverheadRun) -> list[str]:
+    """served_overhead.py's rows, one per configuration, its turns side by side."""
+    labels = list(dict.fromkeys(row.label for row in r.rows))
+    rows = []
+    for label in labels:
+        mine = sorted((row for row in r.rows if row.label == label), key=lambda row: row.turn)
+        rows.append((label, [" / ".join(f"{row.engine_alone_ms:.2f}" for row in mine),
+                             " / ".join(f"{row.served_ms:.2f}" for row in mine),
+                             " / ".join(f"{row.overhead_ms:+.2f}" for row in mine)]))
+    turns = " / ".join(str(t) for t in sorted({row.turn for row in r.rows}))
+    return markdown_table("precision", [f"engine alone (ms), turn {turns}",
+                                        f"served (ms), turn {turns}",
+                                        "served minus alone (ms)"], rows)
+
+
+def served_overhead(folder: Path) -> str:
+    """docs/performance.md's engine alone against the server, AMD."""
+    r = ServedOverheadRun.load(folder / "served-overhead/overhead.json")
+    shortest = min(row.overhead_ms for row in r.rows)
+    return "\n".join([
+        f"{r.machine.cpu}, {day(folder, 'served-overhead/fp32-1.json')}:", "",
+        *overhead_table(r), "",
+        wrap((f"A served step {-shortest:.1f} ms shorter than the engine alone's is the "
+              "machine's speed moving between the two measurements, not serving: "
+              if shortest < 0 else "The machine's speed moves between the two measurements: ")
+             + "this method runs them one after the other, and on this machine a minute apart "
+             "is enough for that. `benchmarks/interleaved.py` is the drift-proof comparison, "
+             "but it compares servers only.", 95, continued="")])
+
+
+def served_overhead_intel(folder: Path) -> str:
+    """docs/performance.md's engine alone (at the core's choices) against the server, Intel."""
+    r = ServedOverheadRun.load(folder / "served-overhead-intel/overhead.json")
+    return "\n".join([f"{r.machine.cpu}, {day(folder, 'served-overhead-intel/fp32-1.json')}:",
+                      "", *overhead_table(r)])
+
+
+def one_user_vs_llama(folder: Path) -> str:
+    """docs/performance.md's one user against llama.cpp, with the engine in its own process."""
+    pairs = {p: (level(folder, f"vs-llama-cpp/nano-vllm-process-{p}", 1),
+                 level(folder, f"vs-llama-cpp/llama-cpp-{k}", 1))
+             for p, (_, k) in PRECISIONS.items()}
+    itl = ", ".join(f"{ours.itl_p50_ms:.1f} vs {theirs.itl_p50_ms:.1f} ms in {p}"
+                    for p, (ours, theirs) in pairs.items())
+    ahead = [(p, ours.itl_p50_ms - theirs.itl_p50_ms) for p, (ours, theirs) in pairs.items()
+             if ours.itl_p50_ms > theirs.itl_p50_ms]
+    lead = (" and ".join(f"{gap:.1f} ms in {p}" for p, gap in ahead) if ahead else "")
+    ours_bf16 = [level(folder, f"one-user-bf16/nano-bf16-{t}", 1).itl_p50_ms for t in (1, 2)]
+    theirs_bf16 = [level(folder, f"one-user-bf16/llama-cpp-bf16-{t}", 1).itl_p50_ms
+                   for t in (1, 2)]
+    return wrap(
+        "Against llama.cpp's server in one run "
+        "([results.md](results.md#against-llamacpp-with-the-engine-in-its-own-process), "
+        f"{day(folder, 'vs-llama-cpp/llama-cpp-f32.json')}), one user's ITL p50 was {itl}. "
+        + (f"So llama.cpp was ahead by {lead} in that run, and one-user steps on this machine "
+           "move between runs by as much as that gap (the served-overhead turns above). "
+           if lead else "")
+        + "Earlier, the two servers in turns, one user only, three rounds each turn, gave "
+        f"{' / '.join(f'{x:.2f}' for x in ours_bf16)} ms (ours) against "
+        f"{' / '.join(f'{x:.2f}' for x in theirs_bf16)} ms (llama.cpp) in bf16 "
+        f"({day(folder, 'one-user-bf16/nano-bf16-1.json')}, `results/one-user-bf16/`):",
         95, continued="")
