@@ -24,6 +24,7 @@ from benchmarks.results_passages import (
     readme_results,
     served_overhead,
     served_overhead_intel,
+    shared_prompt_intel,
     tools_under_load,
     vllm_intel,
     zen3_30_users,
@@ -45,6 +46,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "served-overhead": served_overhead,
     "served-overhead-intel": served_overhead_intel,
     "one-user-vs-llama": one_user_vs_llama,
+    "shared-prompt-intel": shared_prompt_intel,
 }
 
 BLOCK = re.compile(r"^(?P<indent>[ ]*)(?P<open><!-- results:(?P<name>[\w-]+) -->\n)"

@@ -566,3 +566,19 @@ def one_user_vs_llama(folder: Path) -> str:
         f"{' / '.join(f'{x:.2f}' for x in theirs_bf16)} ms (llama.cpp) in bf16 "
         f"({day(folder, 'one-user-bf16/nano-bf16-1.json')}, `results/one-user-bf16/`):",
         95, continued="")
+
+
+def shared_prompt_intel(folder: Path) -> str:
+    """docs/performance.md's shared ~690-token prompt served on the Intel Xeon."""
+    ttft = {d: [level(folder, f"shared-prompt-intel/{d}-{i}", 30).ttft_p50_ms for i in (1, 2)]
+            for d in ("fp32", "bf16")}
+    misses = min(ttft["fp32"]) > 1000
+    return wrap(
+        f"On an {cpu(folder, 'shared-prompt-intel/fp32-1.json')} (as its VM reports it), the "
+        "same load served in fp32 and in bf16, twice "
+        f"({day(folder, 'shared-prompt-intel/fp32-1.json')}, "
+        "[results.md](results.md#a-shared-690-token-prompt-on-an-intel-xeon-fp32-and-bf16)): "
+        f"TTFT p50 {ttft['fp32'][0]:,.0f} and {ttft['fp32'][1]:,.0f} ms in fp32, "
+        f"{ttft['bf16'][0]:,.0f} and {ttft['bf16'][1]:,.0f} ms in bf16 (AMX)."
+        + (" fp32 misses the second there, and the engine alone shows why" if misses else
+           " The engine alone shows where fp32's time goes"), 95, continued="")
