@@ -16,6 +16,7 @@ from pathlib import Path
 from benchmarks.results_passages import (
     amx_30_users,
     bf16_without_amx_served,
+    engine_process_side_by_side,
     gemma_served,
     int8act_intel_served,
     int8act_served,
@@ -47,6 +48,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "served-overhead-intel": served_overhead_intel,
     "one-user-vs-llama": one_user_vs_llama,
     "shared-prompt-intel": shared_prompt_intel,
+    "engine-process-side-by-side": engine_process_side_by_side,
 }
 
 BLOCK = re.compile(r"^(?P<indent>[ ]*)(?P<open><!-- results:(?P<name>[\w-]+) -->\n)"

@@ -196,12 +196,29 @@ def in_process_llama(folder: Path) -> str:
             "figures.")
 
 
-def engine_process(folder: Path) -> str:
-    def mean(kind: str, p: str) -> float:
+def engine_process_gains(folder: Path) -> list[float]:
+    """30-user throughput in the engine's own process over in-process, two turns summed,
+    one per precision."""
+    def total(kind: str, p: str) -> float:
         return sum(level(folder, f"engine-process/{kind}-{p}-{t}", 30).throughput_tok_s or 0
                    for t in (1, 2))
 
-    gains = [mean("process", p) / mean("thread", p) for p in INTERLEAVED]
+    return [total("process", p) / total("thread", p) for p in INTERLEAVED]
+
+
+def engine_process_side_by_side(folder: Path) -> str:
+    """docs/engine-process.md's summary of the side-by-side runs."""
+    return wrap(
+        "Measured side by side, against the in-process engine and against llama.cpp's server, "
+        "in [results.md](results.md#the-engine-core-in-its-own-process): 30 users "
+        f"{span(engine_process_gains(folder), unit='x')} the in-process throughput (mean of two "
+        f"turns, {day(folder, 'engine-process/process-fp32-1.json')}); one user's ITL p50 "
+        "against llama.cpp's in the [section after it](results.md#against-llamacpp-with-the-"
+        "engine-in-its-own-process).", 95, continued="")
+
+
+def engine_process(folder: Path) -> str:
+    gains = engine_process_gains(folder)
     first = "engine-process/process-fp32-1.json"
     return (f"* **The engine core in its own process** (the default; {cpu(folder, first)}, "
             f"{day(folder, first)}): in turns with the engine on a thread of the server "
