@@ -17,6 +17,7 @@ from benchmarks.results_passages import (
     amx_30_users,
     bf16_without_amx_served,
     engine_process_side_by_side,
+    fresh_start,
     gemma_served,
     int8act_intel_served,
     int8act_served,
@@ -49,6 +50,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "one-user-vs-llama": one_user_vs_llama,
     "shared-prompt-intel": shared_prompt_intel,
     "engine-process-side-by-side": engine_process_side_by_side,
+    "fresh-start": fresh_start,
 }
 
 BLOCK = re.compile(r"^(?P<indent>[ ]*)(?P<open><!-- results:(?P<name>[\w-]+) -->\n)"

@@ -599,3 +599,16 @@ def shared_prompt_intel(folder: Path) -> str:
         f"{ttft['bf16'][0]:,.0f} and {ttft['bf16'][1]:,.0f} ms in bf16 (AMX)."
         + (" fp32 misses the second there, and the engine alone shows why" if misses else
            " The engine alone shows where fp32's time goes"), 95, continued="")
+
+
+def fresh_start(folder: Path) -> str:
+    """docs/performance.md's first start from nothing, with and without the compile beside
+    the model's preparation."""
+    kept, overlap = (StartupRun.load(folder / f"startup-fresh-intel/{n}.json")
+                     for n in ("before", "after"))
+    return wrap(
+        f"{kept.first_s:.1f} s to `/health` on the {kept.machine.cpu}, idle, and a later start "
+        f"{kept.later_s:.1f} s (4c6cdc6, the start-up kept; {kept.started_at[:10]}). Compiling "
+        "the kernels in a background process while the API process prepared the model "
+        f"(44d6510) measured {overlap.first_s:.1f} s in the same run, run first", 92,
+        continued="")
