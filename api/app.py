@@ -1,9 +1,9 @@
 """The FastAPI app: routes and error handlers over any engine (api/engine_client.py).
 
 The generating endpoints are api/serving.py's; request bodies are api/protocol.py's,
-response bodies api/responses.py's, and every error leaves as OpenAI's envelope
+response bodies api/openai/bodies.py's, and every error leaves as OpenAI's envelope
 (api/errors.py); Anthropic's Messages API (/v1/messages) has its own of each
-(api/protocol_messages.py, api/responses_messages.py, api/serving_messages.py). Who may
+(api/messages/protocol.py, api/messages/bodies.py, api/messages/serving.py). Who may
 call which route is api/security.py's; what /openapi.json says, api/openapi.py's.
 """
 
@@ -27,21 +27,11 @@ from api.dashboard.routes import dashboard_router
 from api.engine_client import EngineClient
 from api.errors import APIError, describe_validation_error, error_body, error_response
 from api.limits import BodySizeLimit, PromptBound, default_max_request_bytes
-from api.openapi import (
-    anthropic_error_responses,
-    anthropic_responses,
-    error_responses,
-    generation_responses,
-    honest_openapi,
-    named_event_responses,
-    text_response,
-)
-from api.protocol import ChatCompletionRequest, CompletionRequest
-from api.protocol_messages import CountTokensRequest, MessagesRequest
-from api.protocol_responses import ResponsesRequest
-from api.response_objects import STREAM_EVENTS as RESPONSE_EVENTS
-from api.response_objects import ResponseObject
-from api.responses import (
+from api.messages.bodies import STREAM_EVENTS as MESSAGE_EVENTS
+from api.messages.bodies import MessageResponse, TokenCount
+from api.messages.protocol import CountTokensRequest, MessagesRequest
+from api.messages.serving import MessagesServing
+from api.openai.bodies import (
     ChatCompletionResponse,
     ChatCompletionStreamResponse,
     CompletionResponse,
@@ -52,14 +42,24 @@ from api.responses import (
     ModelList,
     TokenizeResponse,
 )
-from api.responses_messages import STREAM_EVENTS as MESSAGE_EVENTS
-from api.responses_messages import MessageResponse, TokenCount
+from api.openai.chat import ChatServing
+from api.openai.completions import CompletionServing
+from api.openapi import (
+    anthropic_error_responses,
+    anthropic_responses,
+    error_responses,
+    generation_responses,
+    honest_openapi,
+    named_event_responses,
+    text_response,
+)
+from api.protocol import ChatCompletionRequest, CompletionRequest
+from api.responses.objects import STREAM_EVENTS as RESPONSE_EVENTS
+from api.responses.objects import ResponseObject
+from api.responses.protocol import ResponsesRequest
+from api.responses.serving import ResponsesServing
 from api.security import AccessConfig, guard, install_access
 from api.serving import REQUEST_ID_HEADER, Arrivals
-from api.serving_chat import ChatServing
-from api.serving_completion import CompletionServing
-from api.serving_messages import MessagesServing
-from api.serving_responses import ResponsesServing
 from api.tokenization import DetokenizeRequest, TokenizationServing, TokenizeRequest
 from engine.structured.compiler import DEFAULT_COMPILE_TIMEOUT_S, GrammarCompiler
 

@@ -1,6 +1,6 @@
 """Errors as OpenAI sends them: one envelope, {"error": {message, type, param, code}}; on
 Anthropic's routes (/v1/messages...) as Anthropic sends them: {"type": "error", "error":
-{type, message}} (api/responses_messages.py)."""
+{type, message}} (api/messages/bodies.py)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
-from api.responses import ErrorDetail, ErrorResponse
-from api.responses_messages import anthropic_error_body
+from api.messages.bodies import anthropic_error_body
+from api.openai.bodies import ErrorDetail, ErrorResponse
 
 RETRY_AFTER_SECONDS = 1
 ANTHROPIC_PATH = "/v1/messages"

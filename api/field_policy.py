@@ -194,7 +194,7 @@ CHAT_FIELDS: dict[str, FieldRule] = {
     "mm_processor_kwargs": refused("Only text is served.", V),
 }
 
-# OpenAI's CreateResponse, translated into a chat request (api/protocol_responses.py).
+# OpenAI's CreateResponse, translated into a chat request (api/responses/protocol.py).
 RESPONSE_FIELDS: dict[str, FieldRule] = {
     "model": SHARED["model"],
     "input": done("A string, or a list of messages, function_call and function_call_output "

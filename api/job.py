@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from api.responses import Timing, Usage
+from api.openai.bodies import Timing, Usage
 from engine.logprobs import TokenLogprobs
 from engine.request import RequestOutput
 

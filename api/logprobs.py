@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from api.responses import ChatTokenLogprob, CompletionLogprobs, TopLogprob
+from api.openai.bodies import ChatTokenLogprob, CompletionLogprobs, TopLogprob
 from engine.logprobs import TokenLogprobs
 
 UNLIKELY_LOGPROB = -9999.0

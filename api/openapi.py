@@ -18,9 +18,9 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
+from api.messages.bodies import STREAM_EVENTS, AnthropicErrorResponse
+from api.openai.bodies import ErrorResponse
 from api.protocol import TOKEN_ID_MARKER
-from api.responses import ErrorResponse
-from api.responses_messages import STREAM_EVENTS, AnthropicErrorResponse
 
 ERROR_DESCRIPTIONS = {
     400: "Invalid request: OpenAI's error envelope, naming the field (`param`).",

@@ -25,7 +25,7 @@ from pydantic import (
 from api.errors import APIError
 from api.field_policy import CHAT, COMPLETIONS, check_fields
 from api.structured import grammar_spec
-from api.tools import ToolPlan, tool_plan
+from api.tools.plan import ToolPlan, tool_plan
 from engine.logprobs import DEFAULT_LOGPROBS_MODE, MAX_TOP_LOGPROBS, LogprobsMode
 from engine.request import SamplingParams
 from engine.structured.grammar import GrammarSpec
@@ -469,7 +469,7 @@ class ChatMessage(APIModel):
     role: Literal["system", "user", "assistant", "developer", "tool", "function"]
     content: str | list[TextPart] | None = None  # None: an assistant's tool calls only
     name: str | None = None
-    tool_calls: list[dict] | None = None  # an assistant's (api/tool_prompt.py checks them)
+    tool_calls: list[dict] | None = None  # an assistant's (api/tools/prompt.py checks them)
     tool_call_id: str | None = None  # a tool message's: the call it answers
     function_call: dict | None = None  # an assistant's legacy call: {name, arguments}
 
@@ -482,7 +482,7 @@ class ChatMessage(APIModel):
 
 
 class ToolFields(BaseModel):
-    """Function tools (api/tools.py), and their legacy form: what a chat body offers, and
+    """Function tools (api/tools/plan.py), and their legacy form: what a chat body offers, and
     /tokenize's body to count the same prompt."""
 
     tools: list[dict] | None = None

@@ -14,6 +14,7 @@ from pydantic import ConfigDict, Field
 
 from api.engine_client import EngineClient
 from api.errors import APIError
+from api.openai.bodies import DetokenizeResponse, TokenizeResponse
 from api.protocol import (
     TOOL_RULES,
     ChatMessage,
@@ -23,9 +24,8 @@ from api.protocol import (
     ToolFields,
     or_null,
 )
-from api.responses import DetokenizeResponse, TokenizeResponse
-from api.tool_prompt import render_messages, template_renders_tools
-from api.tools import ToolPlan, tool_plan
+from api.tools.plan import ToolPlan, tool_plan
+from api.tools.prompt import render_messages, template_renders_tools
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

@@ -9,7 +9,7 @@ import threading
 import httpx
 import pytest
 
-from api.serving_completion import CompletionServing
+from api.openai.completions import CompletionServing
 from tests.api.conftest import RunningServer
 
 COMPLETIONS = "/v1/completions"

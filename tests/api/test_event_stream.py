@@ -15,7 +15,7 @@ from sse_starlette.event import ensure_bytes
 from sse_starlette.sse import SendTimeoutError
 
 from api.event_stream import DONE, EventStream, named_sse, sse
-from api.responses import CompletionChoice, CompletionStreamResponse
+from api.openai.bodies import CompletionChoice, CompletionStreamResponse
 
 
 class Named(BaseModel):

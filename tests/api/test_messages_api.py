@@ -19,7 +19,7 @@ from fastapi.testclient import TestClient
 
 from api.app import create_app
 from api.field_policy import COUNT_TOKENS, MESSAGES, POLICIES, Status
-from api.protocol_messages import CountTokensRequest, MessagesRequest
+from api.messages.protocol import CountTokensRequest, MessagesRequest
 from api.security import AccessConfig
 from engine.admission import EngineUnavailableError, QueueFullError
 from engine.request import FinishReason, RequestOutput
@@ -453,7 +453,7 @@ SDK_RESPONSE_BLOCKS = [("TextBlock", "TextBlock"), ("ToolUseBlock", "ToolUseBloc
 
 @pytest.mark.parametrize("sdk_name, ours", SDK_BLOCKS + SDK_RESPONSE_BLOCKS)
 def test_every_key_of_the_sdks_blocks_is_a_field(sdk_name, ours):
-    from api import protocol_messages
+    from api.messages import protocol as protocol_messages
 
     sdk_type = getattr(anthropic.types, sdk_name)
     if hasattr(sdk_type, "model_fields"):  # a response block

@@ -16,8 +16,8 @@ import pytest
 from pydantic import Field
 
 from api.field_policy import POLICIES, RESPONSES, Status
-from api.protocol_responses import ResponsesRequest
-from api.response_output import ResponseOutput
+from api.responses.output import ResponseOutput
+from api.responses.protocol import ResponsesRequest
 from tests.api.conftest import MODEL_NAME, RunningServer
 from tests.api.test_field_policy import schema_properties
 from tests.api.test_openapi_schema import OpenAISchemas, find_openapi_document

@@ -11,7 +11,7 @@ import jsonschema
 import openai
 import pytest
 
-from api.tool_calls import CallStream, scan
+from api.tools.calls import CallStream, scan
 from tests.api.conftest import MODEL_NAME
 
 WEATHER_PARAMS = {

@@ -204,7 +204,7 @@ def test_a_tag_the_tokenizer_holds_as_one_token_is_accepted_as_that_token(tokeni
     of one literal now take the token too; the text's tokens still work."""
     import copy
 
-    from api.tools import CALL_CLOSE, CALL_OPEN, FunctionTool, call_grammar
+    from api.tools.plan import CALL_CLOSE, CALL_OPEN, FunctionTool, call_grammar
     from engine.structured.grammar import with_special_tokens
 
     tagged = copy.deepcopy(tokenizer)

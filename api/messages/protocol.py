@@ -1,5 +1,5 @@
 """Anthropic Messages API request bodies (/v1/messages and /v1/messages/count_tokens), as
-far as we serve them: strict types for the fields we read. api/messages_to_chat.py turns a
+far as we serve them: strict types for the fields we read. api/messages/to_chat.py turns a
 body into the chat request that /v1/chat/completions would run.
 
 Content blocks are typed (extra keys are a 400, not dropped); the kinds this server cannot

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from api.errors import APIError
 from api.job import Job, Prompt, SampleResult
-from api.protocol import CompletionRequest
-from api.responses import (
+from api.openai.bodies import (
     CompletionChoice,
     CompletionLogprobs,
     CompletionResponse,
     CompletionStreamResponse,
 )
+from api.protocol import CompletionRequest
 from api.serving import OpenAIServing
 from engine.logprobs import TokenLogprobs
 from engine.request import RequestOutput

@@ -21,8 +21,7 @@ import json
 from typing import Any
 
 from api.errors import APIError
-from api.protocol import ChatCompletionRequest
-from api.protocol_messages import (
+from api.messages.protocol import (
     CountTokensRequest,
     MessagesRequest,
     TextBlock,
@@ -35,7 +34,8 @@ from api.protocol_messages import (
     ToolUseBlock,
     UnreadBlock,
 )
-from api.tools import read_functions
+from api.protocol import ChatCompletionRequest
+from api.tools.plan import read_functions
 
 READ_BLOCKS = "this server reads text, tool_use and tool_result blocks only"
 

@@ -1,7 +1,7 @@
 """POST /v1/responses: a Responses body translated into a chat request
-(api/protocol_responses.py) and run through the chat path (prompt, tool grammar, engine,
-call parsing); only the answer's shape is its own (api/response_objects.py,
-api/response_output.py).
+(api/responses/protocol.py) and run through the chat path (prompt, tool grammar, engine,
+call parsing); only the answer's shape is its own (api/responses/objects.py,
+api/responses/output.py).
 
 The server is stateless: nothing is stored, so `store` has no effect and
 `previous_response_id` is refused (api/field_policy.py).
@@ -21,9 +21,9 @@ from fastapi.responses import Response
 from api.errors import APIError
 from api.event_stream import named_sse
 from api.job import Job
+from api.openai.chat import ChatServing
 from api.protocol import ChatCompletionRequest
-from api.protocol_responses import ResponsesChat, ResponsesRequest
-from api.response_objects import (
+from api.responses.objects import (
     ErrorEvent,
     FunctionCallItem,
     IncompleteDetails,
@@ -32,9 +32,9 @@ from api.response_objects import (
     ResponseObject,
     ResponseUsage,
 )
-from api.response_output import ResponseOutput
+from api.responses.output import ResponseOutput
+from api.responses.protocol import ResponsesChat, ResponsesRequest
 from api.serving import failure
-from api.serving_chat import ChatServing
 from engine.request import FinishReason
 
 Status = Literal["in_progress", "completed", "incomplete"]

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field
 
-from api.responses import Timing, Usage, omitted_if_none
+from api.openai.bodies import Timing, Usage, omitted_if_none
 
 ItemStatus = Literal["in_progress", "completed", "incomplete"]
 

@@ -1,4 +1,4 @@
-"""Reading tool calls back out of an answer the call grammar (api/tools.py) produced.
+"""Reading tool calls back out of an answer the call grammar (api/tools/plan.py) produced.
 
 The grammar fixes every character outside the names and the arguments, so the answer is
 read by walking that structure, not searched: `scan` takes the text so far (complete or
@@ -13,7 +13,7 @@ import json
 import uuid
 from dataclasses import dataclass, field
 
-from api.tools import ARGUMENTS_PREFIX, CALL_OPEN, CALL_SEPARATOR, CALL_SUFFIX, NAME_PREFIX
+from api.tools.plan import ARGUMENTS_PREFIX, CALL_OPEN, CALL_SEPARATOR, CALL_SUFFIX, NAME_PREFIX
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """POST /v1/messages and /v1/messages/count_tokens: Anthropic's Messages API over the chat
-path. The body becomes a chat request (api/messages_to_chat.py) and runs as chat
+path. The body becomes a chat request (api/messages/to_chat.py) and runs as chat
 completions run (rendering, tool grammar, call parsing: ChatServing's); only the answer's
-shapes are Anthropic's (api/responses_messages.py).
+shapes are Anthropic's (api/messages/bodies.py).
 """
 
 from __future__ import annotations
@@ -18,10 +18,7 @@ from starlette.concurrency import run_in_threadpool
 
 from api.event_stream import named_sse
 from api.job import Job
-from api.messages_to_chat import to_chat
-from api.protocol import ChatCompletionRequest
-from api.protocol_messages import CountTokensRequest, MessagesRequest
-from api.responses_messages import (
+from api.messages.bodies import (
     ContentBlockDeltaEvent,
     ContentBlockStartEvent,
     ContentBlockStopEvent,
@@ -40,9 +37,12 @@ from api.responses_messages import (
     ToolUseContent,
     anthropic_error_body,
 )
+from api.messages.protocol import CountTokensRequest, MessagesRequest
+from api.messages.to_chat import to_chat
+from api.openai.chat import ChatServing
+from api.protocol import ChatCompletionRequest
 from api.serving import failure
-from api.serving_chat import ChatServing
-from api.tool_calls import CallStream, is_call_text, scan
+from api.tools.calls import CallStream, is_call_text, scan
 from engine.request import FinishReason, RequestOutput
 
 

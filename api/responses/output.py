@@ -2,8 +2,8 @@
 events that tell each step.
 
 Under tools that may be called, the answer is function calls if it starts like one (the call
-grammar of api/tools.py lets free text start with anything but "<"), read by
-api/tool_calls.py as it grows; otherwise it is one message. A non-streamed response walks
+grammar of api/tools/plan.py lets free text start with anything but "<"), read by
+api/tools/calls.py as it grows; otherwise it is one message. A non-streamed response walks
 the whole text once, so both ways give the same items.
 """
 
@@ -13,7 +13,7 @@ import itertools
 import uuid
 from typing import Any, Literal, TypeVar
 
-from api.response_objects import (
+from api.responses.objects import (
     ArgumentsDeltaEvent,
     ArgumentsDoneEvent,
     ContentPartEvent,
@@ -25,7 +25,7 @@ from api.response_objects import (
     TextDeltaEvent,
     TextDoneEvent,
 )
-from api.tool_calls import CallStream, is_call_text, scan
+from api.tools.calls import CallStream, is_call_text, scan
 
 Event = TypeVar("Event", bound=StreamEvent)
 Mode = Literal["text", "calls"]

@@ -170,7 +170,7 @@ def add_call(messages: list[dict[str, Any]], item: dict[str, Any], where: str,
 
 
 def chat_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Flat function tools as chat's nested ones; api/tools.py checks what is inside."""
+    """Flat function tools as chat's nested ones; api/tools/plan.py checks what is inside."""
     nested = []
     for i, tool in enumerate(tools):
         if tool.get("type") != "function":
@@ -184,7 +184,7 @@ def chat_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def chat_tool_choice(choice: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
     """{"type": "function", "name"} as chat's {"type": "function", "function": {"name"}};
-    the modes as they are (api/tools.py checks them)."""
+    the modes as they are (api/tools/plan.py checks them)."""
     if not isinstance(choice, dict):
         return choice
     if choice.get("type") != "function" or not isinstance(choice.get("name"), str):

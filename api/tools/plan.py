@@ -9,8 +9,8 @@ A call is written as JSON inside tags, one per line:
 `required` and a named choice constrain the answer to such calls with a grammar
 (llguidance's lark, the arguments through its JSON-schema support); `auto` allows either
 free text (which cannot start with "<") or calls; `none` renders no tools and adds no
-grammar. Prompting and reading the answer back are api/tool_prompt.py's and
-api/tool_calls.py's.
+grammar. Prompting and reading the answer back are api/tools/prompt.py's and
+api/tools/calls.py's.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """POST /v1/chat/completions: messages rendered with the model's chat template; with tools
-(api/tools.py), answers read back as tool calls."""
+(api/tools/plan.py), answers read back as tool calls."""
 
 from __future__ import annotations
 
@@ -8,8 +8,7 @@ from dataclasses import dataclass
 from pydantic import BaseModel
 
 from api.job import Job, Prompt, SampleResult
-from api.protocol import ChatCompletionRequest
-from api.responses import (
+from api.openai.bodies import (
     ChatChoiceLogprobs,
     ChatCompletionChoice,
     ChatCompletionMessage,
@@ -22,9 +21,10 @@ from api.responses import (
     FunctionCall,
     ToolCall,
 )
+from api.protocol import ChatCompletionRequest
 from api.serving import OpenAIServing
 from api.tokenization import chat_prompt
-from api.tool_calls import CallStream, is_call_text, new_call_id, scan
+from api.tools.calls import CallStream, is_call_text, new_call_id, scan
 from engine.logprobs import TokenLogprobs
 from engine.request import RequestOutput
 

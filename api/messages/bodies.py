@@ -1,7 +1,7 @@
 """Anthropic Messages API response bodies, stream events and errors, as we send them
 (the `anthropic` client parses each into its own types: tests/api/test_messages_api.py).
 
-A message's content is one text block or tool_use blocks (the call grammar of api/tools.py
+A message's content is one text block or tool_use blocks (the call grammar of api/tools/plan.py
 allows one or the other, not both). A stream is message_start, then for each block
 content_block_start, its deltas and content_block_stop, then message_delta (why it stopped,
 the output tokens) and message_stop.
@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from api.responses import Timing, omitted_if_none
+from api.openai.bodies import Timing, omitted_if_none
 
 StopReason = Literal["end_turn", "max_tokens", "stop_sequence", "tool_use"]
 # Anthropic's error type for each HTTP status we answer with.

@@ -13,7 +13,7 @@ import json
 from typing import Any
 
 from api.errors import APIError
-from api.tools import CALL_CLOSE, CALL_OPEN, CALL_SEPARATOR, ToolPlan
+from api.tools.plan import CALL_CLOSE, CALL_OPEN, CALL_SEPARATOR, ToolPlan
 
 INSTRUCTIONS = """You can call these tools (functions), each given as a JSON schema:
 <tools>
