@@ -22,7 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # see benchmarks/_
 from benchmarks.plot import draw_charts
 from benchmarks.results import BenchRun
 from benchmarks.results_blocks import write_or_check
-from benchmarks.results_page import CHARTS, build_page
+from benchmarks.results_book import build_page
+from benchmarks.results_page import CHARTS
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -31,7 +31,7 @@ from benchmarks.results import (
     StartupRun,
     result_path,
 )
-from benchmarks.results_page import build_page
+from benchmarks.results_book import build_page
 from benchmarks.tables import profile_table, side_by_side
 from model.config import ModelConfig
 from model.llama import LlamaModel, causal_attention
