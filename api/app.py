@@ -1,66 +1,50 @@
-"""The FastAPI app: routes and error handlers over any engine (api/engine_client.py).
+"""The FastAPI app over any engine (api/engine_client.py): its middleware, error handlers,
+the serving objects every surface shares, and a router per surface:
 
-The generating endpoints are api/serving.py's; request bodies are api/protocol.py's,
-response bodies api/openai/bodies.py's, and every error leaves as OpenAI's envelope
-(api/errors.py); Anthropic's Messages API (/v1/messages) has its own of each
-(api/messages/protocol.py, api/messages/bodies.py, api/messages/serving.py). Who may
-call which route is api/security.py's; what /openapi.json says, api/openapi.py's.
+- api/server_routes.py: /health, /v1/models, /metrics;
+- api/openai/routes.py: OpenAI's completions and chat completions, /tokenize, /detokenize;
+- api/responses/routes.py: OpenAI's Responses API;
+- api/messages/routes.py: Anthropic's Messages API (errors in Anthropic's shape);
+- api/dashboard/routes.py: the dashboard, not part of the document.
+
+What the generating endpoints share is api/serving.py's; every error leaves as the route's
+envelope (api/errors.py). Who may call which route is api/security.py's; what /openapi.json
+says, api/openapi.py's.
 """
-
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from datetime import UTC, datetime
-from typing import Annotated
 
-from fastapi import FastAPI, Query, Request
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, RedirectResponse, Response
-from starlette.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api.dashboard.routes import dashboard_router
 from api.engine_client import EngineClient
-from api.errors import APIError, describe_validation_error, error_body, error_response
+from api.errors import APIError, describe_validation_error, error_response
 from api.limits import BodySizeLimit, PromptBound, default_max_request_bytes
 from api.messages.bodies import STREAM_EVENTS as MESSAGE_EVENTS
-from api.messages.bodies import MessageResponse, TokenCount
-from api.messages.protocol import CountTokensRequest, MessagesRequest
+from api.messages.routes import messages_router
 from api.messages.serving import MessagesServing
 from api.openai.bodies import (
-    ChatCompletionResponse,
     ChatCompletionStreamResponse,
-    CompletionResponse,
     CompletionStreamResponse,
-    DetokenizeResponse,
-    HealthStatus,
-    ModelCard,
-    ModelList,
-    TokenizeResponse,
 )
 from api.openai.chat import ChatServing
 from api.openai.completions import CompletionServing
-from api.openapi import (
-    anthropic_error_responses,
-    anthropic_responses,
-    error_responses,
-    generation_responses,
-    honest_openapi,
-    named_event_responses,
-    text_response,
-)
-from api.protocol import ChatCompletionRequest, CompletionRequest
+from api.openai.routes import openai_router
+from api.openapi import honest_openapi
 from api.responses.objects import STREAM_EVENTS as RESPONSE_EVENTS
-from api.responses.objects import ResponseObject
-from api.responses.protocol import ResponsesRequest
+from api.responses.routes import responses_router
 from api.responses.serving import ResponsesServing
 from api.security import AccessConfig, guard, install_access
+from api.server_routes import server_router
 from api.serving import REQUEST_ID_HEADER, Arrivals
-from api.tokenization import DetokenizeRequest, TokenizationServing, TokenizeRequest
+from api.tokenization import TokenizationServing
 from engine.structured.compiler import DEFAULT_COMPILE_TIMEOUT_S, GrammarCompiler
 
 log = logging.getLogger("nano_vllm.api")
@@ -139,97 +123,15 @@ def create_app(engine: EngineClient, model_name: str, access: AccessConfig | Non
     responses_serving = ResponsesServing(engine, model_name, *shared)
     messages_serving = MessagesServing(engine, model_name, *shared)
     tokenization = TokenizationServing(engine, completion_serving.accepted_model_names)
-    created = int(time.time())
     guarded = guard(app)
     probe = guard(app, guarded=bool(access and access.protect_health_metrics))
     auth = (401,) if guarded else ()  # documented only where a key is asked for
-    probe_auth = (401,) if probe else ()
-
-    @app.get("/health", dependencies=probe, response_model=HealthStatus,
-             responses=error_responses(503, *probe_auth))
-    async def health() -> JSONResponse:
-        reason = engine.unavailable_reason  # shutting down, or the engine thread died
-        if reason is not None:
-            body = error_body(reason, "server_error", code="service_unavailable")
-            return JSONResponse(body.model_dump(), status_code=503)
-        return JSONResponse({"status": "ok"})
-
-    card = ModelCard(id=model_name, created=created, display_name=model_name,
-                     created_at=datetime.fromtimestamp(created, UTC).isoformat(),
-                     max_model_len=engine.max_tokens_per_request, model_type=engine.model_type,
-                     max_position_embeddings=engine.max_position_embeddings)
-
-    @app.get("/v1/models", dependencies=guarded, responses=error_responses(400, *auth))
-    async def models(after_id: str | None = None, before_id: str | None = None,
-                     limit: Annotated[int, Query(ge=1, le=1000)] = 20) -> ModelList:
-        """The one model; Anthropic's page parameters: a page after or before it is empty
-        (so a client paging by hand stops), `limit` (1 to 1000) changes nothing."""
-        if after_id is not None or before_id is not None:
-            return ModelList(data=[])
-        return ModelList(data=[card], first_id=card.id, last_id=card.id)
-
-    @app.get("/v1/models/{model_id:path}", dependencies=guarded,
-             responses=error_responses(404, *auth))
-    async def model(model_id: str) -> ModelCard:
-        """The served model, by its name or "default"."""
-        if not model_id:  # "/v1/models/": the list, as before this route took the path
-            return RedirectResponse("/v1/models")
-        completion_serving.check_model_name(model_id)
-        return card
-
-    @app.get("/metrics", dependencies=probe, response_class=Response,
-             responses={**text_response("Prometheus' text exposition format, version 0.0.4."),
-                        **error_responses(*probe_auth)})
-    async def metrics() -> Response:
-        return Response(engine.metrics.render(), media_type="text/plain; version=0.0.4")
-
-    # HEAD where a probe may send it instead of GET (uptime monitors do): the same status and
-    # headers, and uvicorn sends no body.
-    for path, endpoint, dependencies in (("/health", health, probe),
-                                          ("/v1/models", models, guarded),
-                                          ("/v1/models/{model_id:path}", model, guarded),
-                                          ("/metrics", metrics, probe)):
-        app.add_api_route(path, endpoint, methods=["HEAD"], dependencies=dependencies,
-                          include_in_schema=False)
-
-    @app.post("/v1/completions", dependencies=guarded, response_model=None,
-              responses=generation_responses(CompletionResponse, CompletionStreamResponse,
-                                             *auth))
-    async def completions(http_request: Request, body: CompletionRequest) -> Response:
-        return await completion_serving.create(body, http_request)
-
-    @app.post("/v1/chat/completions", dependencies=guarded, response_model=None,
-              responses=generation_responses(ChatCompletionResponse,
-                                             ChatCompletionStreamResponse, *auth))
-    async def chat_completions(http_request: Request, body: ChatCompletionRequest) -> Response:
-        return await chat_serving.create(body, http_request)
-
-    @app.post("/v1/responses", dependencies=guarded, response_model=None,
-              responses=named_event_responses(ResponseObject, RESPONSE_EVENTS, *auth))
-    async def responses(http_request: Request, body: ResponsesRequest) -> Response:
-        return await responses_serving.create_response(body, http_request)
-
-    # Anthropic's Messages API, over the chat path; errors in Anthropic's shape.
-    @app.post("/v1/messages", dependencies=guarded, response_model=None,
-              responses=anthropic_responses(MessageResponse, *auth))
-    async def messages(http_request: Request, body: MessagesRequest) -> Response:
-        return await messages_serving.create_message(body, http_request)
-
-    @app.post("/v1/messages/count_tokens", dependencies=guarded,
-              responses=anthropic_error_responses(400, 404, 413, *auth))
-    async def count_tokens(body: CountTokensRequest) -> TokenCount:
-        return await messages_serving.count_tokens(body)
-
-    @app.post("/tokenize", dependencies=guarded,
-              responses=error_responses(400, 404, 413, *auth))
-    async def tokenize(body: TokenizeRequest) -> TokenizeResponse:
-        return await run_in_threadpool(tokenization.tokenize, body)  # off the event loop
-
-    @app.post("/detokenize", dependencies=guarded,
-              responses=error_responses(400, 404, 413, *auth))
-    async def detokenize(body: DetokenizeRequest) -> DetokenizeResponse:
-        return await run_in_threadpool(tokenization.detokenize, body)
-
+    app.include_router(server_router(engine, model_name, completion_serving.check_model_name,
+                                     guarded, probe))
+    app.include_router(openai_router(completion_serving, chat_serving, tokenization, guarded,
+                                     auth))
+    app.include_router(responses_router(responses_serving, guarded, auth))
+    app.include_router(messages_router(messages_serving, guarded, auth))
     # Read-only, behind the key like the API; not part of the OpenAI-compatible document.
     app.include_router(dashboard_router(engine, guard(app, browser=True)),
                        include_in_schema=False)
