@@ -7,6 +7,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Protocol
 
+from api.dashboard.routes import DashboardSource
 from engine.request import Request
 
 if TYPE_CHECKING:
@@ -24,8 +25,9 @@ class MetricsRenderer(Protocol):
         ...
 
 
-class EngineClient(Protocol):
-    """An engine running on its own thread, fed requests from the event loop's thread.
+class EngineClient(DashboardSource, Protocol):
+    """An engine running on its own thread, fed requests from the event loop's thread; the
+    dashboard's view of it too (DashboardSource).
 
     Outputs come back through each request's `on_output` callback, called on the engine's
     thread, or on the event loop's (`outputs_on`)."""

@@ -20,10 +20,11 @@ from fastapi import APIRouter
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from sse_starlette.sse import EventSourceResponse
 from starlette.concurrency import run_in_threadpool
+from transformers import PreTrainedTokenizerBase
 
 from api.dashboard.feed import FrameCache, block_details, event_data
 from api.errors import APIError
-from engine.snapshot import EngineSnapshot
+from engine.snapshot import CachedBlock, EngineSnapshot
 
 STATIC = Path(__file__).parent / "static"
 MEDIA_TYPES = {"dashboard.js": "text/javascript", "dashboard.css": "text/css"}
@@ -42,12 +43,24 @@ class Board(Protocol):
         ...
 
 
-def dashboard_router(engine: Any, guarded: Sequence[Any] = ()) -> APIRouter:
-    """The routes over `engine`: one with a `snapshots` board and a `cached_block(id)`
-    (BatchEngine and EngineProcessClient both have them). `guarded`: the dependencies that
-    check a key (all but the static files)."""
+class DashboardSource(Protocol):
+    """What the dashboard reads of an engine; BatchEngine (in-process) and
+    EngineProcessClient (a core in its own process) both are one."""
+
+    tokenizer: PreTrainedTokenizerBase
+    snapshots: Board | None  # None: no paged KV cache to show (a baseline core)
+
+    def cached_block(self, block_id: int) -> CachedBlock | None:
+        """A cached-free block's content (None: not cached-free); TimeoutError if the
+        engine does not answer in time."""
+        ...
+
+
+def dashboard_router(engine: DashboardSource, guarded: Sequence[Any] = ()) -> APIRouter:
+    """The routes over `engine`. `guarded`: the dependencies that check a key (all but the
+    static files)."""
     router = APIRouter(tags=["dashboard"])
-    board: Board | None = getattr(engine, "snapshots", None)
+    board = engine.snapshots
     cache = FrameCache()
     page = (STATIC / "index.html").read_text()
     static = {name: (STATIC / name).read_text() for name in MEDIA_TYPES}

@@ -33,12 +33,16 @@ class FakeEngine:
         self.is_alive = True
         self.unavailable_reason = None
         self.scheduling_policy = "fcfs"
+        self.snapshots = None  # no dashboard to show
 
     def add_request(self, request) -> None:
         raise AssertionError("an unauthenticated request reached the engine")
 
     def abort(self, request_id: str) -> None:
         pass
+
+    def cached_block(self, block_id: int) -> None:
+        return None
 
     def outputs_on(self, loop) -> contextlib.nullcontext:
         return contextlib.nullcontext()
