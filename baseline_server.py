@@ -28,7 +28,7 @@ else is the engine's own code: BatchEngine drives a BaselineEngineCore through t
 `EngineCore` protocol as the paged core (engine/core.py), so the request queue, aborts and
 timeouts, sampling, stop conditions, detokenization, metrics and the HTTP app are shared.
 The process layout is shared too: by default the core runs in an engine core process of
-its own behind the same front end (engine/core_client.py), `--no-engine-process` keeps it
+its own behind the same front end (engine/process/client.py), `--no-engine-process` keeps it
 on a thread of the server's process, so a comparison with server.py isolates the core.
 """
 

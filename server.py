@@ -18,10 +18,10 @@ from api.app import create_app
 from api.engine_client import ServedEngine
 from api.security import AccessConfig
 from engine.config import EngineConfig
-from engine.core_client import EngineProcessClient, EngineStartError
-from engine.core_process import PAGED_CORE, core_class_at
 from engine.heap import freeze_startup_heap
 from engine.load import load_engine
+from engine.process.client import EngineProcessClient, EngineStartError
+from engine.process.loop import PAGED_CORE, core_class_at
 from model.prepare import MODEL_NAME, ModelPreparationError
 from model.quantized import QuantizedKernelUnavailable
 

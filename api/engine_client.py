@@ -93,7 +93,7 @@ class EngineClient(DashboardSource, Protocol):
 
 class ServedEngine(EngineClient, Protocol):
     """What server.py and api/lifecycle.py also use: start and stop, the drain, the failure
-    exit. BatchEngine is one; engine/core_client.py's EngineProcessClient, for an engine core
+    exit. BatchEngine is one; engine/process/client.py's EngineProcessClient, for an engine core
     in its own process, is the other."""
 
     config: EngineConfig

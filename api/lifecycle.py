@@ -13,7 +13,7 @@ clients see refused connections while requests in flight are cut off after its t
 
 If the engine thread (or with --engine-process the engine core process) dies, every request
 in flight has already ended with an error and new ones get 503 (engine/batch_engine.py,
-engine/core_client.py). By default the process then exits with status
+engine/process/client.py). By default the process then exits with status
 ENGINE_FAILURE_EXIT_CODE, so that a supervisor (systemd, Kubernetes) restarts it;
 --no-exit-on-engine-failure keeps it up, answering 503, for someone to look at.
 """

@@ -57,7 +57,7 @@ class BatchEngine:
     def __init__(self, config: EngineConfig, model: LlamaModel, tokenizer,
                  core_class: type[EngineCore] = PagedEngineCore, detokenize: bool = True) -> None:
         """`detokenize=False`: outputs carry token ids and no text; stop strings are found,
-        and finished requests counted, elsewhere (engine/core_process.py: its client, which
+        and finished requests counted, elsewhere (engine/process/loop.py: its client, which
         calls `end_by_stop_string`)."""
         self.config = config
         self.model = model
@@ -168,7 +168,7 @@ class BatchEngine:
         self._wakeup.set()
 
     def enqueue(self, request: Request) -> None:
-        """Queue a request already admitted elsewhere (engine/core_process.py: the API
+        """Queue a request already admitted elsewhere (engine/process/loop.py: the API
         process's client does admission): no check of the line or of the engine's state."""
         with self._lock:
             self._inbox.append(request)

@@ -2,7 +2,7 @@
 them (engine/batch_engine.py).
 
 `load_engine` is what server.py (in-process), the engine core process
-(engine/core_process.py), deploy/replica.py and the benchmarks start from; `use_chat_template`
+(engine/process/loop.py), deploy/replica.py and the benchmarks start from; `use_chat_template`
 swaps in a --chat-template file's template.
 """
 

@@ -10,7 +10,7 @@ past a stop string (the rest of a speculative step's, or, with the engine core i
 process, those of the steps it ran before it took in the request's end) counts too. Finished
 requests by reason (request_success) are counted where a request's last output is made: by
 the engine in-process, by the API process beside an engine core process
-(engine/core_client.py), as only there is a stop string found.
+(engine/process/client.py), as only there is a stop string found.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@ through the request's callback, with its tokens, logprobs and counts, and the me
 
 Text and stop strings are a SampleText's (engine/detokenizer.py). In-process, this
 processor runs one per request (`detokenize=True`); in the engine core process
-(engine/core_process.py) it does not: its outputs carry token ids and no text, each with the
-request's timing so far, and the API process makes the text (engine/core_outputs.py)."""
+(engine/process/loop.py) it does not: its outputs carry token ids and no text, each with the
+request's timing so far, and the API process makes the text (engine/process/outputs.py)."""
 
 from __future__ import annotations
 

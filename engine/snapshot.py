@@ -6,7 +6,7 @@ watches and at most every `min_interval` seconds, takes an `EngineSnapshot`: cou
 and copies of each seated request's block table, hashes and token ids, and the counters
 the page charts; no tensors. The snapshot is immutable and replaces the previous one in a
 single attribute, which the API thread reads as it is (or, with the engine core in its own
-process, which is sent to the API process as it is: engine/core_messages.py). Everything
+process, which is sent to the API process as it is: engine/process/messages.py). Everything
 derived from it (each block's reference count and owners, token text) is computed on the
 reader's side, not on the engine thread. What a snapshot does not copy, a cached-free
 block's content, the engine thread reads on request (`read_cached_block`).

@@ -34,7 +34,7 @@ HEARTBEAT = 1.0  # a frame at least this often, so the charts' time axis moves w
 
 class Board(Protocol):
     """Where the latest snapshot is read: engine/snapshot.py's SnapshotBoard in-process,
-    engine/core_dashboard.py's ReceivedSnapshots for a core in its own process."""
+    engine/process/dashboard.py's ReceivedSnapshots for a core in its own process."""
 
     latest: EngineSnapshot | None
 

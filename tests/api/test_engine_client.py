@@ -11,7 +11,7 @@ import pytest
 
 from api.engine_client import ServedEngine
 from engine.batch_engine import BatchEngine
-from engine.core_client import EngineProcessClient
+from engine.process.client import EngineProcessClient
 
 PROTOCOLS = [c for c in ServedEngine.__mro__ if getattr(c, "_is_protocol", False)
              and c.__module__ == ServedEngine.__module__]

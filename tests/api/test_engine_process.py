@@ -450,7 +450,7 @@ def test_a_core_still_loading_exits_when_the_server_is_killed(tmp_path):
     """kill -9 of the server while its core loads (a first start compiles the kernels for a
     minute): the core exits at once, not when its loading ends."""
     mark = tmp_path / "importing"
-    core_argv = [sys.executable, "-m", "engine.core_process", "--config", "{}",
+    core_argv = [sys.executable, "-m", "engine.process.loop", "--config", "{}",
                  "--core", "tests.api.slow_core:Core",
                  *(f"--{name}=ipc://{tmp_path}/{name}" for name in ("requests", "outputs",
                                                                     "metrics"))]

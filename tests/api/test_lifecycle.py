@@ -222,6 +222,6 @@ def test_a_signal_while_starting_stops_cleanly(signum, status):
     assert proc.returncode == status
     assert f"stopped while starting ({signal.Signals(signum).name})" in output
     assert "Traceback" not in output and "serving on" not in output
-    cores = subprocess.run(["pgrep", "-f", f"engine.core_process .*--parent {proc.pid}"],
+    cores = subprocess.run(["pgrep", "-f", f"engine.process.loop .*--parent {proc.pid}"],
                            capture_output=True, text=True).stdout
     assert not cores.strip(), cores

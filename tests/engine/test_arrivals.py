@@ -12,8 +12,8 @@ import zmq
 
 from engine.arrivals import gather
 from engine.config import EngineConfig
-from engine.core_messages import AddRequest, ToCore, open_socket
-from engine.core_process import CoreProcess, no_custom_types
+from engine.process.loop import CoreProcess, no_custom_types
+from engine.process.messages import AddRequest, ToCore, open_socket
 from engine.request import Request, RequestOutput, SamplingParams
 from tests.engine.test_engine import make_engine, record_step_tokens
 from tests.waiting import wait_for

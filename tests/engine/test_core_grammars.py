@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from concurrent.futures import Future
 
-from engine.core_messages import Abort, AbortAll, AddRequest, GrammarMsg
-from engine.core_process import CoreProcess
+from engine.process.loop import CoreProcess
+from engine.process.messages import Abort, AbortAll, AddRequest, GrammarMsg
 from engine.request import SamplingParams
 from engine.structured.grammar import GrammarKind
 

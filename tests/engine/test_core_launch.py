@@ -9,11 +9,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from engine.core_launch import LOCK_NAME, SOCKET_DIR_PREFIX, socket_dir
+from engine.process.launch import LOCK_NAME, SOCKET_DIR_PREFIX, socket_dir
 
 HOLD = """
 import sys, time
-from engine.core_launch import socket_dir
+from engine.process.launch import socket_dir
 folder, fd = socket_dir()
 print(folder, flush=True)
 time.sleep(float(sys.argv[1]))

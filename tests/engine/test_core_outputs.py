@@ -1,4 +1,4 @@
-"""The API process's side of an engine core process's outputs (engine/core_outputs.py), driven
+"""The API process's side of an engine core process's outputs (engine/process/outputs.py), driven
 with the token-only outputs a core sends, made up here, so that the races between a stop
 string found here and the core's own end of the sample happen every time:
 
@@ -19,9 +19,9 @@ import msgspec
 import pytest
 
 from engine.config import EngineConfig
-from engine.core_client import EngineProcessClient
-from engine.core_messages import AddRequest, CoreState, Rates
-from engine.core_outputs import CoreOutputs
+from engine.process.client import EngineProcessClient
+from engine.process.messages import AddRequest, CoreState, Rates
+from engine.process.outputs import CoreOutputs
 from engine.request import FinishReason, Request, RequestOutput, SamplingParams
 
 STOP = "STOPWORD"  # the tiny model's tokenizer splits it over tokens (test_detokenizer.py)

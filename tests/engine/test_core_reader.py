@@ -1,4 +1,4 @@
-"""engine/core_reader.py over real ZMQ sockets: the core's messages are read on a thread of
+"""engine/process/reader.py over real ZMQ sockets: the core's messages are read on a thread of
 their own, or on an event loop while one takes over (each message once, in order, on the
 loop's thread), and on a thread again after it; the last message, or a dead core, ends it."""
 
@@ -13,8 +13,8 @@ import msgspec
 import pytest
 import zmq
 
-from engine.core_messages import Failed, FromCore
-from engine.core_reader import OutputReader
+from engine.process.messages import Failed, FromCore
+from engine.process.reader import OutputReader
 from tests.waiting import wait_for
 
 LAST = "last"

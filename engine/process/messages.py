@@ -1,4 +1,4 @@
-"""What crosses between the API process and the engine core process (engine/core_process.py),
+"""What crosses between the API process and the engine core process (engine/process/loop.py),
 as typed msgpack (msgspec): plain fields only, never pickled engine objects.
 
 Three ZMQ sockets, all bound by the API process on private ipc:// paths:

@@ -1,6 +1,6 @@
-"""The engine core's OS process, as the API process owns it (engine/core_client.py's client).
+"""The engine core's OS process, as the API process owns it (engine/process/client.py's client).
 
-`SpawnedCore` starts `python -m engine.core_process` with the engine's config and the
+`SpawnedCore` starts `python -m engine.process.loop` with the engine's config and the
 addresses of its sockets, relays the child's stderr to this process's stderr and keeps its
 last STDERR_LINES lines, waits for the core's Ready (EngineStartError, with those lines, if
 the child exits first or takes too long), and stops it: told to by the client, waited for,
@@ -23,11 +23,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from engine.config import EngineConfig
-from engine.core_messages import FromCore, Ready, encode_config
+from engine.process.messages import FromCore, Ready, encode_config
 
 log = logging.getLogger("nano_vllm.engine")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 POLL_MS = 100  # a wait on the core's messages notices a dead core within about this long
 STDERR_LINES = 40  # of the core's stderr, kept for an error at start-up
 
@@ -78,7 +78,7 @@ class SpawnedCore:
         """Start the core process: its engine core the class at `core` ("module:Class"),
         pinned to `cpus` (e.g. "0,1"; None: all), connecting to `addresses` (socket name to
         ZMQ address)."""
-        argv = [sys.executable, "-m", "engine.core_process", "--config",
+        argv = [sys.executable, "-m", "engine.process.loop", "--config",
                 encode_config(config), "--core", core, "--parent", str(os.getpid()),
                 *(["--cpus", cpus] if cpus else [])]
         for name, address in addresses.items():

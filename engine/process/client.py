@@ -2,23 +2,23 @@
 
 `EngineProcessClient` is what the API and the server's lifecycle use of a BatchEngine
 (api/engine_client.py's EngineClient, and the drain and failure hooks of api/lifecycle.py),
-with the engine in engine/core_process.py. This process loads only the tokenizer; the core's
+with the engine in engine/process/loop.py. This process loads only the tokenizer; the core's
 OS process (started, its stderr relayed, waited for until Ready, stopped or killed) is
-engine/core_launch.py's SpawnedCore, and this module speaks the protocol over its sockets.
+engine/process/launch.py's SpawnedCore, and this module speaks the protocol over its sockets.
 
 - Admission happens here, synchronously, with the check BatchEngine itself runs
   (engine/admission.py's check_line) over the core's counts after its last step plus the
   requests sent since that the core had not yet taken in; the core queues what it is sent.
 - Outputs come back in one Report per step, as token ids, read on the API's event loop while
-  it runs (else on a thread of their own; engine/core_reader.py) and handed to
-  engine/core_outputs.py's CoreOutputs, which makes each sample's text, finds its stop
+  it runs (else on a thread of their own; engine/process/reader.py) and handed to
+  engine/process/outputs.py's CoreOutputs, which makes each sample's text, finds its stop
   strings (telling the core to end a sample one ended: EndSample) and calls each request's
   `on_output`; and it mirrors the core's counts.
 - /metrics asks the core for its Prometheus text (the core's counters, exactly as they
   stand once the outputs received so far were sent), and adds the finished requests by
   reason, counted here.
 - The dashboard reads the snapshots the core sends while someone watches, and asks the
-  core for a cached-free block's content (engine/core_dashboard.py).
+  core for a cached-free block's content (engine/process/dashboard.py).
 - If the core process dies, every request in flight ends with an error (ENGINE_FAILED),
   new ones get EngineUnavailableError, and the `on_failure` callbacks run.
 """
@@ -43,8 +43,9 @@ import zmq
 from engine.admission import EngineUnavailableError, check_line, check_samples, retry_seconds
 from engine.config import EngineConfig
 from engine.core import EngineStats
-from engine.core_dashboard import ReceivedSnapshots
-from engine.core_launch import (
+from engine.metrics import FinishMetrics
+from engine.process.dashboard import ReceivedSnapshots
+from engine.process.launch import (
     POLL_MS,
     ROOT,
     STDERR_LINES,
@@ -52,7 +53,8 @@ from engine.core_launch import (
     SpawnedCore,
     socket_dir,
 )
-from engine.core_messages import (
+from engine.process.loop import PAGED_CORE
+from engine.process.messages import (
     Abort,
     AbortAll,
     AddRequest,
@@ -69,14 +71,12 @@ from engine.core_messages import (
     ToCore,
     open_socket,
 )
-from engine.core_outputs import CoreOutputs
-from engine.core_process import PAGED_CORE
-from engine.core_reader import OutputReader
-from engine.metrics import FinishMetrics
+from engine.process.outputs import CoreOutputs
+from engine.process.reader import OutputReader
 from engine.request import Request
 from engine.snapshot import BLOCK_QUERY_TIMEOUT, CachedBlock
 
-# Imported from here, some of them engine/core_launch.py's.
+# Imported from here, some of them engine/process/launch.py's.
 __all__ = ["METRICS_TIMEOUT", "POLL_MS", "ROOT", "START_TIMEOUT", "STDERR_LINES", "STOP_TIMEOUT",
            "EngineProcessClient", "EngineStartError", "RemoteMetrics"]
 
@@ -216,7 +216,7 @@ class EngineProcessClient:
         self._reader.start()
 
     def outputs_on(self, loop: asyncio.AbstractEventLoop) -> AbstractContextManager[None]:
-        """Read the core's outputs on `loop` (engine/core_reader.py) while the context is
+        """Read the core's outputs on `loop` (engine/process/reader.py) while the context is
         open; entered and left on the loop's thread."""
         return self._reader.on_loop(loop)
 
@@ -333,7 +333,7 @@ class EngineProcessClient:
         shutil.rmtree(self._dir, ignore_errors=True)
         os.close(self._dir_lock)
 
-    # --- where the outputs are read (engine/core_reader.py) ------------------------------
+    # --- where the outputs are read (engine/process/reader.py) ------------------------------
 
     def _handle(self, message: FromCore) -> bool:
         """One message from the core; False once it was the last (Stopped)."""

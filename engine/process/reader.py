@@ -1,4 +1,4 @@
-"""Reading the engine core process's outputs socket (for engine/core_client.py): on a thread
+"""Reading the engine core process's outputs socket (for engine/process/client.py): on a thread
 of its own, or, while an asyncio event loop serves the API (`on_loop`), on that loop.
 
 On the loop, a Report goes from the socket to each request's queue with no thread in between:
@@ -22,8 +22,8 @@ from contextlib import contextmanager
 import msgspec
 import zmq
 
-from engine.core_launch import POLL_MS
-from engine.core_messages import FromCore
+from engine.process.launch import POLL_MS
+from engine.process.messages import FromCore
 
 
 class OutputReader:

@@ -2,7 +2,7 @@
 
 The core takes its snapshots (engine/snapshot.py) only while someone watches: `want()`
 tells it so (a `Watch` at most every WATCH_RESEND seconds, well within the core board's
-watch timeout), and each snapshot it takes arrives here as it is (engine/core_messages.py).
+watch timeout), and each snapshot it takes arrives here as it is (engine/process/messages.py).
 A cached-free block's content is asked of the core, which reads its pool between two
 steps, as the in-process engine's own thread does (BatchEngine.cached_block).
 """
@@ -16,7 +16,7 @@ from concurrent.futures import Future
 
 import msgspec
 
-from engine.core_messages import BlockAnswer, BlockQuery, Snapshot, ToCore, Watch
+from engine.process.messages import BlockAnswer, BlockQuery, Snapshot, ToCore, Watch
 from engine.snapshot import CachedBlock, EngineSnapshot
 
 WATCH_RESEND = 0.5  # seconds between two Watch messages while someone watches

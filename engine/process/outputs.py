@@ -1,5 +1,5 @@
 """The requests the API process has sent to an engine core process and not yet seen end, and
-the outputs its clients get for them (beside engine/core_client.py, which runs the sockets).
+the outputs its clients get for them (beside engine/process/client.py, which runs the sockets).
 
 The core's outputs carry token ids and no text. Here each sample's text is made and its
 stop strings found (engine/detokenizer.py's SampleText, as the engine thread does

@@ -1,12 +1,12 @@
 """The engine core in a process of its own (`server.py --engine-process`).
 
-`python3 -m engine.core_process ADDRESSES CONFIG` is started by engine/core_launch.py. It
+`python3 -m engine.process.loop ADDRESSES CONFIG` is started by engine/process/launch.py. It
 pins itself to its CPUs, loads the model into a BatchEngine (engine/batch_engine.py), picks
 how many tokens a step needs to use every thread (engine/thread_choice.py: measured once per
 machine, then cached) and runs it on its main thread in a busy loop, with no HTTP server
 beside it to share the GIL:
 
-1. take what the API process sent (engine/core_messages.py): new requests (admitted there
+1. take what the API process sent (engine/process/messages.py): new requests (admitted there
    already), aborts, the samples whose text reached a stop string there (the API process
    detokenizes: this one sends token ids), the end of every request at a drain's timeout,
    shutdown; for the dashboard, that someone watches, and queries for a cached-free block's
@@ -43,7 +43,9 @@ import zmq
 from engine.arrivals import gather
 from engine.batch_engine import BatchEngine
 from engine.core import EngineCore, PagedEngineCore
-from engine.core_messages import (
+from engine.heap import freeze_startup_heap
+from engine.load import load_engine
+from engine.process.messages import (
     Abort,
     AbortAll,
     AddRequest,
@@ -63,8 +65,6 @@ from engine.core_messages import (
     decode_config,
     open_socket,
 )
-from engine.heap import freeze_startup_heap
-from engine.load import load_engine
 from engine.request import Request, RequestOutput
 from engine.snapshot import EngineSnapshot
 from engine.structured.compiler import GrammarCompiler
