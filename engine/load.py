@@ -1,8 +1,8 @@
 """An engine from a model's name: the model and its tokenizer loaded, a BatchEngine around
-them (engine/batch_engine.py).
+them (engine/batch_engine.py), or an engine loop alone (engine/engine_loop.py).
 
-`load_engine` is what server.py (in-process), the engine core process
-(engine/process/loop.py), deploy/replica.py and the benchmarks start from; `use_chat_template`
+`load_engine` is what server.py (in-process), deploy/replica.py and the benchmarks start
+from, `load_engine_loop` the engine core process (engine/process/loop.py); `use_chat_template`
 swaps in a --chat-template file's template.
 """
 
@@ -11,17 +11,34 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from transformers import PreTrainedTokenizerBase
 
 from engine.batch_engine import BatchEngine
 from engine.config import EngineConfig
 from engine.core import EngineCore, PagedEngineCore
+from engine.engine_loop import EngineLoop
+from model.llama import LlamaModel
 
 
-def load_engine(config: EngineConfig, core_class: type[EngineCore] = PagedEngineCore,
-                detokenize: bool = True) -> BatchEngine:
-    """Load the model `config` names (model/loader.py: found or prepared, in its --weights)
-    and its tokenizer, and build an engine around a core of `core_class` (baseline_server.py
-    passes its own)."""
+def load_engine(config: EngineConfig,
+                core_class: type[EngineCore] = PagedEngineCore) -> BatchEngine:
+    """Load the model `config` names and its tokenizer (`load_model`), and build the
+    in-process engine around a core of `core_class` (baseline_server.py passes its own)."""
+    model, tokenizer = load_model(config)
+    return BatchEngine(config, model, tokenizer, core_class)
+
+
+def load_engine_loop(config: EngineConfig, core_class: type[EngineCore] = PagedEngineCore,
+                     detokenize: bool = True) -> EngineLoop:
+    """The same model and tokenizer, for an engine loop driven by its caller (the engine
+    core process, with `detokenize=False`: its client makes the text)."""
+    model, tokenizer = load_model(config)
+    return EngineLoop(config, model, tokenizer, core_class, detokenize)
+
+
+def load_model(config: EngineConfig) -> tuple[LlamaModel, PreTrainedTokenizerBase]:
+    """The model `config` names (model/loader.py: found or prepared, in its --weights) and
+    its tokenizer (with a --chat-template file's template)."""
     from model.gguf_source import load_tokenizer
     from model.loader import load
 
@@ -32,7 +49,7 @@ def load_engine(config: EngineConfig, core_class: type[EngineCore] = PagedEngine
     if config.chat_template is not None:
         use_chat_template(tokenizer, config.chat_template)
     torch.set_grad_enabled(False)
-    return BatchEngine(config, loaded.model, tokenizer, core_class, detokenize)
+    return loaded.model, tokenizer
 
 
 def use_chat_template(tokenizer, path: str) -> None:

@@ -1,7 +1,7 @@
 """The engine core in a process of its own (`server.py --engine-process`).
 
 `python3 -m engine.process.loop ADDRESSES CONFIG` is started by engine/process/launch.py. It
-pins itself to its CPUs, loads the model into a BatchEngine (engine/batch_engine.py), picks
+pins itself to its CPUs, loads the model into an engine loop (engine/engine_loop.py), picks
 how many tokens a step needs to use every thread (engine/thread_choice.py: measured once per
 machine, then cached) and runs it on its main thread in a busy loop, with no HTTP server
 beside it to share the GIL:
@@ -41,10 +41,10 @@ import msgspec
 import zmq
 
 from engine.arrivals import gather
-from engine.batch_engine import BatchEngine
 from engine.core import EngineCore, PagedEngineCore
+from engine.engine_loop import EngineLoop
 from engine.heap import freeze_startup_heap
-from engine.load import load_engine
+from engine.load import load_engine_loop
 from engine.process.messages import (
     Abort,
     AbortAll,
@@ -87,7 +87,7 @@ def no_custom_types(kind: type, value: object) -> object:
 
 
 class CoreProcess:
-    def __init__(self, engine: BatchEngine, addresses: dict[str, str]) -> None:
+    def __init__(self, engine: EngineLoop, addresses: dict[str, str]) -> None:
         self.engine = engine
         self.context = zmq.Context()
         self.requests = self._socket(zmq.PULL, addresses["requests"])
@@ -129,7 +129,7 @@ class CoreProcess:
                 self._take_messages()
                 self._queue_compiled()
                 if engine.has_work():
-                    engine.guarded_step()
+                    engine.step()
                     self._report()
                 else:
                     engine.snapshot_when_idle()
@@ -187,7 +187,7 @@ class CoreProcess:
             self._queue_compiled(message.request_id)  # so that it ends as any other does
             engine.abort(message.request_id)
         elif isinstance(message, EndSample):
-            engine.end_by_stop_string(message.request_id)
+            engine.end_sample(message.request_id)
         elif isinstance(message, AbortAll):
             self._queue_compiled(*self._compiling)
             engine.abort_all(message.error)
@@ -204,12 +204,12 @@ class CoreProcess:
         """Queue the request now, or once its grammar has compiled here (the API process
         compiled it already, so it is valid, but this process has its own cache)."""
         if message.grammar is None:
-            self.engine.enqueue(self._request(message, None))
+            self.engine.add(self._request(message, None))
             return
         spec = message.grammar.spec()
         grammar = self._grammars.cached(spec)
         if grammar is not None:
-            self.engine.enqueue(self._request(message, grammar))
+            self.engine.add(self._request(message, grammar))
         else:
             self._compiling[message.request_id] = (self._grammars.compile_later(spec), message)
 
@@ -225,13 +225,13 @@ class CoreProcess:
                 log.error("the grammar of %s did not compile here: %s", request_id,
                           future.exception())
                 del self._compiling[request_id]
-                self.engine.enqueue(self._request(message, None))
+                self.engine.add(self._request(message, None))
                 self.engine.abort(request_id)
                 continue
             else:
                 grammar = future.result()
             del self._compiling[request_id]
-            self.engine.enqueue(self._request(message, grammar))
+            self.engine.add(self._request(message, grammar))
 
     def _request(self, message: AddRequest, grammar: CompiledGrammar | None) -> Request:
         params = message.params
@@ -302,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     pin_to({int(c) for c in args.cpus.split(",")} if args.cpus else None)
     try:
         config = decode_config(args.config)
-        engine = load_engine(config, core_class_at(args.core), detokenize=False)
+        engine = load_engine_loop(config, core_class_at(args.core), detokenize=False)
     except (ModelPreparationError, ValueError, QuantizedKernelUnavailable) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

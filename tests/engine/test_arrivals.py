@@ -55,7 +55,7 @@ class Engine:
     def has_work(self) -> bool:
         return bool(self.queued)
 
-    def enqueue(self, request: Request) -> None:
+    def add(self, request: Request) -> None:
         self.queued.append(request.request_id)
 
 

@@ -17,8 +17,8 @@ class Engine:
     def __init__(self) -> None:
         self.log: list[tuple[str, str, object]] = []
 
-    def enqueue(self, request) -> None:
-        self.log.append(("enqueue", request.request_id, request.params.grammar))
+    def add(self, request) -> None:
+        self.log.append(("add", request.request_id, request.params.grammar))
 
     def abort(self, request_id: str) -> None:
         self.log.append(("abort", request_id, None))
@@ -77,7 +77,7 @@ def test_a_new_grammar_is_held_until_compiled_and_others_go_on() -> None:
     assert [entry[1] for entry in process.engine.log] == ["plain", "cached"]
     process._grammars.futures["new"].set_result(Grammar("new"))
     process._queue_compiled()
-    assert process.engine.log[-1] == ("enqueue", "slow", Grammar("new"))
+    assert process.engine.log[-1] == ("add", "slow", Grammar("new"))
     assert not process._compiling
 
 
@@ -85,7 +85,7 @@ def test_an_abort_while_compiling_ends_it_as_any_abort() -> None:
     process = core()
     add(process, "slow", "new")
     process._handle(Abort("slow"))
-    assert process.engine.log == [("enqueue", "slow", None), ("abort", "slow", None)]
+    assert process.engine.log == [("add", "slow", None), ("abort", "slow", None)]
     assert not process._compiling
     process._grammars.futures["new"].set_result(Grammar("new"))  # finishing later: ignored
     process._queue_compiled()
@@ -97,7 +97,7 @@ def test_abort_all_takes_the_held_requests_too() -> None:
     add(process, "a", "new")
     add(process, "b", "other")
     process._handle(AbortAll("shutting down"))
-    assert process.engine.log == [("enqueue", "a", None), ("enqueue", "b", None),
+    assert process.engine.log == [("add", "a", None), ("add", "b", None),
                                   ("abort_all", "shutting down", None)]
 
 
@@ -106,4 +106,4 @@ def test_a_grammar_that_fails_here_aborts_its_request() -> None:
     add(process, "bad", "new")
     process._grammars.futures["new"].set_exception(ValueError("no"))
     process._queue_compiled()
-    assert process.engine.log == [("enqueue", "bad", None), ("abort", "bad", None)]
+    assert process.engine.log == [("add", "bad", None), ("abort", "bad", None)]

@@ -7,6 +7,7 @@ import torch
 
 from engine.batch_engine import BatchEngine
 from engine.config import EngineConfig
+from engine.engine_loop import EngineLoop
 from engine.request import FinishReason, Request, RequestOutput, SamplingParams
 from kvcache.pool import BLOCK_SIZE
 
@@ -186,28 +187,28 @@ def test_a_failing_step_fails_only_its_requests(model, tokenizer, prompts):
 
 def test_without_text_a_stop_string_found_elsewhere_ends_one_sample_once(model, tokenizer,
                                                                          prompts):
-    """detokenize=False, as in the engine core process: outputs carry token ids and timing,
-    no text; end_by_stop_string ends one sample of two (reason stop, its seat freed), and
-    for a sample that has ended already it does nothing. Finished requests are counted by
-    whoever makes the text, not here."""
-    engine = BatchEngine(EngineConfig(num_blocks=128), model, tokenizer, detokenize=False)
+    """An engine loop with detokenize=False, as in the engine core process: outputs carry
+    token ids and timing, no text; end_sample ends one sample of two (reason stop, its seat
+    freed), and for a sample that has ended already it does nothing. Finished requests are
+    counted by whoever makes the text, not here."""
+    engine = EngineLoop(EngineConfig(num_blocks=128), model, tokenizer, detokenize=False)
     outputs: list[RequestOutput] = []
     params = SamplingParams(max_tokens=20, temperature=1.0, seed=1, n=2, ignore_eos=True)
-    engine.add_request(Request("r", prompts[0], params, on_output=outputs.append))
+    engine.add(Request("r", prompts[0], params, on_output=outputs.append))
 
     def of(index: int) -> list[RequestOutput]:
         return [o for o in outputs if o.sample_index == index]
 
     while sum(len(o.token_ids) for o in of(1)) < 3:
         engine.step()
-    engine.end_by_stop_string("r#1")
+    engine.end_sample("r#1")
     engine.step()
     assert [o.finish_reason for o in of(1) if o.finished] == [FinishReason.STOP]
     assert engine.core.stats()["running"] == 1
     while not of(0)[-1].finished:
         engine.step()
-    engine.end_by_stop_string("r")  # ended by length already
-    engine.end_by_stop_string("r#1")  # ended here already
+    engine.end_sample("r")  # ended by length already
+    engine.end_sample("r#1")  # ended here already
     while engine.has_work():
         engine.step()
     print([(o.sample_index, o.token_ids, o.finish_reason) for o in outputs if o.finished])
