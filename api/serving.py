@@ -30,7 +30,7 @@ from api.event_stream import DONE, EventStream, sse
 from api.job import Job, Prompt, SampleResult
 from api.limits import PromptBound
 from api.logprobs import LogprobFormatter
-from api.protocol import SamplingFields
+from api.sampling import SamplingFields
 from engine.admission import EngineUnavailableError, QueueFullError
 from engine.request import ENGINE_FAILED, SHUTDOWN, FinishReason, RequestOutput, SamplingParams
 from engine.request import Request as EngineRequest

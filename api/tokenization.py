@@ -15,15 +15,8 @@ from pydantic import ConfigDict, Field
 from api.engine_client import EngineClient
 from api.errors import APIError
 from api.openai.bodies import DetokenizeResponse, TokenizeResponse
-from api.protocol import (
-    TOOL_RULES,
-    ChatMessage,
-    NullFalse,
-    RequestBody,
-    TokenId,
-    ToolFields,
-    or_null,
-)
+from api.openai.protocol import TOOL_RULES, ChatMessage, ToolFields
+from api.protocol import NullFalse, RequestBody, TokenId, or_null
 from api.tools.plan import ToolPlan, tool_plan
 from api.tools.prompt import render_messages, template_renders_tools
 

@@ -40,7 +40,7 @@ from api.messages.bodies import (
 from api.messages.protocol import CountTokensRequest, MessagesRequest
 from api.messages.to_chat import to_chat
 from api.openai.chat import ChatServing
-from api.protocol import ChatCompletionRequest
+from api.openai.protocol import ChatCompletionRequest
 from api.serving import failure
 from api.tools.calls import CallStream, is_call_text, scan
 from engine.request import FinishReason, RequestOutput

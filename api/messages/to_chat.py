@@ -34,7 +34,7 @@ from api.messages.protocol import (
     ToolUseBlock,
     UnreadBlock,
 )
-from api.protocol import ChatCompletionRequest
+from api.openai.protocol import ChatCompletionRequest
 from api.tools.plan import read_functions
 
 READ_BLOCKS = "this server reads text, tool_use and tool_result blocks only"

@@ -21,7 +21,7 @@ from api.openai.bodies import (
     FunctionCall,
     ToolCall,
 )
-from api.protocol import ChatCompletionRequest
+from api.openai.protocol import ChatCompletionRequest
 from api.serving import OpenAIServing
 from api.tokenization import chat_prompt
 from api.tools.calls import CallStream, is_call_text, new_call_id, scan

@@ -10,7 +10,7 @@ from api.openai.bodies import (
     CompletionResponse,
     CompletionStreamResponse,
 )
-from api.protocol import CompletionRequest
+from api.openai.protocol import CompletionRequest
 from api.serving import OpenAIServing
 from engine.logprobs import TokenLogprobs
 from engine.request import RequestOutput

@@ -21,8 +21,8 @@ from api.openai.bodies import (
 )
 from api.openai.chat import ChatServing
 from api.openai.completions import CompletionServing
+from api.openai.protocol import ChatCompletionRequest, CompletionRequest
 from api.openapi import error_responses, generation_responses
-from api.protocol import ChatCompletionRequest, CompletionRequest
 from api.tokenization import DetokenizeRequest, TokenizationServing, TokenizeRequest
 
 

@@ -17,14 +17,8 @@ from pydantic import ConfigDict, Field, PrivateAttr
 
 from api.errors import APIError
 from api.field_policy import RESPONSES
-from api.protocol import (
-    MIN_REQUEST_TIMEOUT,
-    APIModel,
-    ChatCompletionRequest,
-    ChatMessage,
-    NullFalse,
-    RequestBody,
-)
+from api.openai.protocol import ChatCompletionRequest, ChatMessage
+from api.protocol import MIN_REQUEST_TIMEOUT, APIModel, NullFalse, RequestBody
 
 ROLES = ("user", "assistant", "system", "developer")
 TEXT_PARTS = ("input_text", "output_text")

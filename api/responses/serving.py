@@ -22,7 +22,7 @@ from api.errors import APIError
 from api.event_stream import named_sse
 from api.job import Job
 from api.openai.chat import ChatServing
-from api.protocol import ChatCompletionRequest
+from api.openai.protocol import ChatCompletionRequest
 from api.responses.objects import (
     ErrorEvent,
     FunctionCallItem,

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from api.field_policy import CHAT, COMPLETIONS, POLICIES, Status, render_markdown
-from api.protocol import ChatCompletionRequest, CompletionRequest
+from api.openai.protocol import ChatCompletionRequest, CompletionRequest
 from tests.api.test_openapi_schema import find_openapi_document
 from tests.conftest import missing
 
