@@ -4,7 +4,9 @@ own, fed from the event loop's threads.
 HTTP handlers call `add_request` and `abort`; the engine thread steps the loop for as long
 as there is work, and otherwise sleeps until something arrives (after an idle spell it
 waits, briefly, for the rest of a burst its first request announces: engine/arrivals.py).
-Outputs reach each request's callback on the engine thread, with their text.
+Outputs reach each request's callback on the engine thread: the loop's token ids, with
+their text made and stop strings found on the way (engine/text_outputs.py, as the client of
+an engine core process does), and finished requests counted there.
 
 Admission: a request is refused (QueueFullError, HTTP 429) when --max-waiting requests or
 --max-num-queued-tokens prompt tokens already wait for a seat, with a retry time from the
@@ -33,8 +35,10 @@ from engine.arrivals import gather
 from engine.config import EngineConfig
 from engine.core import EngineCore, EngineStats, PagedEngineCore
 from engine.engine_loop import EngineLoop
+from engine.metrics import FrontMetrics
 from engine.request import Request
 from engine.snapshot import BLOCK_QUERY_TIMEOUT, CachedBlock
+from engine.text_outputs import TextOutputs
 from model.llama import LlamaModel
 
 log = logging.getLogger("nano_vllm.engine")
@@ -50,10 +54,11 @@ class BatchEngine:
         # the fields below; re-entrant, as add_request holds it while the loop takes it.
         self._lock = threading.RLock()
         self._wakeup = threading.Event()
+        self.texts = TextOutputs(tokenizer, self._end_sample)
         self.loop = EngineLoop(config, model, tokenizer, core_class, lock=self._lock,
-                               wake=self._wakeup.set)
+                               wake=self._wakeup.set, totals=self._dashboard_totals)
         self.core = self.loop.core
-        self.metrics = self.loop.metrics
+        self.metrics = FrontMetrics(self.loop.metrics.render, self.texts.finishes)
         self.snapshots = self.loop.snapshots
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="batch-engine", daemon=True)
@@ -102,8 +107,7 @@ class BatchEngine:
     @property
     def num_in_flight(self) -> int:
         """Requests (samples counted apiece) accepted and not yet finished."""
-        with self._lock:
-            return self.loop.num_in_flight
+        return self.texts.num_samples
 
     def stop_accepting(self, reason: str) -> None:
         """Refuse every new request from now on (EngineUnavailableError with `reason`)."""
@@ -139,6 +143,9 @@ class BatchEngine:
             self.loop.admission.check(self.config, request.num_prompt_tokens,
                                       stats["running"], stats["waiting"],
                                       self.loop.arrivals_tokens())
+            self.texts.add(request)  # keeps the request's own callback
+            request_id = request.request_id
+            request.on_output = lambda output: self.texts.deliver([(request_id, output)])
             self.loop.add(request)
         self._wakeup.set()
 
@@ -147,6 +154,14 @@ class BatchEngine:
         freed next step."""
         self.loop.abort(request_id)
         self._wakeup.set()
+
+    def _end_sample(self, sample_id: str) -> None:
+        """A stop string ended this sample in its text: the loop ends it too, freeing its
+        blocks (engine thread)."""
+        self.loop.end_sample(sample_id)
+
+    def _dashboard_totals(self) -> dict[str, float]:
+        return {**self.loop.metrics.dashboard_totals(), **self.metrics.dashboard_totals()}
 
     def cached_block(self, block_id: int,
                      timeout: float = BLOCK_QUERY_TIMEOUT) -> CachedBlock | None:
@@ -191,6 +206,7 @@ class BatchEngine:
         with self._lock:
             self._unavailable = error
         self.loop.die(error)
+        self.texts.fail_all(error)  # any the loop's failure outputs did not reach
         for callback in self._failure_callbacks:
             callback()
 

@@ -107,8 +107,8 @@ class IncrementalDetokenizer:
 
 class SampleText:
     """One sample's text, made from the token ids the engine core hands out: the one place
-    stop strings are found. Used on the engine thread in-process (engine/output_processor.py)
-    and in the API process for a core in its own process (engine/process/outputs.py).
+    stop strings are found: by the engine's front in either mode (engine/text_outputs.py), on
+    the engine thread in-process, in the API process for a core in its own process.
 
     The core ends a request only by a stop token (EOS, stop_token_ids, a finished grammar)
     or by length; its output then says so, and with a stop token the last new token is that

@@ -7,9 +7,9 @@ Each `step`:
    order to end everything, and end the requests past their deadline (their blocks freed);
 2. step the core: schedule, run the model once over every scheduled token (prefill chunks
    and decodes together), update each request from the output;
-3. output processing: count metrics and hand each request its new tokens through its
-   callback (engine/output_processor.py), with their text and stop strings checked where
-   `detokenize` (else the outputs carry token ids, and text is made by the receiver).
+3. output processing: count metrics and hand each request its new tokens, as token ids,
+   through its callback (engine/output_processor.py); the front that receives them makes
+   the text and finds stop strings (engine/text_outputs.py), and calls `end_sample`.
 
 Who drives it: the engine core process's busy loop (engine/process/loop.py), on its main
 thread with no lock; in-process, engine/batch_engine.py's thread, which hands requests over
@@ -43,12 +43,12 @@ log = logging.getLogger("nano_vllm.engine")
 
 class EngineLoop:
     def __init__(self, config: EngineConfig, model: LlamaModel, tokenizer,
-                 core_class: type[EngineCore] = PagedEngineCore, detokenize: bool = True,
+                 core_class: type[EngineCore] = PagedEngineCore,
                  lock: AbstractContextManager | None = None,
-                 wake: Callable[[], None] = lambda: None) -> None:
-        """`detokenize=False`: outputs carry token ids and no text; stop strings are found,
-        and finished requests counted, by the receiver (which calls `end_sample`).
-        `wake`: called when the dashboard wants a snapshot while the loop may be idle."""
+                 wake: Callable[[], None] = lambda: None,
+                 totals: Callable[[], dict[str, float]] | None = None) -> None:
+        """`wake`: called when the dashboard wants a snapshot while the loop may be idle;
+        `totals`: the dashboard's counters (default: this loop's metrics')."""
         self.config = config
         self.model = model
         self.tokenizer = tokenizer
@@ -56,9 +56,9 @@ class EngineLoop:
         if tokenizer.eos_token_id is not None:
             eos.add(tokenizer.eos_token_id)
         self.core: EngineCore = core_class(config, model, eos)
-        self.metrics = EngineMetrics(count_finishes=detokenize)
+        self.metrics = EngineMetrics()
         self.metrics.add_gauges(self.stats)
-        self.outputs = OutputProcessor(tokenizer, self.metrics, detokenize)
+        self.outputs = OutputProcessor(self.metrics)
         self.admission = LineTracker()
         self._lock = lock if lock is not None else nullcontext()
         self._arrivals: deque[Request] = deque()  # handed over, not yet taken in
@@ -67,7 +67,8 @@ class EngineLoop:
         self._abort_all: str | None = None  # an error to end every request with, next step
         self._in_flight = InFlight()  # each sample of every request taken in
         # The dashboard's view (engine/snapshot.py); only a paged core has a pool to show.
-        self._recorder = StepRecorder.for_core(self.core, wake, self.metrics.dashboard_totals)
+        self._recorder = StepRecorder.for_core(self.core, wake,
+                                               totals or self.metrics.dashboard_totals)
         self.snapshots = self._recorder.board if self._recorder is not None else None
 
     # --- handing work over (under `lock` where other threads call) -------------------------
@@ -249,9 +250,7 @@ class EngineLoop:
             self._finish(request, FinishReason.ERROR, result.error)
         now = time.monotonic()
         for update in result.updates:
-            stopped = self.outputs.process(update, now)
-            if stopped is not None:  # a stop string: the core has not unseated it yet
-                self.core.finish(update.request, stopped)
+            self.outputs.process(update, now)
             if update.request.finish_reason is not None:
                 self._in_flight.forget(update.request)
 

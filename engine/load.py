@@ -28,12 +28,12 @@ def load_engine(config: EngineConfig,
     return BatchEngine(config, model, tokenizer, core_class)
 
 
-def load_engine_loop(config: EngineConfig, core_class: type[EngineCore] = PagedEngineCore,
-                     detokenize: bool = True) -> EngineLoop:
+def load_engine_loop(config: EngineConfig,
+                     core_class: type[EngineCore] = PagedEngineCore) -> EngineLoop:
     """The same model and tokenizer, for an engine loop driven by its caller (the engine
-    core process, with `detokenize=False`: its client makes the text)."""
+    core process)."""
     model, tokenizer = load_model(config)
-    return EngineLoop(config, model, tokenizer, core_class, detokenize)
+    return EngineLoop(config, model, tokenizer, core_class)
 
 
 def load_model(config: EngineConfig) -> tuple[LlamaModel, PreTrainedTokenizerBase]:

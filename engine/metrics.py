@@ -8,9 +8,9 @@ cache, preemptions, speculative decoding) and request latencies (e2e, queue time
 engine's, in whichever process it runs; a token counts once generated, so one generated
 past a stop string (the rest of a speculative step's, or, with the engine core in its own
 process, those of the steps it ran before it took in the request's end) counts too. Finished
-requests by reason (request_success) are counted where a request's last output is made: by
-the engine in-process, by the API process beside an engine core process
-(engine/process/client.py), as only there is a stop string found.
+requests by reason (request_success) are counted where a request's last output is made, in
+the front (engine/text_outputs.py), as only there is a stop string found: FrontMetrics
+renders the engine's metrics and then these.
 """
 
 from __future__ import annotations
@@ -50,8 +50,7 @@ def finish_counter(registry: CollectorRegistry) -> Counter:
 
 
 class EngineMetrics:
-    def __init__(self, count_finishes: bool = True) -> None:
-        """`count_finishes=False`: request_success is counted elsewhere (see above)."""
+    def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.prompt_tokens = Counter(P + "prompt_tokens", "Prefill tokens processed.", registry=r)
@@ -63,7 +62,6 @@ class EngineMetrics:
             "from a seated request's partly matching block).", registry=r)
         self.preemptions = Counter(P + "num_preemptions", "Requests preempted.", registry=r)
         self.spec_decode = SpecDecodeMetrics(r)
-        self.request_success = finish_counter(r) if count_finishes else None
         self.ttft = Histogram(P + "time_to_first_token_seconds", "Time to first token.",
                               buckets=LATENCY_BUCKETS, registry=r)
         self.itl = Histogram(P + "inter_token_latency_seconds", "Time between output tokens.",
@@ -78,7 +76,7 @@ class EngineMetrics:
         these: collecting the whole registry would also compute every gauge)."""
         totals = dict.fromkeys(DASHBOARD_COUNTERS.values(), 0.0)
         for metric in (self.generation_tokens, self.prompt_tokens, self.prefix_cache_queries,
-                       self.prefix_cache_hits, self.preemptions, self.request_success,
+                       self.prefix_cache_hits, self.preemptions,
                        self.ttft, self.itl):
             if metric is None:
                 continue
@@ -133,16 +131,14 @@ class EngineMetrics:
         request.last_token_time = now
 
     def on_finish(self, request: Request, now: float) -> None:
-        if self.request_success is not None:
-            self.request_success.labels(request.finish_reason).inc()
         self.e2e.observe(now - request.arrival_time)
         if request.scheduled_time is not None:
             self.queue_time.observe(request.scheduled_time - request.arrival_time)
 
 
 class FinishMetrics:
-    """request_success where a request's last output is made outside the engine (the API
-    process beside an engine core process): its own registry, rendered after the core's."""
+    """request_success, counted where a request's last output is made (the front): its own
+    registry, rendered after the engine's."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -155,6 +151,22 @@ class FinishMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class FrontMetrics:
+    """/metrics' text: the engine loop's (`render_engine`: in this process, or a core
+    process's answer), then the finished requests by reason, counted in the front."""
+
+    def __init__(self, render_engine: Callable[[], bytes], finishes: FinishMetrics) -> None:
+        self._render_engine = render_engine
+        self.finishes = finishes
+
+    def render(self) -> bytes:
+        return self._render_engine() + self.finishes.render()
+
+    def dashboard_totals(self) -> dict[str, float]:
+        """The dashboard's counters that are counted in the front."""
+        return {"finished": float(self.finishes.total)}
 
 
 class SpecDecodeMetrics:

@@ -1,43 +1,30 @@
 """From new token ids to what a client receives: one RequestOutput per request per step
 through the request's callback, with its tokens, logprobs and counts, and the metrics.
 
-Text and stop strings are a SampleText's (engine/detokenizer.py). In-process, this
-processor runs one per request (`detokenize=True`); in the engine core process
-(engine/process/loop.py) it does not: its outputs carry token ids and no text, each with the
-request's timing so far, and the API process makes the text (engine/process/outputs.py)."""
+The outputs carry token ids and no text, each with the request's timing so far: the
+front makes the text and finds stop strings (engine/text_outputs.py), in either mode."""
 
 from __future__ import annotations
 
 import time
 
-from engine.detokenizer import SampleText
 from engine.metrics import EngineMetrics
 from engine.request import FinishReason, Request, RequestOutput, RequestTiming
 from engine.step_types import RequestUpdate
 
 
 class OutputProcessor:
-    def __init__(self, tokenizer, metrics: EngineMetrics, detokenize: bool = True) -> None:
-        self.tokenizer = tokenizer
+    def __init__(self, metrics: EngineMetrics) -> None:
         self.metrics = metrics
-        self.detokenize = detokenize
-        # Each unfinished request's text (None: made elsewhere), and whether its prompt's
-        # logprobs went out.
-        self._texts: dict[str, SampleText | None] = {}
+        self._unfinished: set[str] = set()
         self._prompt_logprobs_sent: set[str] = set()
 
     def add(self, request: Request) -> None:
-        params = request.params
-        self._texts[request.request_id] = (
-            SampleText(self.tokenizer, request.prompt_token_ids, params.stop, params.min_tokens)
-            if self.detokenize else None)
+        self._unfinished.add(request.request_id)
 
-    def process(self, update: RequestUpdate, now: float) -> FinishReason | None:
-        """Hand out one request's new tokens.
-
-        A stop token or length may have ended the request already (update.finish_reason):
-        this sends its last output. A stop string found here ends it too: then the reason
-        is returned, and the caller must still unseat the request."""
+    def process(self, update: RequestUpdate, now: float) -> None:
+        """Hand out one request's new tokens. A stop token or length may have ended the
+        request already (update.finish_reason): this sends its last output."""
         request = update.request
         output = RequestOutput(request.request_id, "", list(update.new_token_ids),
                                finished=update.finish_reason is not None,
@@ -45,14 +32,14 @@ class OutputProcessor:
         # One entry per token sent, the stop token included (as vLLM and OpenAI send it).
         if request.params.logprobs is not None:
             output.logprobs = list(update.logprobs)
-        ended_here = self._emit(request, output, now)
-        return FinishReason.STOP if ended_here else None
+        self._emit(request, output, now)
 
     def finish(self, request: Request, reason: FinishReason, error: str | None = None,
                code: str | None = None) -> None:
         """Send a request's last output when it ends from outside the core's stop checks
-        (abort, error, timeout): the rest of its text, or the error (and its code)."""
-        if request.request_id not in self._texts:
+        (abort, error, timeout, a stop string found by the front): the error, if any, and
+        its code."""
+        if request.request_id not in self._unfinished:
             return  # already finished
         output = RequestOutput(request.request_id, "", [], finished=True, finish_reason=reason,
                                error=error, error_code=code)
@@ -60,9 +47,9 @@ class OutputProcessor:
             output.logprobs = []
         self._emit(request, output, time.monotonic())
 
-    def _emit(self, request: Request, output: RequestOutput, now: float) -> bool:
-        """Fill in what every output carries (text, counts, the prompt's logprobs with the
-        first), count it, and send it; True if a stop string ended the request here."""
+    def _emit(self, request: Request, output: RequestOutput, now: float) -> None:
+        """Fill in what every output carries (counts, timing, the prompt's logprobs with the
+        first), count it, and send it."""
         request_id = request.request_id
         output.sample_index = request.sample_index
         output.num_prompt_tokens = request.num_prompt_tokens
@@ -73,21 +60,15 @@ class OutputProcessor:
             self._prompt_logprobs_sent.add(request_id)
         for _ in output.token_ids:  # generated, if not all sent (engine/metrics.py)
             self.metrics.on_token(request, now)
-        text = self._texts[request_id]
-        ended_here = text is not None and text.apply(output)
-        if ended_here:  # tokens after the stop string are dropped
-            del request.token_ids[request.num_prompt_tokens + output.num_output_tokens:]
         if output.finished:
             request.finish_reason = output.finish_reason
             self.metrics.on_finish(request, time.monotonic())
             if request.params.logprobs is not None and output.cumulative_logprob is None:
                 output.cumulative_logprob = request.cumulative_logprob
-            del self._texts[request_id]
+            self._unfinished.discard(request_id)
             self._prompt_logprobs_sent.discard(request_id)
-        if output.finished or text is None:  # the API process may end it by a stop string
-            output.timing = timing_of(request)
+        output.timing = timing_of(request)  # the front may end it by a stop string
         request.on_output(output)
-        return ended_here
 
 
 def timing_of(request: Request) -> RequestTiming:

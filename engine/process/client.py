@@ -11,7 +11,7 @@ engine/process/launch.py's SpawnedCore, and this module speaks the protocol over
   requests sent since that the core had not yet taken in; the core queues what it is sent.
 - Outputs come back in one Report per step, as token ids, read on the API's event loop while
   it runs (else on a thread of their own; engine/process/reader.py) and handed to
-  engine/process/outputs.py's CoreOutputs, which makes each sample's text, finds its stop
+  engine/text_outputs.py's TextOutputs, which makes each sample's text, finds its stop
   strings (telling the core to end a sample one ended: EndSample) and calls each request's
   `on_output`; and it mirrors the core's counts.
 - /metrics asks the core for its Prometheus text (the core's counters, exactly as they
@@ -43,7 +43,7 @@ import zmq
 from engine.admission import EngineUnavailableError, check_line, check_samples, retry_seconds
 from engine.config import EngineConfig
 from engine.core import EngineStats
-from engine.metrics import FinishMetrics
+from engine.metrics import FrontMetrics
 from engine.process.dashboard import ReceivedSnapshots
 from engine.process.launch import (
     POLL_MS,
@@ -71,36 +71,20 @@ from engine.process.messages import (
     ToCore,
     open_socket,
 )
-from engine.process.outputs import CoreOutputs
 from engine.process.reader import OutputReader
 from engine.request import Request
 from engine.snapshot import BLOCK_QUERY_TIMEOUT, CachedBlock
+from engine.text_outputs import TextOutputs
 
 # Imported from here, some of them engine/process/launch.py's.
 __all__ = ["METRICS_TIMEOUT", "POLL_MS", "ROOT", "START_TIMEOUT", "STDERR_LINES", "STOP_TIMEOUT",
-           "EngineProcessClient", "EngineStartError", "RemoteMetrics"]
+           "EngineProcessClient", "EngineStartError"]
 
 log = logging.getLogger("nano_vllm.engine")
 
 START_TIMEOUT = 600.0  # seconds for the core to load the model (a first start compiles kernels)
 STOP_TIMEOUT = 10.0  # seconds for the core to stop when told, before it is killed
 METRICS_TIMEOUT = 2.0  # seconds for the core to answer a metrics query
-
-
-class RemoteMetrics:
-    """/metrics' text: the core process's, then the finished requests by reason, counted
-    here where each request's last output is made (engine/metrics.py)."""
-
-    def __init__(self, render_core: Callable[[], bytes], finishes: FinishMetrics) -> None:
-        self._render_core = render_core
-        self.finishes = finishes
-
-    def render(self) -> bytes:
-        return self._render_core() + self.finishes.render()
-
-    def dashboard_totals(self) -> dict[str, float]:
-        """The dashboard's counters that are counted here."""
-        return {"finished": float(self.finishes.total)}
 
 
 class EngineProcessClient:
@@ -115,8 +99,8 @@ class EngineProcessClient:
         self.config = config
         model_dir = resolve_model_dir(config.model)  # prepared here once, found by the core
         self.tokenizer = load_tokenizer(model_dir)
-        self.in_flight = CoreOutputs(self.tokenizer, self._end_sample)
-        self.metrics = RemoteMetrics(self.render_metrics, self.in_flight.finishes)
+        self.in_flight = TextOutputs(self.tokenizer, self._end_sample)
+        self.metrics = FrontMetrics(self.render_metrics, self.in_flight.finishes)
         self._lock = threading.Lock()  # guards the fields below and the requests socket
         self._unacked: deque[tuple[int, int]] = deque()  # (seq, prompt tokens) not taken in
         self._seq = 0

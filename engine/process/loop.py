@@ -302,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     pin_to({int(c) for c in args.cpus.split(",")} if args.cpus else None)
     try:
         config = decode_config(args.config)
-        engine = load_engine_loop(config, core_class_at(args.core), detokenize=False)
+        engine = load_engine_loop(config, core_class_at(args.core))
     except (ModelPreparationError, ValueError, QuantizedKernelUnavailable) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -1,4 +1,4 @@
-"""The API process's side of an engine core process's outputs (engine/process/outputs.py), driven
+"""The API process's side of an engine core process's outputs (engine/text_outputs.py), driven
 with the token-only outputs a core sends, made up here, so that the races between a stop
 string found here and the core's own end of the sample happen every time:
 
@@ -21,8 +21,8 @@ import pytest
 from engine.config import EngineConfig
 from engine.process.client import EngineProcessClient
 from engine.process.messages import AddRequest, CoreState, Rates
-from engine.process.outputs import CoreOutputs
 from engine.request import FinishReason, Request, RequestOutput, SamplingParams
+from engine.text_outputs import TextOutputs
 
 STOP = "STOPWORD"  # the tiny model's tokenizer splits it over tokens (test_detokenizer.py)
 TEXT = " one two three STOPWORD four five six"
@@ -35,7 +35,7 @@ class Client:
     def __init__(self, tokenizer) -> None:
         self.received: list[RequestOutput] = []
         self.ended: list[str] = []  # EndSample's sample ids
-        self.in_flight = CoreOutputs(tokenizer, self.ended.append)
+        self.in_flight = TextOutputs(tokenizer, self.ended.append)
 
     def add(self, prompt: list[int], n: int = 1, max_tokens: int = 32) -> None:
         params = SamplingParams(max_tokens=max_tokens, stop=[STOP], n=n, temperature=1.0)
@@ -192,7 +192,7 @@ def test_a_report_that_comes_back_at_once_reaches_its_request(tokenizer):
     """No process: the client's admission and send, with a socket that answers at once."""
     client = EngineProcessClient.__new__(EngineProcessClient)
     client.config = EngineConfig()
-    client.in_flight = CoreOutputs(tokenizer, lambda sample_id: None)
+    client.in_flight = TextOutputs(tokenizer, lambda sample_id: None)
     stats = {"running": 0, "waiting": 0, "blocks_total": 0, "blocks_used": 0,
              "blocks_free": 0, "blocks_cached_free": 0}
     client._state = CoreState(stats, 0, 0, Rates())  # type: ignore[arg-type]

@@ -187,11 +187,11 @@ def test_a_failing_step_fails_only_its_requests(model, tokenizer, prompts):
 
 def test_without_text_a_stop_string_found_elsewhere_ends_one_sample_once(model, tokenizer,
                                                                          prompts):
-    """An engine loop with detokenize=False, as in the engine core process: outputs carry
+    """An engine loop (as in the engine core process, and under the thread front): outputs carry
     token ids and timing, no text; end_sample ends one sample of two (reason stop, its seat
     freed), and for a sample that has ended already it does nothing. Finished requests are
     counted by whoever makes the text, not here."""
-    engine = EngineLoop(EngineConfig(num_blocks=128), model, tokenizer, detokenize=False)
+    engine = EngineLoop(EngineConfig(num_blocks=128), model, tokenizer)
     outputs: list[RequestOutput] = []
     params = SamplingParams(max_tokens=20, temperature=1.0, seed=1, n=2, ignore_eos=True)
     engine.add(Request("r", prompts[0], params, on_output=outputs.append))

@@ -65,13 +65,15 @@ def make_engine(model, tokenizer, spec: SpeculativeConfig | None, **overrides) -
 
 
 def run(engine: BatchEngine, prompts: list[list[int]], **params) -> list[list[RequestOutput]]:
-    """Every prompt at once, to the end; each request's outputs."""
+    """Every prompt at once, to the end; each request's outputs. A sample a stop string
+    ended is finished for its client at once and in the core at the next step, which frees
+    its blocks: so the steps go on until the engine has nothing left to do."""
     outputs: list[list[RequestOutput]] = [[] for _ in prompts]
     for i, ids in enumerate(prompts):
         engine.add_request(Request(str(i), ids, SamplingParams(**{"temperature": 0, **params}),
                                    on_output=outputs[i].append))
     for _ in range(2000):
-        if all(outs and outs[-1].finished for outs in outputs):
+        if all(outs and outs[-1].finished for outs in outputs) and not engine.has_work():
             break
         engine.step()
     for outs in outputs:

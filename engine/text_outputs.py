@@ -1,18 +1,19 @@
-"""The requests the API process has sent to an engine core process and not yet seen end, and
-the outputs its clients get for them (beside engine/process/client.py, which runs the sockets).
+"""The front's record of the requests it has handed to an engine loop and not yet seen end,
+and the outputs its clients get for them: the same for both engine fronts (the thread,
+engine/batch_engine.py, and the client of an engine core process, engine/process/client.py).
 
-The core's outputs carry token ids and no text. Here each sample's text is made and its
-stop strings found (engine/detokenizer.py's SampleText, as the engine thread does
-in-process), each output goes to its request's `on_output`, and each sample's last output
-is counted by reason (request_success_total, engine/metrics.py's FinishMetrics).
+The loop's outputs carry token ids and no text. Here each sample's text is made and its
+stop strings found (engine/detokenizer.py's SampleText), each output goes to its request's
+`on_output`, and each sample's last output is counted by reason (request_success_total,
+engine/metrics.py's FinishMetrics).
 
-A sample a stop string ends is finished here for its client, and the core is told to end
-it too (`end_sample`, an EndSample message), which frees its blocks. Until the core reads
-that message it may still send outputs for the sample, its own end included (by length,
-say, in the step it was already running): they are dropped, so a client gets exactly one
-last output per sample. A stop string that completes on the very token with which the core
-ends the sample (its max_tokens-th) ends it in that same output, with reason stop; the core
-has ended it already, so nothing is sent back.
+A sample a stop string ends is finished here for its client, and the loop is told to end
+it too (`end_sample`; an EndSample message to a core process), which frees its blocks.
+Until the loop takes that in it may still send outputs for the sample, its own end
+included (by length, say, in the step it was already running): they are dropped, so a
+client gets exactly one last output per sample. A stop string that completes on the very
+token with which the core ends the sample (its max_tokens-th) ends it in that same
+output, with reason stop; the core has ended it already, so nothing is sent back.
 """
 
 from __future__ import annotations
@@ -29,12 +30,14 @@ from engine.request import ENGINE_FAILED, FinishReason, Request, RequestOutput
 @dataclass
 class _InFlight:
     request: Request
+    on_output: Callable[[RequestOutput], None]  # the client's, kept when the front wraps it
     texts: dict[int, SampleText]  # each sample still to end, by its index
 
 
-class CoreOutputs:
-    """`add` on the API's threads; `deliver` and `fail_all` on the client's receiver thread,
-    which alone calls the requests' `on_output`."""
+class TextOutputs:
+    """`add` on the API's threads; `deliver` and `fail_all` where the front receives the
+    loop's outputs (the engine thread, or the client's receiver), which alone calls the
+    requests' `on_output`."""
 
     def __init__(self, tokenizer, end_sample: Callable[[str], None]) -> None:
         """`end_sample(sample_id)`: tell the core a stop string ended that sample here."""
@@ -51,7 +54,7 @@ class CoreOutputs:
         texts = {index: SampleText(self.tokenizer, request.prompt_token_ids, params.stop,
                                    params.min_tokens) for index in range(params.n)}
         with self._lock:
-            self._requests[request.request_id] = _InFlight(request, texts)
+            self._requests[request.request_id] = _InFlight(request, request.on_output, texts)
 
     def __contains__(self, request_id: str) -> bool:
         """Whether a sample of this request (the id it was added with) is still to end."""
@@ -73,7 +76,7 @@ class CoreOutputs:
                 continue  # ended here already (by a stop string), or failed
             if text.apply(output):  # a stop string: the core is told first, to free sooner
                 self._end_sample(output.request_id)  # the sample's own id
-            entry.request.on_output(output)
+            entry.on_output(output)
             if output.finished:
                 self._ended(request_id, entry, output)
 
@@ -91,7 +94,7 @@ class CoreOutputs:
         for entry in requests.values():
             for index in sorted(entry.texts):
                 request_id = entry.request.request_id + (f"#{index}" if index else "")
-                entry.request.on_output(RequestOutput(
+                entry.on_output(RequestOutput(
                     request_id, "", [], finished=True, finish_reason=FinishReason.ERROR,
                     error=error, error_code=ENGINE_FAILED, sample_index=index))
                 self.finishes.on_finish(FinishReason.ERROR)
