@@ -188,11 +188,17 @@ class EngineConfig:
         return config
 
     def validate(self) -> None:
+        """ValueError naming the flag for the first setting that cannot work."""
         if self.max_num_seqs < 1:
             raise ValueError("--max-num-seqs must be at least 1")
         if self.max_num_batched_tokens < self.max_num_seqs:
             raise ValueError("--max-num-batched-tokens must be at least --max-num-seqs, so every "
                              "seated sequence can decode in each step")
+        self._validate_weights()
+        self._validate_line()
+
+    def _validate_weights(self) -> None:
+        """The weight formats' and precisions' combinations."""
         if self.weights != "default" and (self.dtype != "float32"
                                           or self.device not in (None, "cpu")):
             raise ValueError(f"--weights {self.weights} runs on the CPU with float32 "
@@ -206,6 +212,9 @@ class EngineConfig:
         if self.activations == "int8" and self.weights != "q4_1":
             raise ValueError("--activations int8 needs --weights q4_1 (it multiplies the Q4_1 "
                              "codes by int8 activations)")
+
+    def _validate_line(self) -> None:
+        """The waiting line's and the requests' limits."""
         if self.request_timeout is not None and not self.request_timeout > 0:
             raise ValueError("--request-timeout must be a positive number of seconds")
         if self.max_waiting < 1:

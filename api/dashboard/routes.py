@@ -84,39 +84,44 @@ def dashboard_router(engine: DashboardSource, guarded: Sequence[Any] = ()) -> AP
 
     @router.get("/dashboard/events", dependencies=list(guarded))
     async def events() -> EventSourceResponse:
-        watched = need_board()
-
-        async def frames() -> AsyncIterator[dict[str, str]]:
-            last_seq, last_sent = None, 0.0
-            while True:
-                watched.want()  # snapshots are only taken while someone watches
-                snapshot, now = watched.latest, time.monotonic()
-                if snapshot is not None and (snapshot.seq != last_seq
-                                             or now - last_sent >= HEARTBEAT):
-                    yield {"event": "snapshot",
-                           "data": event_data(cache.frame_json(snapshot), snapshot.counters)}
-                    last_seq, last_sent = snapshot.seq, now
-                await asyncio.sleep(FRAME_INTERVAL)
-
-        return EventSourceResponse(frames())
+        return EventSourceResponse(frames(need_board(), cache))
 
     @router.get("/dashboard/blocks/{block_id}", dependencies=list(guarded))
     async def block(block_id: int) -> JSONResponse:
-        snapshot = need_board().latest
-        if snapshot is None:
-            raise APIError("No snapshot yet: open the event stream first.", status=503,
-                           err_type="server_error")
-        try:
-            view = snapshot.block(block_id)
-        except IndexError as exc:
-            raise APIError(str(exc), "block_id", status=404, err_type="not_found_error") from exc
-        cached = None
-        if view.state == "cached":  # its content is the engine's to read, between steps
-            try:
-                cached = await run_in_threadpool(engine.cached_block, block_id)
-            except TimeoutError as exc:
-                raise APIError(f"The engine did not answer: {exc}", status=503,
-                               err_type="server_error") from exc
-        return JSONResponse(block_details(snapshot, view, cached, engine.tokenizer))
+        return JSONResponse(await block_view(engine, need_board(), block_id))
 
     return router
+
+
+async def frames(board: Board, cache: FrameCache) -> AsyncIterator[dict[str, str]]:
+    """The event stream: a frame for each new snapshot, and one at least every HEARTBEAT."""
+    last_seq, last_sent = None, 0.0
+    while True:
+        board.want()  # snapshots are only taken while someone watches
+        snapshot, now = board.latest, time.monotonic()
+        if snapshot is not None and (snapshot.seq != last_seq or now - last_sent >= HEARTBEAT):
+            yield {"event": "snapshot",
+                   "data": event_data(cache.frame_json(snapshot), snapshot.counters)}
+            last_seq, last_sent = snapshot.seq, now
+        await asyncio.sleep(FRAME_INTERVAL)
+
+
+async def block_view(engine: DashboardSource, board: Board, block_id: int) -> dict[str, Any]:
+    """One block of the latest snapshot, with a cached-free block's content (the engine's
+    to read, between steps)."""
+    snapshot = board.latest
+    if snapshot is None:
+        raise APIError("No snapshot yet: open the event stream first.", status=503,
+                       err_type="server_error")
+    try:
+        view = snapshot.block(block_id)
+    except IndexError as exc:
+        raise APIError(str(exc), "block_id", status=404, err_type="not_found_error") from exc
+    cached = None
+    if view.state == "cached":
+        try:
+            cached = await run_in_threadpool(engine.cached_block, block_id)
+        except TimeoutError as exc:
+            raise APIError(f"The engine did not answer: {exc}", status=503,
+                           err_type="server_error") from exc
+    return block_details(snapshot, view, cached, engine.tokenizer)

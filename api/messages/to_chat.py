@@ -105,31 +105,41 @@ def check_block(block: Any, role: str, where: str, calls: set[str]) -> None:
                        "messages")
     if isinstance(block, TextBlock) and not block.text:
         raise APIError(f"{where}: text content blocks must be non-empty.", "messages")
-    if isinstance(block, ToolUseBlock):
-        if role != "assistant":
-            raise APIError(f"{where}: tool_use blocks belong in assistant messages.",
-                           "messages")
-        if block.id in calls:
-            raise APIError(f"{where}: two tool_use blocks have the id {block.id!r}.",
-                           "messages")
-        if block.caller is not None and block.caller.type != "direct":
-            raise APIError(f"{where} was called by {block.caller.type!r}; this server runs no "
-                           "code execution, so only the model's own calls (caller "
-                           "'direct') can be in the history.", "messages")
-        calls.add(block.id)
     if isinstance(block, ToolUseBlock | ToolResultBlock) and block.toolset_name is not None:
         raise APIError(f"{where} belongs to the toolset {block.toolset_name!r}; this server "
                        "offers client tools only.", "messages")
+    if isinstance(block, ToolUseBlock):
+        check_call(block, role, where, calls)
     if isinstance(block, ToolResultBlock):
-        if role != "user":
-            raise APIError(f"{where}: tool_result blocks belong in user messages.", "messages")
-        if block.tool_use_id not in calls:
-            raise APIError(f"{where}'s tool_use_id {block.tool_use_id!r} matches no tool_use "
-                           "block of an earlier assistant message.", "messages")
-        for k, part in enumerate(block.content if isinstance(block.content, list) else []):
-            if isinstance(part, UnreadBlock):
-                raise APIError(f"{where}.content[{k}] is a block of type {part.type!r}; "
-                               "tool results are read as text only.", "messages")
+        check_result(block, role, where, calls)
+
+
+def check_call(block: ToolUseBlock, role: str, where: str, calls: set[str]) -> None:
+    """A tool_use block: the assistant's, with an id of its own, called by the model."""
+    if role != "assistant":
+        raise APIError(f"{where}: tool_use blocks belong in assistant messages.",
+                       "messages")
+    if block.id in calls:
+        raise APIError(f"{where}: two tool_use blocks have the id {block.id!r}.",
+                       "messages")
+    if block.caller is not None and block.caller.type != "direct":
+        raise APIError(f"{where} was called by {block.caller.type!r}; this server runs no "
+                       "code execution, so only the model's own calls (caller "
+                       "'direct') can be in the history.", "messages")
+    calls.add(block.id)
+
+
+def check_result(block: ToolResultBlock, role: str, where: str, calls: set[str]) -> None:
+    """A tool_result block: the user's, answering an earlier call, read as text."""
+    if role != "user":
+        raise APIError(f"{where}: tool_result blocks belong in user messages.", "messages")
+    if block.tool_use_id not in calls:
+        raise APIError(f"{where}'s tool_use_id {block.tool_use_id!r} matches no tool_use "
+                       "block of an earlier assistant message.", "messages")
+    for k, part in enumerate(block.content if isinstance(block.content, list) else []):
+        if isinstance(part, UnreadBlock):
+            raise APIError(f"{where}.content[{k}] is a block of type {part.type!r}; "
+                           "tool results are read as text only.", "messages")
 
 
 def check_answered(body: CountTokensRequest, i: int, blocks: list[Any]) -> None:
