@@ -97,7 +97,7 @@ def choose_panel(n: int, threads: int, isa: str = "avx512") -> int:
     12 panels of 48, not 9 of 64), else the first. AVX-512 prefers the widest (64, 48, 32);
     AVX2 the narrowest (32, 48, 64): with 16 registers, one row reads three 32-column panels
     side by side (two in bf16) but only one of 64, and the extra streams from memory made
-    one row's matmuls about a tenth faster, many rows within noise (docs/performance.md)."""
+    one row's matmuls faster, many rows no slower (docs/kernel-history.md)."""
     widths = (32, 48, 64) if isa == "avx2" else (64, 48, 32)
     for panel in widths:
         if -(-n // panel) % max(threads, 1) == 0:
