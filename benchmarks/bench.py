@@ -313,13 +313,23 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
+def recorded_command(argv: list[str]) -> str:
+    """The command as a reader runs it from the repository root: this script's path relative
+    to it, whatever folder or absolute path started it."""
+    script = Path(argv[0]).resolve()
+    root = Path(__file__).resolve().parents[1]
+    if script.is_relative_to(root):
+        argv = [str(script.relative_to(root)), *argv[1:]]
+    return "python3 " + shlex.join(argv)
+
+
 def main() -> int:
     args = parse_args()
     started_at = datetime.now().astimezone().isoformat(timespec="seconds")
     levels = run_with(args.client, run(args))
     out = BenchRun(label=args.label, url=args.url, max_tokens=args.max_tokens,
                    system_repeats=args.system_repeats, machine=Machine.this_one(),
-                   started_at=started_at, command="python3 " + shlex.join(sys.argv),
+                   started_at=started_at, command=recorded_command(sys.argv),
                    levels=levels)
     path = result_path(Path(args.results_dir), args.label)
     out.save(path)
