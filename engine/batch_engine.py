@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Callable
 from concurrent.futures import Future
 from contextlib import AbstractContextManager, nullcontext
 
@@ -35,35 +34,33 @@ from engine.arrivals import gather
 from engine.config import EngineConfig
 from engine.core import EngineCore, EngineStats, PagedEngineCore
 from engine.engine_loop import EngineLoop
+from engine.front import EngineFront, ModelLimits
 from engine.metrics import FrontMetrics
 from engine.request import Request
 from engine.snapshot import BLOCK_QUERY_TIMEOUT, CachedBlock
-from engine.text_outputs import TextOutputs
 from model.llama import LlamaModel
 
 log = logging.getLogger("nano_vllm.engine")
 
 
-class BatchEngine:
+class BatchEngine(EngineFront):
     def __init__(self, config: EngineConfig, model: LlamaModel, tokenizer,
                  core_class: type[EngineCore] = PagedEngineCore) -> None:
-        self.config = config
+        # The lock guards what other threads hand over (the loop's queues, its view of the
+        # line) and the front's fields; re-entrant, as add_request holds it while the loop
+        # takes it.
+        super().__init__(config, tokenizer, threading.RLock(), self._end_sample)
         self.model = model
-        self.tokenizer = tokenizer
-        # Guards what other threads hand over (the loop's queues, its view of the line) and
-        # the fields below; re-entrant, as add_request holds it while the loop takes it.
-        self._lock = threading.RLock()
         self._wakeup = threading.Event()
-        self.texts = TextOutputs(tokenizer, self._end_sample)
         self.loop = EngineLoop(config, model, tokenizer, core_class, lock=self._lock,
                                wake=self._wakeup.set, totals=self._dashboard_totals)
         self.core = self.loop.core
+        self.limits = ModelLimits(self.loop.max_tokens_per_request, self.loop.model_type,
+                                  self.loop.max_position_embeddings)
         self.metrics = FrontMetrics(self.loop.metrics.render, self.texts.finishes)
         self.snapshots = self.loop.snapshots
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="batch-engine", daemon=True)
-        self._unavailable: str | None = None  # why new requests are refused, if they are
-        self._failure_callbacks: list[Callable[[], None]] = []
         self._block_queries: list[tuple[int, Future[CachedBlock | None]]] = []  # under _lock
 
     # --- called from other threads -------------------------------------------------------
@@ -73,29 +70,8 @@ class BatchEngine:
         return self.loop.drain_rate
 
     @property
-    def max_tokens_per_request(self) -> int:
-        return self.loop.max_tokens_per_request
-
-    @property
-    def model_type(self) -> str:
-        return self.loop.model_type
-
-    @property
-    def max_position_embeddings(self) -> int:
-        return self.loop.max_position_embeddings
-
-    @property
-    def max_num_seqs(self) -> int:
-        """Seats: also the most samples (n, best_of) one prompt can have."""
-        return self.config.max_num_seqs
-
-    @property
     def is_alive(self) -> bool:
         return self._thread.is_alive()
-
-    @property
-    def scheduling_policy(self) -> str:
-        return self.config.scheduling_policy
 
     @property
     def unavailable_reason(self) -> str | None:
@@ -104,25 +80,10 @@ class BatchEngine:
             return "The engine thread has stopped."
         return self._unavailable
 
-    @property
-    def num_in_flight(self) -> int:
-        """Requests (samples counted apiece) accepted and not yet finished."""
-        return self.texts.num_samples
-
-    def stop_accepting(self, reason: str) -> None:
-        """Refuse every new request from now on (EngineUnavailableError with `reason`)."""
-        with self._lock:
-            self._unavailable = self._unavailable or reason
-        log.info("no longer accepting requests: %s", reason)
-
     def abort_all(self, error: str) -> None:
         """End every request in flight with `error` (code SHUTDOWN) at the next step."""
         self.loop.abort_all(error)
         self._wakeup.set()
-
-    def on_failure(self, callback: Callable[[], None]) -> None:
-        """Call `callback` (on the engine thread) if the engine thread dies."""
-        self._failure_callbacks.append(callback)
 
     def start(self) -> None:
         self._thread.start()
@@ -207,8 +168,7 @@ class BatchEngine:
             self._unavailable = error
         self.loop.die(error)
         self.texts.fail_all(error)  # any the loop's failure outputs did not reach
-        for callback in self._failure_callbacks:
-            callback()
+        self._failed()
 
     def _loop(self) -> None:
         while not self._stop.is_set():

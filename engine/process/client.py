@@ -33,7 +33,6 @@ import signal
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import replace
 
@@ -43,6 +42,7 @@ import zmq
 from engine.admission import EngineUnavailableError, check_line, check_samples, retry_seconds
 from engine.config import EngineConfig
 from engine.core import EngineStats
+from engine.front import EngineFront, ModelLimits
 from engine.metrics import FrontMetrics
 from engine.process.dashboard import ReceivedSnapshots
 from engine.process.launch import (
@@ -74,7 +74,6 @@ from engine.process.messages import (
 from engine.process.reader import OutputReader
 from engine.request import Request
 from engine.snapshot import BLOCK_QUERY_TIMEOUT, CachedBlock
-from engine.text_outputs import TextOutputs
 
 # Imported from here, some of them engine/process/launch.py's.
 __all__ = ["METRICS_TIMEOUT", "POLL_MS", "ROOT", "START_TIMEOUT", "STDERR_LINES", "STOP_TIMEOUT",
@@ -87,7 +86,7 @@ STOP_TIMEOUT = 10.0  # seconds for the core to stop when told, before it is kill
 METRICS_TIMEOUT = 2.0  # seconds for the core to answer a metrics query
 
 
-class EngineProcessClient:
+class EngineProcessClient(EngineFront):
     def __init__(self, config: EngineConfig, cpus: str | None = None,
                  start_timeout: float = START_TIMEOUT, core: str = PAGED_CORE) -> None:
         """Start the core process (pinned to `cpus`, e.g. "0,1"; default all; its engine
@@ -96,17 +95,13 @@ class EngineProcessClient:
         from model.gguf_source import load_tokenizer
         from model.prepare import resolve_model_dir
 
-        self.config = config
         model_dir = resolve_model_dir(config.model)  # prepared here once, found by the core
-        self.tokenizer = load_tokenizer(model_dir)
-        self.in_flight = TextOutputs(self.tokenizer, self._end_sample)
-        self.metrics = FrontMetrics(self.render_metrics, self.in_flight.finishes)
-        self._lock = threading.Lock()  # guards the fields below and the requests socket
+        # The lock also guards the requests socket and the fields below.
+        super().__init__(config, load_tokenizer(model_dir), threading.Lock(), self._end_sample)
+        self.metrics = FrontMetrics(self.render_metrics, self.texts.finishes)
         self._unacked: deque[tuple[int, int]] = deque()  # (seq, prompt tokens) not taken in
         self._seq = 0
-        self._unavailable: str | None = None
         self._failure: str | None = None  # the core's own account of its death
-        self._failure_callbacks: list[Callable[[], None]] = []
         self._closing = False
         self._shut_down = False
         self._metrics_lock = threading.Lock()
@@ -131,9 +126,8 @@ class EngineProcessClient:
             self._close_sockets()
             raise
         self.core_pid = ready.pid
-        self._max_tokens = ready.max_tokens_per_request
-        self._model_type = ready.model_type
-        self._max_position_embeddings = ready.max_position_embeddings
+        self.limits = ModelLimits(ready.max_tokens_per_request, ready.model_type,
+                                  ready.max_position_embeddings)
         self._description = ready.description
         self._state = ready.state
         # The dashboard's view; None for a core with no pool to show (the baseline's).
@@ -153,37 +147,12 @@ class EngineProcessClient:
     # --- what the API and the lifecycle use ------------------------------------------------
 
     @property
-    def max_tokens_per_request(self) -> int:
-        return self._max_tokens
-
-    @property
-    def model_type(self) -> str:
-        return self._model_type
-
-    @property
-    def max_position_embeddings(self) -> int:
-        return self._max_position_embeddings
-
-    @property
-    def max_num_seqs(self) -> int:
-        return self.config.max_num_seqs
-
-    @property
-    def scheduling_policy(self) -> str:
-        return self.config.scheduling_policy
-
-    @property
     def is_alive(self) -> bool:
         return self._process.poll() is None and self._failure is None
 
     @property
     def unavailable_reason(self) -> str | None:
         return self._unavailable
-
-    @property
-    def num_in_flight(self) -> int:
-        """Requests (samples counted apiece) accepted and not yet finished."""
-        return self.in_flight.num_samples
 
     def describe(self) -> str:
         return f"{self._description}; engine core in process {self.core_pid}"
@@ -204,15 +173,6 @@ class EngineProcessClient:
         open; entered and left on the loop's thread."""
         return self._reader.on_loop(loop)
 
-    def on_failure(self, callback: Callable[[], None]) -> None:
-        """Call `callback` (where the outputs are read) if the core process dies."""
-        self._failure_callbacks.append(callback)
-
-    def stop_accepting(self, reason: str) -> None:
-        with self._lock:
-            self._unavailable = self._unavailable or reason
-        log.info("no longer accepting requests: %s", reason)
-
     def add_request(self, request: Request) -> None:
         """Admit (QueueFullError, EngineUnavailableError) and send a request to the core."""
         params = request.params
@@ -231,7 +191,7 @@ class EngineProcessClient:
                 self._seq, request.request_id, request.prompt_token_ids,
                 replace(params, grammar=None), grammar, time.monotonic() - request.arrival_time,
                 request.priority, request.timeout, request.arrivals_behind))
-            self.in_flight.add(request)  # first: the core's first Report may be back at once
+            self.texts.add(request)  # first: the core's first Report may be back at once
             self._send_encoded(message)
             self._unacked.append((self._seq, request.num_prompt_tokens))
 
@@ -242,7 +202,7 @@ class EngineProcessClient:
 
     def abort(self, request_id: str) -> None:
         with self._lock:
-            if request_id in self.in_flight and self._failure is None:
+            if request_id in self.texts and self._failure is None:
                 self._send(Abort(request_id))
 
     def abort_all(self, error: str) -> None:
@@ -322,7 +282,7 @@ class EngineProcessClient:
     def _handle(self, message: FromCore) -> bool:
         """One message from the core; False once it was the last (Stopped)."""
         if isinstance(message, Report):
-            self.in_flight.deliver(message.outputs)
+            self.texts.deliver(message.outputs)
             self._mirror(message.state)
         elif isinstance(message, Snapshot) and self.snapshots is not None:
             self.snapshots.received(message)
@@ -359,8 +319,7 @@ class EngineProcessClient:
             self._failure = error
             self._unavailable = error
             self._unacked.clear()
-        self.in_flight.fail_all(error)
+        self.texts.fail_all(error)
         if not self._closing:
-            for callback in self._failure_callbacks:
-                callback()
+            self._failed()
         return True

@@ -40,5 +40,7 @@ def test_the_engine_has_every_member_of_the_protocol(engine: type):
             assert isinstance(getattr(engine, name), property), f"{name} is not a property"
         else:
             assert callable(getattr(engine, name)), f"{name} is not a method"
-    stored = set(engine.__init__.__code__.co_names)  # the attributes __init__ sets, and more
+    # The attributes its __init__ (and its bases' __init__, engine/front.py's) sets, and more.
+    stored = {name for cls in engine.__mro__ if "__init__" in vars(cls)
+              and hasattr(cls.__init__, "__code__") for name in cls.__init__.__code__.co_names}
     assert attributes <= stored, f"{engine.__name__}.__init__ sets no {attributes - stored}"

@@ -35,11 +35,11 @@ class Client:
     def __init__(self, tokenizer) -> None:
         self.received: list[RequestOutput] = []
         self.ended: list[str] = []  # EndSample's sample ids
-        self.in_flight = TextOutputs(tokenizer, self.ended.append)
+        self.texts = TextOutputs(tokenizer, self.ended.append)
 
     def add(self, prompt: list[int], n: int = 1, max_tokens: int = 32) -> None:
         params = SamplingParams(max_tokens=max_tokens, stop=[STOP], n=n, temperature=1.0)
-        self.in_flight.add(Request("r", prompt, params, on_output=self.received.append))
+        self.texts.add(Request("r", prompt, params, on_output=self.received.append))
 
     def finished(self, index: int = 0) -> list[RequestOutput]:
         return [o for o in self.received if o.finished and o.sample_index == index]
@@ -48,7 +48,7 @@ class Client:
         return "".join(o.text for o in self.received if o.sample_index == index)
 
     def finishes(self) -> dict[str, float]:
-        registry = self.in_flight.finishes.registry
+        registry = self.texts.finishes.registry
         return {reason: registry.get_sample_value("nano_vllm:request_success_total",
                                                   {"finished_reason": reason}) or 0
                 for reason in ("stop", "length", "abort", "error")}
@@ -83,7 +83,7 @@ def stream(client: Client, tokens: list[int], upto: int, last: FinishReason | No
     """The core's outputs for one sample, a token a step, the last one ending it by `last`."""
     for i, token in enumerate(tokens[:upto]):
         end = last if i == upto - 1 else None
-        client.in_flight.deliver([("r", core_output(index, token, i + 1, end))])
+        client.texts.deliver([("r", core_output(index, token, i + 1, end))])
 
 
 def test_a_stop_string_completed_by_the_core_s_last_token_ends_it_once_as_stop(tokenizer,
@@ -101,7 +101,7 @@ def test_a_stop_string_completed_by_the_core_s_last_token_ends_it_once_as_stop(t
     assert last.num_output_tokens == kept and last.token_ids == tokens[kept - 1:kept]
     assert client.ended == []  # the core has ended it already
     assert client.finishes() == {"stop": 1, "length": 0, "abort": 0, "error": 0}
-    assert "r" not in client.in_flight and client.in_flight.num_samples == 0
+    assert "r" not in client.texts and client.texts.num_samples == 0
 
 
 @pytest.mark.parametrize("core_end", ["length", "told", "abort"])
@@ -119,7 +119,7 @@ def test_the_core_s_own_end_after_a_stop_string_is_dropped(tokenizer, story, cor
     late = {"length": core_output(0, tokens[kept], kept + 1, FinishReason.LENGTH),
             "told": core_output(0, None, kept, FinishReason.STOP),
             "abort": core_output(0, None, kept, FinishReason.ABORT)}[core_end]
-    client.in_flight.deliver([("r", late)])
+    client.texts.deliver([("r", late)])
     print(f"text {client.text()!r}; the core's end {late.finish_reason} dropped")
     assert client.received == received
     [last] = client.finished()
@@ -127,7 +127,7 @@ def test_the_core_s_own_end_after_a_stop_string_is_dropped(tokenizer, story, cor
     assert last.num_output_tokens == kept
     assert client.ended == ["r"]  # told once
     assert client.finishes() == {"stop": 1, "length": 0, "abort": 0, "error": 0}
-    assert "r" not in client.in_flight and client.in_flight.num_samples == 0
+    assert "r" not in client.texts and client.texts.num_samples == 0
 
 
 def test_a_sample_ended_here_drops_out_while_the_other_goes_on(tokenizer, story):
@@ -139,21 +139,21 @@ def test_a_sample_ended_here_drops_out_while_the_other_goes_on(tokenizer, story)
     client = Client(tokenizer)
     client.add(prompt, n=2, max_tokens=kept + 2)
     for i in range(kept):
-        client.in_flight.deliver([("r", core_output(0, other[i], i + 1)),
+        client.texts.deliver([("r", core_output(0, other[i], i + 1)),
                                   ("r", core_output(1, tokens[i], i + 1))])
-    assert client.ended == ["r#1"] and client.in_flight.num_samples == 1
-    client.in_flight.deliver([("r", core_output(0, other[kept], kept + 1)),
+    assert client.ended == ["r#1"] and client.texts.num_samples == 1
+    client.texts.deliver([("r", core_output(0, other[kept], kept + 1)),
                               ("r", core_output(1, tokens[kept], kept + 1,
                                                 FinishReason.LENGTH))])
-    assert "r" in client.in_flight and client.in_flight.num_samples == 1
-    client.in_flight.deliver([("r", core_output(0, other[kept + 1], kept + 2,
+    assert "r" in client.texts and client.texts.num_samples == 1
+    client.texts.deliver([("r", core_output(0, other[kept + 1], kept + 2,
                                                 FinishReason.LENGTH))])
     print(f"texts {client.text(0)!r}, {client.text(1)!r}")
     assert [o.finish_reason for o in client.finished(1)] == [FinishReason.STOP]
     assert [o.finish_reason for o in client.finished(0)] == [FinishReason.LENGTH]
     assert client.text(1) == BEFORE and client.text(0) == tokenizer.decode(other)
     assert client.finishes() == {"stop": 1, "length": 1, "abort": 0, "error": 0}
-    assert "r" not in client.in_flight and client.in_flight.num_samples == 0
+    assert "r" not in client.texts and client.texts.num_samples == 0
 
 
 def test_the_core_s_death_fails_only_the_samples_still_running(tokenizer, story):
@@ -161,14 +161,14 @@ def test_the_core_s_death_fails_only_the_samples_still_running(tokenizer, story)
     client = Client(tokenizer)
     client.add(prompt, n=2)
     for i in range(kept):
-        client.in_flight.deliver([("r", core_output(1, tokens[i], i + 1))])
-    client.in_flight.fail_all("the core died")
-    client.in_flight.deliver([("r", core_output(0, tokens[0], 1))])  # a late one: dropped
+        client.texts.deliver([("r", core_output(1, tokens[i], i + 1))])
+    client.texts.fail_all("the core died")
+    client.texts.deliver([("r", core_output(0, tokens[0], 1))])  # a late one: dropped
     assert [o.finish_reason for o in client.finished(1)] == [FinishReason.STOP]
     [failed] = client.finished(0)
     assert failed.error == "the core died" and failed.text == "" and failed.request_id == "r"
     assert client.finishes() == {"stop": 1, "length": 0, "abort": 0, "error": 1}
-    assert client.in_flight.num_samples == 0
+    assert client.texts.num_samples == 0
 
 
 class AnsweringSocket:
@@ -185,14 +185,14 @@ class AnsweringSocket:
         request_id = self.decoder.decode(raw).request_id
         output = RequestOutput(request_id, "", [9], finished=True,
                                finish_reason=FinishReason.LENGTH, num_output_tokens=1)
-        self.client.in_flight.deliver([(request_id, output)])
+        self.client.texts.deliver([(request_id, output)])
 
 
 def test_a_report_that_comes_back_at_once_reaches_its_request(tokenizer):
     """No process: the client's admission and send, with a socket that answers at once."""
     client = EngineProcessClient.__new__(EngineProcessClient)
     client.config = EngineConfig()
-    client.in_flight = TextOutputs(tokenizer, lambda sample_id: None)
+    client.texts = TextOutputs(tokenizer, lambda sample_id: None)
     stats = {"running": 0, "waiting": 0, "blocks_total": 0, "blocks_used": 0,
              "blocks_free": 0, "blocks_cached_free": 0}
     client._state = CoreState(stats, 0, 0, Rates())  # type: ignore[arg-type]
@@ -205,4 +205,4 @@ def test_a_report_that_comes_back_at_once_reaches_its_request(tokenizer):
                                on_output=received.append))
     print("received:", received)
     assert [(o.token_ids, o.finish_reason) for o in received] == [([9], FinishReason.LENGTH)]
-    assert client.num_in_flight == 0 and "r" not in client.in_flight
+    assert client.num_in_flight == 0 and "r" not in client.texts
