@@ -190,7 +190,10 @@ CHAT_FIELDS: dict[str, FieldRule] = {
     "add_special_tokens": refused("The chat template's own special tokens are used.", V),
     "documents": refused("Documents are not passed to the chat template.", V),
     "chat_template": refused("The model's own chat template is used.", V),
-    "chat_template_kwargs": refused("The chat template takes no extra arguments.", V),
+    "chat_template_kwargs": done("Variables for the chat template, e.g. Qwen3's "
+                                "enable_thinking: false; one the template does not use changes "
+                                "nothing. Those the server sets (messages, tools, "
+                                "add_generation_prompt, ...) are a 400.", V),
     "mm_processor_kwargs": refused("Only text is served.", V),
 }
 

@@ -15,7 +15,7 @@ from pydantic import ConfigDict, Field
 from api.engine_client import EngineClient
 from api.errors import APIError
 from api.openai.bodies import DetokenizeResponse, TokenizeResponse
-from api.openai.protocol import TOOL_RULES, ChatMessage, ToolFields
+from api.openai.protocol import TOOL_RULES, ChatMessage, TemplateFields, ToolFields
 from api.protocol import NullFalse, RequestBody, TokenId, or_null
 from api.tools.plan import ToolPlan, tool_plan
 from api.tools.prompt import render_messages, template_renders_tools
@@ -45,15 +45,17 @@ def render_chat(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, Any
 
 
 def chat_prompt(tokenizer: PreTrainedTokenizerBase, messages: list[ChatMessage],
-                plan: ToolPlan | None, add_generation_prompt: bool = True) -> str:
+                plan: ToolPlan | None, add_generation_prompt: bool = True,
+                variables: dict[str, Any] | None = None) -> str:
     """The text a chat request runs: its messages (tool calls and results included) and the
-    tools it offers, through the chat template."""
+    tools it offers, through the chat template, with the request's own template `variables`
+    (chat_template_kwargs; one the template does not use changes nothing)."""
     rendered, tools = render_messages(messages, plan, template_renders_tools(tokenizer))
-    extra = {"tools": tools} if tools else {}
+    extra = {**(variables or {}), **({"tools": tools} if tools else {})}
     return render_chat(tokenizer, rendered, add_generation_prompt, **extra)
 
 
-class TokenizeRequest(RequestBody, ToolFields):
+class TokenizeRequest(RequestBody, ToolFields, TemplateFields):
     """Exactly one of `prompt` and `messages` (oneOf in the document)."""
 
     model_config = ConfigDict(extra="forbid")
@@ -103,7 +105,8 @@ class TokenizationServing:
             raise APIError("Send either 'prompt' or 'messages'.", "prompt")
         plan = body.tool_plan()
         if body.messages is not None:
-            text = chat_prompt(self.tokenizer, body.messages, plan, body.add_generation_prompt)
+            text = chat_prompt(self.tokenizer, body.messages, plan, body.add_generation_prompt,
+                               body.template_variables())
             add_special = bool(body.add_special_tokens)
         else:
             text, add_special = body.prompt, body.add_special_tokens is not False

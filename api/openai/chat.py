@@ -41,7 +41,8 @@ class ChatServing(OpenAIServing[ChatCompletionRequest]):
     request_id_prefix = "chatcmpl"
 
     def prompts(self, body: ChatCompletionRequest) -> list[Prompt]:
-        text = chat_prompt(self.tokenizer, body.messages, body.tool_plan())
+        text = chat_prompt(self.tokenizer, body.messages, body.tool_plan(),
+                           variables=body.template_variables())
         self.check_length(text, "messages")
         return [Prompt(self.tokenizer(text, add_special_tokens=False).input_ids)]
 

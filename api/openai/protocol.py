@@ -95,11 +95,38 @@ class ToolFields(BaseModel):
     function_call: str | dict | None = None
 
 
+# The chat template's own arguments, which a request's chat_template_kwargs may not set.
+TEMPLATE_RESERVED = frozenset({
+    "messages", "conversation", "tools", "documents", "add_generation_prompt",
+    "continue_final_message", "tokenize", "chat_template", "return_dict",
+    "return_assistant_tokens_mask", "tokenizer_kwargs"})
+
+
+class TemplateFields(BaseModel):
+    """Variables for the chat template (vLLM's chat_template_kwargs: e.g. Qwen3's
+    enable_thinking): what a chat body may pass, and /tokenize's body to count the same."""
+
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    def template_variables(self) -> dict[str, Any]:
+        """The variables, checked: names of identifiers, none the server sets itself."""
+        variables = self.chat_template_kwargs or {}
+        for name in variables:
+            if not name.isidentifier():
+                raise APIError(f"chat_template_kwargs: {name!r} is not a template variable's "
+                               "name.", "chat_template_kwargs")
+            if name in TEMPLATE_RESERVED:
+                raise APIError(f"chat_template_kwargs: {name!r} is set by the server from the "
+                               "request itself; send it in its own field, if the endpoint "
+                               "has one.", "chat_template_kwargs")
+        return variables
+
+
 # The tool fields' rules: the new form or the legacy one, not both (tool_plan's 400s).
 TOOL_RULES = (not_both("tools", "functions"), not_both("tool_choice", "function_call"))
 
 
-class ChatCompletionRequest(SamplingFields, ToolFields):
+class ChatCompletionRequest(SamplingFields, ToolFields, TemplateFields):
     ENDPOINT: ClassVar[str] = CHAT
     PROMPT_FIELD: ClassVar[str] = "messages"
     # top_logprobs needs logprobs: true; tools or the legacy functions, not both.
