@@ -29,7 +29,7 @@ import threading
 from concurrent.futures import Future
 from contextlib import AbstractContextManager, nullcontext
 
-from engine.admission import DrainRate, EngineUnavailableError, check_samples
+from engine.admission import DrainRate
 from engine.arrivals import gather
 from engine.config import EngineConfig
 from engine.core import EngineCore, EngineStats, PagedEngineCore
@@ -94,20 +94,21 @@ class BatchEngine(EngineFront):
         if self._thread.is_alive():
             self._thread.join(timeout=10)
 
-    def add_request(self, request: Request) -> None:
-        """Admit (QueueFullError, EngineUnavailableError) and hand a request to the loop."""
-        check_samples(self.config, request.params.n)
-        with self._lock:
-            if self._unavailable is not None:
-                raise EngineUnavailableError(self._unavailable)
-            stats = self.core.stats()
-            self.loop.admission.check(self.config, request.num_prompt_tokens,
-                                      stats["running"], stats["waiting"],
-                                      self.loop.arrivals_tokens())
-            self.texts.add(request)  # keeps the request's own callback
-            request_id = request.request_id
-            request.on_output = lambda output: self.texts.deliver([(request_id, output)])
-            self.loop.add(request)
+    def _check_line(self, request: Request) -> None:
+        """The loop's own view of the line: its core's counts now, and what was handed over
+        since its last step."""
+        stats = self.core.stats()
+        self.loop.admission.check(self.config, request.num_prompt_tokens, stats["running"],
+                                  stats["waiting"], self.loop.arrivals_tokens())
+
+    def _hand_over(self, request: Request) -> None:
+        """The loop's outputs go through the text outputs (which kept the request's own
+        callback), on the engine thread."""
+        request_id = request.request_id
+        request.on_output = lambda output: self.texts.deliver([(request_id, output)])
+        self.loop.add(request)
+
+    def _handed_over(self) -> None:
         self._wakeup.set()
 
     def abort(self, request_id: str) -> None:

@@ -11,7 +11,9 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from engine.admission import EngineUnavailableError, check_samples
 from engine.config import EngineConfig
+from engine.request import Request
 from engine.text_outputs import TextOutputs
 
 log = logging.getLogger("nano_vllm.engine")
@@ -64,6 +66,30 @@ class EngineFront:
     def num_in_flight(self) -> int:
         """Requests (samples counted apiece) accepted and not yet finished."""
         return self.texts.num_samples
+
+    def add_request(self, request: Request) -> None:
+        """Admit the request (QueueFullError when the line is full, EngineUnavailableError
+        once the front refuses new ones), track its samples' text, and hand it to the loop."""
+        check_samples(self.config, request.params.n)
+        with self._lock:
+            if self._unavailable is not None:
+                raise EngineUnavailableError(self._unavailable)
+            self._check_line(request)
+            self.texts.add(request)  # first: the loop's first outputs may be back at once
+            self._hand_over(request)
+        self._handed_over()
+
+    def _check_line(self, request: Request) -> None:
+        """QueueFullError if the waiting line, as this front sees it, has no room (under the
+        lock; engine/admission.py's check_line over the front's counts)."""
+        raise NotImplementedError
+
+    def _hand_over(self, request: Request) -> None:
+        """Give the admitted request to the loop (under the lock)."""
+        raise NotImplementedError
+
+    def _handed_over(self) -> None:
+        """After the lock is released: wake the loop, where it sleeps."""
 
     def stop_accepting(self, reason: str) -> None:
         """Refuse every new request from now on (EngineUnavailableError with `reason`)."""

@@ -39,7 +39,7 @@ from dataclasses import replace
 import msgspec
 import zmq
 
-from engine.admission import EngineUnavailableError, check_line, check_samples, retry_seconds
+from engine.admission import check_line, retry_seconds
 from engine.config import EngineConfig
 from engine.core import EngineStats
 from engine.front import EngineFront, ModelLimits
@@ -173,27 +173,25 @@ class EngineProcessClient(EngineFront):
         open; entered and left on the loop's thread."""
         return self._reader.on_loop(loop)
 
-    def add_request(self, request: Request) -> None:
-        """Admit (QueueFullError, EngineUnavailableError) and send a request to the core."""
+    def _check_line(self, request: Request) -> None:
+        """The core's line after its last step, with the requests sent since that it had not
+        taken in."""
+        state = self._state
+        check_line(self.config, request.num_prompt_tokens, state.stats["running"],
+                   state.stats["waiting"], [tokens for _, tokens in self._unacked],
+                   state.line_tokens, self._retry_after)
+
+    def _hand_over(self, request: Request) -> None:
+        """An AddRequest to the core: the grammar as its spec (the core compiles its own)."""
         params = request.params
-        check_samples(self.config, params.n)
         grammar = (None if params.grammar is None
                    else GrammarMsg(params.grammar.spec.kind, params.grammar.spec.value))
-        with self._lock:
-            if self._unavailable is not None:
-                raise EngineUnavailableError(self._unavailable)
-            state = self._state
-            check_line(self.config, request.num_prompt_tokens, state.stats["running"],
-                       state.stats["waiting"], [tokens for _, tokens in self._unacked],
-                       state.line_tokens, self._retry_after)
-            self._seq += 1
-            message = self._encoder.encode(AddRequest(
-                self._seq, request.request_id, request.prompt_token_ids,
-                replace(params, grammar=None), grammar, time.monotonic() - request.arrival_time,
-                request.priority, request.timeout, request.arrivals_behind))
-            self.texts.add(request)  # first: the core's first Report may be back at once
-            self._send_encoded(message)
-            self._unacked.append((self._seq, request.num_prompt_tokens))
+        self._seq += 1
+        self._send_encoded(self._encoder.encode(AddRequest(
+            self._seq, request.request_id, request.prompt_token_ids,
+            replace(params, grammar=None), grammar, time.monotonic() - request.arrival_time,
+            request.priority, request.timeout, request.arrivals_behind)))
+        self._unacked.append((self._seq, request.num_prompt_tokens))
 
     def _retry_after(self, excess_requests: int = 0, excess_tokens: int = 0) -> int:
         rates = self._state.rates
