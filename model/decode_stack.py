@@ -10,8 +10,9 @@ final norm and the LM head stay the model's own (one call each).
 It computes exactly what the model's forward computes (the same kernels on the same
 buffers: the logits are equal, tests/model/test_decode_stack.py), and only where that is
 so: a Llama-family model (Llama, Qwen2's q/k/v biases included; not Qwen3's q/k norms, not
-Gemma 3) whose matmuls all run on our CPU kernels (packed fp32/bf16, Q4_1, Q8_0, Q4_1 with
-int8 activations) and whose small ops are fused, with attention through the paged-cache
+Gemma 3) whose matmuls all run on our CPU kernels (packed fp32/bf16, every GGUF code form,
+with float32 or int8 activations, a fused module's parts of different types one after the
+other) and whose small ops are fused, with attention through the paged-cache
 kernel, for steps where every row is one token of a sequence (decode steps, and the drafts
 of speculative decoding). Everything else runs the model's forward as before.
 """
@@ -25,28 +26,34 @@ from model.attention.metadata import StepMetadata
 from model.cpu_kernel import load_cpu_kernels
 from model.dense_linear import PackedLinear
 from model.layers import BiasedLinear
-from model.quantized import QuantizedLinear
+from model.quantized import PartsLinear, QuantizedLinear
 
-# The kernel behind each linear layer, as decode_stack_cpu.cpp numbers them.
-DENSE, Q4_1, Q8_0, Q4_1_INT8ACT = 0, 1, 2, 3
+# The kernel behind each part of a linear layer, as decode_stack.h numbers them: dense, or a
+# quantized form (with "-int8" its int8-activation kernel).
+KINDS = {"dense": 0, "Q4_1": 1, "Q8_0": 2, "Q4_1-int8": 3, "Q5_0": 4, "Q4_K": 5, "Q5_K": 6,
+         "Q6_K": 7, "F16": 8, "BF16": 9, "Q8_0-int8": 10}
 
-LinearSpec = tuple[int, Tensor, int, Tensor | None]
+PartSpec = tuple[int, Tensor, int]  # (kind, packed weight, out features)
 
 
-def linear_spec(module: nn.Module) -> LinearSpec | None:
-    """(kernel, packed weight, out features, bias) of a layer our kernels compute; None for
-    one they do not (a PyTorch matmul)."""
+def part_spec(module: nn.Module) -> PartSpec | None:
+    if isinstance(module, PackedLinear) and module.uses_kernel:
+        return KINDS["dense"], module.packed, module.out_features
+    if isinstance(module, QuantizedLinear):
+        kind = f"{module.kind}-int8" if module.activations == "int8" else module.kind
+        return KINDS[kind], module.packed, module.out_features
+    return None
+
+
+def linear_spec(module: nn.Module) -> tuple[list[PartSpec], Tensor | None] | None:
+    """(parts, bias) of a layer our kernels compute; None for one they do not (a PyTorch
+    matmul)."""
     bias = None
     if isinstance(module, BiasedLinear):
         module, bias = module.linear, module.bias
-    if isinstance(module, PackedLinear) and module.uses_kernel:
-        return DENSE, module.packed, module.out_features, bias
-    if isinstance(module, QuantizedLinear):
-        kinds = ({"Q4_1": Q4_1_INT8ACT} if module.activations == "int8"
-                 else {"Q4_1": Q4_1, "Q8_0": Q8_0})
-        kind = kinds.get(module.kind)
-        return None if kind is None else (kind, module.packed, module.out_features, bias)
-    return None
+    parts = [part_spec(p) for p in (module.parts if isinstance(module, PartsLinear)
+                                    else [module])]
+    return None if None in parts else (parts, bias)
 
 
 def unsupported(model: nn.Module) -> str | None:
@@ -63,9 +70,6 @@ def unsupported(model: nn.Module) -> str | None:
         for name, linear in (("qkv", attn.qkv_proj), ("o_proj", attn.o_proj),
                              ("gate_up", mlp.gate_up_proj), ("down", mlp.down_proj)):
             if linear_spec(linear) is None:
-                if isinstance(linear, QuantizedLinear):  # a GGUF file's Q5_0, Q4_K, Q6_K
-                    int8 = " x int8" if linear.activations == "int8" else ""
-                    return f"{name} runs on the {linear.kind}{int8} kernel, which the stack lacks"
                 return f"{name} runs on PyTorch's matmul"
     return None
 
@@ -88,10 +92,11 @@ class DecodeStack:
                                      cfg.rms_norm_eps)
         for i, layer in enumerate(model.layers):
             attn, mlp = layer.self_attn, layer.mlp
-            qkv, o = linear_spec(attn.qkv_proj), linear_spec(attn.o_proj)
-            gate_up, down = linear_spec(mlp.gate_up_proj), linear_spec(mlp.down_proj)
-            native.add_layer(layer.input_layernorm.weight, *qkv, *o[:3],
-                             layer.post_attention_layernorm.weight, *gate_up[:3], *down[:3],
+            qkv, qkv_bias = linear_spec(attn.qkv_proj)
+            (o, _), (gate_up, _), (down, _) = (linear_spec(m) for m in (
+                attn.o_proj, mlp.gate_up_proj, mlp.down_proj))
+            native.add_layer(layer.input_layernorm.weight, qkv, qkv_bias, o,
+                             layer.post_attention_layernorm.weight, gate_up, down,
                              pool.k[i], pool.v[i])
         return cls(model, native)
 

@@ -1,24 +1,29 @@
-"""A GGUF file's own codes in the forms our quantized kernels take (model/quantized.py), for
-`--weights q4_1` on a GGUF file: every matrix of a type a kernel computes exactly stays in
-its codes; the others are dequantized to fp32 (the same weights either way).
+"""A GGUF file's own codes in the forms our quantized kernels take (model/quantized.py):
+every matrix of a quantized or 16-bit type runs on its own codes, exact to the fp32 model.
 
 The kernels take blocks of 32 weights along the input dim (model/gguf_weights.py
-BlockTensor). Q4_1, Q8_0 and Q5_0 are such blocks already and are kept as the file has them.
-llama.cpp's K-quants pack 256 weights a super-block with one fp16 scale and 6- or 8-bit
-sub-scales; they are rewritten here, once at load, as blocks of 32 with fp32 scales:
+BlockTensor). Q4_1, Q8_0 and Q5_0 are such blocks already and are kept as the file has them,
+F16 and BF16 as their values in blocks of 32. The others are rewritten here, once at load,
+with fp32 scales (llama.cpp's K-quants pack 256 weights a super-block under one fp16 scale
+and 6- or 8-bit sub-scales):
 
 - Q4_K (144 bytes per 256): fp16 d and dmin, eight 6-bit sub-scales sc and sub-mins mn, 4-bit
   codes q; w = (d * sc) * q - (dmin * mn). As 24-byte blocks: s = d * sc and m = -dmin * mn in
   fp32 (both exact: 11 + 6 significant bits), then 16 bytes of codes laid out as Q4_1's
   (byte j: weight j low, weight j + 16 high). w = s * q + m, one rounding, as gguf computes.
+- Q4_0 (18 bytes per 32): fp16 d, 4-bit codes; w = d * (q - 8). As Q4_K's form with s = d and
+  m = -8 d: s * q + m = d * (q - 8) exactly, which fp32 holds.
+- Q5_K (176 bytes per 256): Q4_K's scales, 4-bit low codes and a fifth bit per weight. As
+  28-byte blocks: fp32 s and m, the 32 fifth bits as one uint32 (bit i: weight i), 16 bytes of
+  low codes as Q4_1's. w = s * q + m with q < 32, one rounding. Q5_1 (24 bytes per 32: fp16 d
+  and m, the same fifth bits and low codes) takes the same form with s = d.
 - Q6_K (210 bytes per 256): fp16 d, sixteen int8 sub-scales (one per 16 weights), 6-bit codes
   q - 32; w = (d * sc) * (q - 32). As 40-byte blocks: s0 and s1 = d * sc for the two halves
   in fp32, then 32 int8 codes (q - 32). Every product is exact in fp32 (at most 11 + 7 + 5
   significant bits), so w is too.
 
-A fused module (q/k/v, gate/up) whose parts are of different types takes the smallest type
-that holds every part exactly: Q5_0 and Q8_0 as Q8_0 (codes q - 16 are int8), those and Q6_K
-as Q6_K's form, Q4_1 and Q4_K as Q4_K's. Other mixes are dequantized.
+A fused module (q/k/v, gate/up) whose parts share a type is one matrix; parts of different
+types stay apart, each on its own kernel (model/quantized.py PartsLinear).
 """
 
 from __future__ import annotations
@@ -31,12 +36,13 @@ from torch import Tensor, nn
 
 from model.gguf_weights import BlockTensor
 
-KERNEL_TYPES = ("Q4_1", "Q8_0", "Q5_0", "Q4_K", "Q6_K")  # GGUF types kept in their codes
-RAW_BYTES = {"Q4_1": 20, "Q8_0": 34, "Q5_0": 22, "Q4_K": 144, "Q6_K": 210}  # per GGUF block
+# GGUF types that run on their own codes, and their bytes per GGUF block.
+RAW_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24, "Q8_0": 34, "Q4_K": 144,
+             "Q5_K": 176, "Q6_K": 210, "F16": 64, "BF16": 64}
+KERNEL_TYPES = tuple(RAW_BYTES)
 SUPER = 256  # weights per K-quant super-block
-# A part's type -> the types that hold it exactly, smallest first.
-HOLDERS = {"Q5_0": ("Q5_0", "Q8_0", "Q6_K"), "Q8_0": ("Q8_0", "Q6_K"), "Q6_K": ("Q6_K",),
-           "Q4_1": ("Q4_1", "Q4_K"), "Q4_K": ("Q4_K",)}
+CHUNK_ROWS = 4096  # rows converted at a time
+WEIGHTS_PER_BLOCK = {kind: SUPER if kind.endswith("_K") else 32 for kind in RAW_BYTES}
 
 
 def fp32_bytes(values: Tensor) -> Tensor:
@@ -83,44 +89,70 @@ def q6_k_blocks(raw: Tensor) -> BlockTensor:
     return BlockTensor("Q6_K", blocks.reshape(rows, n * 8, 40))
 
 
+def q5_k_blocks(raw: Tensor) -> BlockTensor:
+    """Q5_K super-blocks uint8 [rows, n, 176] -> 28-byte blocks of 32 [rows, 8 n, 28]."""
+    rows, n = raw.shape[:2]
+    d = raw[..., 0:2].contiguous().view(torch.float16).float()
+    dmin = raw[..., 2:4].contiguous().view(torch.float16).float()
+    sc, mn = q4_k_sub_scales(raw[..., 4:16])
+    s, m = d * sc.float(), -(dmin * mn.float())  # [rows, n, 8], exact
+    qh = raw[..., 16:48].reshape(rows, n, 1, 32)  # bit c of byte l: sub-block c's weight l
+    qs = raw[..., 48:].reshape(rows, n, 4, 1, 32)
+    low = torch.cat([qs & 0x0F, qs >> 4], dim=3).reshape(rows, n, 8, 32)
+    high = (qh >> torch.arange(8, dtype=torch.uint8).view(1, 1, 8, 1)) & 1  # [rows, n, 8, 32]
+    return five_bit_blocks(s, m, low, high, rows, n * 8)
+
+
+def five_bit_blocks(s: Tensor, m: Tensor, low: Tensor, high: Tensor, rows: int,
+                    blocks: int) -> BlockTensor:
+    """Q5_K's form from fp32 s and m [..] and each weight's low 4 bits and fifth bit
+    [.., 32] (uint8), in weight order."""
+    packed = low[..., :16] | (low[..., 16:] << 4)  # Q4_1's byte order
+    weights = 1 << torch.arange(32, dtype=torch.int64)
+    bits = (high.to(torch.int64) * weights).sum(-1).to(torch.int32)  # bit i: weight i
+    blocks_ = torch.cat([fp32_bytes(s.unsqueeze(-1)), fp32_bytes(m.unsqueeze(-1)),
+                         bits.unsqueeze(-1).contiguous().view(torch.uint8), packed], -1)
+    return BlockTensor("Q5_K", blocks_.reshape(rows, blocks, 28))
+
+
+def q5_1_blocks(raw: Tensor) -> BlockTensor:
+    """Q5_1 blocks uint8 [rows, n, 24] (d, m, qh, qs) -> Q5_K's form [rows, n, 28]."""
+    dm = raw[..., 0:4].contiguous().view(torch.float16).float()
+    return BlockTensor("Q5_K", torch.cat([fp32_bytes(dm), raw[..., 4:]], dim=-1))
+
+
+def q4_0_blocks(raw: Tensor) -> BlockTensor:
+    """Q4_0 blocks uint8 [rows, n, 18] (d, qs) -> Q4_K's form [rows, n, 24], m = -8 d."""
+    d = raw[..., 0:2].contiguous().view(torch.float16).float()
+    return BlockTensor("Q4_K", torch.cat([fp32_bytes(d), fp32_bytes(-8.0 * d), raw[..., 2:]],
+                                         dim=-1))
+
+
 def block_tensor(kind: str, data: Tensor) -> BlockTensor:
-    """A GGUF tensor's bytes, uint8 [rows, bytes a row], in its kernel's form."""
+    """A GGUF tensor's bytes, [rows, bytes a row] (uint8, or the F16/BF16 values), in its
+    kernel's form."""
     rows = data.shape[0]
-    raw = data.reshape(rows, -1, RAW_BYTES[kind])
-    if kind == "Q4_K":
-        return q4_k_blocks(raw)
-    if kind == "Q6_K":
-        return q6_k_blocks(raw)
-    return BlockTensor(kind, raw)
-
-
-def as_kind(weight: BlockTensor, kind: str) -> BlockTensor:
-    """The same weights in another form that holds them exactly (HOLDERS)."""
-    if weight.kind == kind:
-        return weight
-    if kind not in HOLDERS[weight.kind]:
-        raise ValueError(f"{weight.kind} blocks do not convert exactly to {kind}")
-    b = weight.blocks
-    if kind == "Q4_K":  # from Q4_1: the fp16 d and m as fp32
-        scale_min = b[..., 0:4].contiguous().view(torch.float16).float()
-        return BlockTensor(kind, torch.cat([fp32_bytes(scale_min), b[..., 4:]], dim=-1))
-    codes = weight.codes().to(torch.int8)  # Q5_0's q - 16, or Q8_0's q: [rows, blocks, 32]
-    if kind == "Q8_0":
-        return BlockTensor(kind, torch.cat([b[..., 0:2], codes.view(torch.uint8)], dim=-1))
-    d = weight.scales().unsqueeze(-1)  # Q6_K's form: d for both halves
-    return BlockTensor(kind, torch.cat([fp32_bytes(torch.cat([d, d], -1)),
-                                        codes.view(torch.uint8)], dim=-1))
+    raw = data.contiguous().view(torch.uint8).reshape(rows, -1, RAW_BYTES[kind])
+    convert = {"Q4_K": q4_k_blocks, "Q6_K": q6_k_blocks, "Q5_K": q5_k_blocks,
+               "Q5_1": q5_1_blocks, "Q4_0": q4_0_blocks}.get(kind)
+    if convert is None:
+        return BlockTensor(kind, raw)
+    first = convert(raw[:CHUNK_ROWS])  # in slices of rows: the temporaries stay small
+    if rows <= CHUNK_ROWS:
+        return first
+    out = torch.empty(rows, *first.blocks.shape[1:], dtype=torch.uint8)
+    out[:CHUNK_ROWS] = first.blocks
+    for start in range(CHUNK_ROWS, rows, CHUNK_ROWS):
+        out[start:start + CHUNK_ROWS] = convert(raw[start:start + CHUNK_ROWS]).blocks
+    return BlockTensor(first.kind, out)
 
 
 def fuse(parts: list[BlockTensor]) -> BlockTensor | None:
-    """The parts stacked along rows in the smallest form that holds them all exactly, or None
-    where none does."""
-    kinds = [p.kind for p in parts]
-    common = [k for k in HOLDERS[kinds[0]] if all(k in HOLDERS[other] for other in kinds)]
-    if not common:
+    """The parts stacked along rows where they share a form; None where they do not (each
+    then runs on its own kernel)."""
+    if len({p.kind for p in parts}) != 1:
         return None
-    return BlockTensor.cat([as_kind(p, common[0]) for p in parts])
-
+    return BlockTensor.cat(parts)
 
 
 def report_and_pack(model: nn.Module, dequantized: list[str], types: dict[str, str]) -> None:

@@ -94,7 +94,7 @@ class Int8Weights:
         if head is None:  # tied: one set of codes serves both
             model.embed_tokens = QuantizedEmbedding(model.lm_head)
         else:
-            model.embed_tokens = QuantizedEmbedding(QuantizedLinear(int8_per_channel(embedding)))
+            model.embed_tokens = QuantizedEmbedding(blocks=int8_per_channel(embedding))
 
     def finish(self, model: nn.Module) -> nn.Module:
         from model.loader import log_torch_pieces

@@ -41,7 +41,7 @@ from model.cpu_kernel import (
     load_cpu_kernels,
     load_fused_ops,
 )
-from model.gguf_weights import BLOCK, BlockTensor, read_gguf_codes
+from model.gguf_weights import BlockTensor, read_gguf_codes
 from model.layers import BiasedLinear, use_fused_ops
 from model.llama import LlamaModel
 
@@ -54,7 +54,8 @@ class QuantizedKernelUnavailable(RuntimeError):
 
 
 def quantized_kernels() -> dict[str, Callable[[Tensor, Tensor, int], Tensor]]:
-    """{"Q4_1": fn, "Q8_0": fn}, each fn(x [M, K] fp32, packed, out_features) -> [M, N].
+    """{form: fn} for every kernel form (model/gguf_weights.py FORM_BYTES), each
+    fn(x [M, K] fp32, packed, out_features) -> [M, N].
 
     Raises QuantizedKernelUnavailable naming what is missing (there is no slow fallback: a
     dequantized fp32 model is what the default --weights already runs)."""
@@ -70,7 +71,8 @@ def quantized_kernels() -> dict[str, Callable[[Tensor, Tensor, int], Tensor]]:
             "compiler with OpenMP and ninja; use the default fp32 weights instead.")
     return {"Q4_1": module.q4_1_linear, "Q8_0": module.q8_0_linear,
             "Q5_0": module.q5_0_linear, "Q4_K": module.q4_k_linear,
-            "Q6_K": module.q6_k_linear}
+            "Q5_K": module.q5_k_linear, "Q6_K": module.q6_k_linear,
+            "F16": module.f16_linear, "BF16": module.bf16_linear}
 
 
 ACTIVATIONS = ("float32", "int8")  # exact, or the VNNI speed mode
@@ -98,29 +100,70 @@ def pack_for_kernel(weight: BlockTensor, code_width: int = 1) -> Tensor:
     are interleaved per block: scales side by side, then the codes with the row fastest in
     runs of code_width bytes (4 for the int8-activation kernels: one int32 lane's inputs).
     For those kernels Q8_0's codes are stored offset to unsigned (q + 128, `vpdpbusd`'s
-    unsigned operand)."""
-    rows, blocks = weight.rows, weight.blocks.shape[1]
+    unsigned operand). Packed a slice of groups at a time: the temporaries stay small."""
+    rows, blocks, block_bytes = weight.blocks.shape
     groups = -(-rows // GROUP)
-    raw = torch.zeros(groups * GROUP, blocks, weight.blocks.shape[2], dtype=torch.uint8)
-    raw[:rows] = weight.blocks
+    out = torch.empty(groups, blocks, GROUP * block_bytes, dtype=torch.uint8)
+    spans = field_spans(weight.kind, block_bytes, code_width)
+    step = PACK_GROUPS
+    for g0 in range(0, groups, step):
+        g1 = min(groups, g0 + step)
+        raw = torch.zeros((g1 - g0) * GROUP, blocks, block_bytes, dtype=torch.uint8)
+        part = weight.blocks[g0 * GROUP:g1 * GROUP]
+        raw[:len(part)] = part
+        if weight.kind == "Q8_0" and code_width > 1:  # the int8-activation kernel: q + 128
+            raw[..., 2:34] ^= 0x80
+        fields = [interleave(raw[..., start:end], width) for start, end, width in spans]
+        out[g0:g1] = torch.cat(fields, dim=-1)
+    return out
 
-    def interleave(field: Tensor, width: int) -> Tensor:
-        """[rows, blocks, n * width] -> [groups, blocks, n * 16 * width], row inside width."""
-        field = field.reshape(groups, GROUP, blocks, -1, width)
-        return field.permute(0, 2, 3, 1, 4).reshape(groups, blocks, -1)
 
-    if weight.kind == "Q8_0" and code_width > 1:  # the int8-activation kernel: q + 128
+PACK_GROUPS = 256  # groups of 16 rows packed at a time
+
+
+def interleave(field: Tensor, width: int) -> Tensor:
+    """[groups x 16 rows, blocks, n * width] -> [groups, blocks, n * 16 * width], the row
+    inside each run of `width` bytes."""
+    rows, blocks = field.shape[:2]
+    field = field.reshape(rows // GROUP, GROUP, blocks, -1, width)
+    return field.permute(0, 2, 3, 1, 4).reshape(rows // GROUP, blocks, -1)
+
+
+# Each form's fields: (start byte, width of one lane's run); codes last.
+FIELDS = {"Q4_1": [(0, 2), (2, 2), (4, 1)],  # d, m, 16 code bytes (j, j + 16)
+          "Q8_0": [(0, 2), (2, 1)],  # d, 32 int8 codes
+          "Q5_0": [(0, 2), (2, 4), (6, 1)],  # d, 32 fifth bits, 16 code bytes
+          "Q4_K": [(0, 4), (4, 4), (8, 1)],  # fp32 s and m, 16 code bytes
+          "Q5_K": [(0, 4), (4, 4), (8, 4), (12, 1)],  # fp32 s and m, fifth bits, codes
+          "Q6_K": [(0, 4), (4, 4), (8, 1)],  # fp32 s0 and s1, 32 int8 codes
+          "F16": [(0, 2)], "BF16": [(0, 2)]}  # 32 values
+
+
+def field_spans(kind: str, block_bytes: int, code_width: int = 1) -> list[tuple[int, int, int]]:
+    """(start, end, lane run width) of each field of a block of `kind`; the codes' run is
+    `code_width` where the form has 1-byte codes (Q4_1, Q8_0: the int8-activation kernels)."""
+    fields = FIELDS[kind]
+    if kind in ("Q4_1", "Q8_0"):
+        fields = [*fields[:-1], (fields[-1][0], code_width)]
+    ends = [start for start, _ in fields[1:]] + [block_bytes]
+    return [(start, end, width) for (start, width), end in zip(fields, ends, strict=True)]
+
+
+def unpack_rows(packed: Tensor, kind: str, ids: Tensor, code_width: int = 1) -> BlockTensor:
+    """Rows `ids` of a packed matrix as the blocks `pack_for_kernel` took: its inverse, for
+    the rows an embedding lookup needs."""
+    rows = packed[ids // GROUP]  # [n, blocks, 16 x block bytes]: each id's group
+    n, blocks = rows.shape[:2]
+    block_bytes = packed.shape[2] // GROUP
+    lane, take = ids % GROUP, torch.arange(n)
+    fields = []
+    for start, end, width in field_spans(kind, block_bytes, code_width):
+        span = rows[..., GROUP * start:GROUP * end].reshape(n, blocks, -1, GROUP, width)
+        fields.append(span[take, :, :, lane].reshape(n, blocks, -1))
+    raw = torch.cat(fields, dim=-1)
+    if kind == "Q8_0" and code_width > 1:
         raw[..., 2:34] ^= 0x80
-    # Each format's fields: (start byte, width of one lane's run); codes last.
-    fields = {"Q4_1": [(0, 2), (2, 2), (4, code_width)],  # d, m, 16 code bytes (j, j + 16)
-              "Q8_0": [(0, 2), (2, code_width)],  # d, 32 int8 codes
-              "Q5_0": [(0, 2), (2, 4), (6, 1)],  # d, 32 fifth bits, 16 code bytes
-              "Q4_K": [(0, 4), (4, 4), (8, 1)],  # fp32 s and m, 16 code bytes
-              "Q6_K": [(0, 4), (4, 4), (8, 1)]}[weight.kind]  # fp32 s0 and s1, 32 int8 codes
-    ends = [start for start, _ in fields[1:]] + [raw.shape[2]]
-    parts = [interleave(raw[..., start:end], width)
-             for (start, width), end in zip(fields, ends, strict=True)]
-    return torch.cat(parts, dim=-1).contiguous()
+    return BlockTensor(kind, raw)
 
 
 class QuantizedLinear(nn.Module):
@@ -164,38 +207,54 @@ class QuantizedLinear(nn.Module):
                 f"activations={self.activations}")
 
 
-class QuantizedEmbedding(nn.Module):
-    """Token embedding read from a Q8_0 LM head's packed codes (tied weights share them).
+class PartsLinear(nn.Module):
+    """A fused layer (q/k/v, gate/up) whose parts are of different types: each part on its
+    own kernel, the outputs side by side. The same contract as QuantizedLinear."""
 
-    Rows are dequantized on lookup (w = d * q, exact in fp32), so the embedding costs no
-    memory of its own. Both packings of Q8_0 are read (the exact kernel's and the
-    int8-activation kernel's, model/csrc/q4_1_int8act_cpu.cpp)."""
-
-    def __init__(self, head: QuantizedLinear) -> None:
+    def __init__(self, parts: list[QuantizedLinear]) -> None:
         super().__init__()
-        if head.kind != "Q8_0":
-            raise ValueError(f"embedding lookup supports Q8_0 only, got {head.kind}")
-        self.num_embeddings, self.embedding_dim = head.out_features, head.in_features
-        self.code_width = head.code_width
-        self.register_buffer("packed", head.packed)  # the same tensor, not a copy
+        self.parts = nn.ModuleList(parts)
+        self.in_features = parts[0].in_features
+        self.out_features = sum(p.out_features for p in parts)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.cat([part(x) for part in self.parts], dim=-1)
+
+
+class QuantizedEmbedding(nn.Module):
+    """Token embedding looked up in its codes: rows are unpacked and dequantized on lookup
+    (exact: the same values the matmul uses), so the embedding costs no fp32 copy.
+
+    From a quantized LM head (tied weights: the head's packed codes serve both) or from the
+    file's blocks of an untied embedding, kept as they are."""
+
+    def __init__(self, head: QuantizedLinear | None = None,
+                 blocks: BlockTensor | None = None) -> None:
+        super().__init__()
+        if (head is None) == (blocks is None):
+            raise ValueError("an embedding reads either a head's packed codes or blocks")
+        if head is not None:
+            self.kind, self.code_width = head.kind, head.code_width
+            self.num_embeddings, self.embedding_dim = head.out_features, head.in_features
+            self.register_buffer("packed", head.packed)  # the same tensor, not a copy
+        else:
+            self.kind, self.code_width, self.packed = blocks.kind, 1, None
+            self.num_embeddings, self.embedding_dim = blocks.rows, blocks.cols
+            self.register_buffer("blocks", blocks.blocks)
         # Callers read the model's dtype and device from embed_tokens.weight; an empty fp32
         # stand-in answers them (and fails loudly if anyone tries to index it).
         self.register_buffer("weight", torch.empty(0, self.embedding_dim), persistent=False)
 
     def forward(self, input_ids: Tensor) -> Tensor:
-        packed = self.packed  # [groups, blocks, 32 + 512]
         ids = input_ids.reshape(-1)
-        lane = (ids % GROUP).view(-1, 1, 1)
-        rows = packed[ids // GROUP]  # [tokens, blocks, 544]: the 16 rows of each id's group
-        scale_bytes = rows.gather(2, (2 * lane + torch.arange(2)).expand(-1, rows.shape[1], -1))
-        scales = scale_bytes.contiguous().view(torch.float16).float()  # [tokens, blocks, 1]
-        width, j = self.code_width, torch.arange(BLOCK)  # code j of row `lane` sits at:
-        code_index = 32 + (j // width) * GROUP * width + lane * width + j % width
-        codes = rows.gather(2, code_index.expand(-1, rows.shape[1], -1))
-        if width > 1:
-            codes = codes ^ 0x80  # stored as q + 128
-        out = (codes.view(torch.int8).float() * scales).reshape(len(ids), self.embedding_dim)
-        return out.reshape(*input_ids.shape, self.embedding_dim)
+        if self.packed is not None:
+            rows = unpack_rows(self.packed, self.kind, ids, self.code_width)
+        else:
+            rows = BlockTensor(self.kind, self.blocks[ids])
+        return rows.dequantize().reshape(*input_ids.shape, self.embedding_dim)
+
+    def extra_repr(self) -> str:
+        return f"{self.kind}, {self.num_embeddings} x {self.embedding_dim}"
 
 
 def check_activations(activations: str) -> None:
@@ -253,7 +312,7 @@ class Q4_1Weights:
 
             gguf = read_gguf_checkpoint(path, keep_codes=KERNEL_TYPES)
             self.tensor_types = gguf.tensor_types
-            return Checkpoint(gguf.config, dict(gguf.hf_weights), path)
+            return Checkpoint(gguf.config, gguf.hf_weights, path)
         return self.codes(ModelConfig.from_dir(path))
 
     def check(self, cfg: ModelConfig) -> None:
@@ -263,47 +322,56 @@ class Q4_1Weights:
 
     def linear(self, name: str, module: nn.Module, weights: list,
                biases: list | None) -> nn.Module:
-        from model.gguf_codes import fuse
-
         if biases is not None and self.tensor_types is None:
             raise ValueError(f"--weights q4_1 has no biases for {name}")
         inner = module.linear if isinstance(module, BiasedLinear) else module
-        codes = all(isinstance(w, BlockTensor) for w in weights)
-        weight = fuse(weights) if codes else None
-        if weight is None:  # a type no kernel takes, or a mix none holds: fp32 weights
+        expected = tuple(inner.weight_t.shape[::-1])  # our Linear keeps [in, out]
+        if all(isinstance(w, BlockTensor) for w in weights):
+            built = self.codes_linear(name, weights, expected)
+        else:  # a matrix the file stores as F32: its own values, on our dense GEMM
             self.dequantized.append(name)
             dense = [w.dequantize() if isinstance(w, BlockTensor) else w for w in weights]
             inner.load_state_dict({"weight_t": torch.cat(dense).t().contiguous()},
                                   assign=True, strict=True)
             built = inner
-        else:
-            expected = tuple(inner.weight_t.shape[::-1])  # our Linear keeps [in, out]
-            if (weight.rows, weight.cols) != expected:
-                raise ValueError(f"GGUF tensor for {name} is {weight.rows}x{weight.cols}, "
-                                 f"the model's is {expected[0]}x{expected[1]}: not the same "
-                                 "model")
-            acts = self.activations if weight.kind in INT8_ACTIVATION_KINDS else "float32"
-            built = QuantizedLinear(weight, acts)
         if biases is None:
             return built
         module.linear = built
         module.bias = nn.Parameter(torch.cat(biases), requires_grad=False)
         return module
 
+    def codes_linear(self, name: str, weights: list[BlockTensor],
+                     expected: tuple[int, int]) -> nn.Module:
+        """One kernel over the fused codes where the parts share a form, else a kernel per
+        part (PartsLinear)."""
+        from model.gguf_codes import fuse
+
+        rows, cols = sum(w.rows for w in weights), weights[0].cols
+        if (rows, cols) != expected or any(w.cols != cols for w in weights):
+            raise ValueError(f"GGUF tensor for {name} is {rows}x{cols}, the model's is "
+                             f"{expected[0]}x{expected[1]}: not the same model")
+
+        def layer(weight: BlockTensor) -> QuantizedLinear:
+            acts = self.activations if weight.kind in INT8_ACTIVATION_KINDS else "float32"
+            return QuantizedLinear(weight, acts)
+
+        fused = fuse(weights)
+        return layer(fused) if fused is not None else PartsLinear([layer(w) for w in weights])
+
     def embedding_and_head(self, model: nn.Module, embedding: BlockTensor | Tensor,
                            head: BlockTensor | Tensor | None) -> None:
-        """A Q8_0 head takes the layers' activations (int8: rounded per block of 32); a Q8_0
-        embedding is looked up in its codes (shared with a tied head), another one kept as
-        fp32 rows."""
+        """The head on its codes (a Q4_1 or Q8_0 head takes the layers' activations); the
+        embedding looked up in its codes: a tied one in the head's, an untied one in its
+        own blocks. Only an embedding the file stores as F32 is kept as fp32 rows."""
         model.lm_head = self.linear("lm_head", model.lm_head,
                                     [embedding if head is None else head], None)
-        if not (isinstance(embedding, BlockTensor) and embedding.kind == "Q8_0"):
-            rows = embedding.dequantize() if isinstance(embedding, BlockTensor) else embedding
-            model.embed_tokens.load_state_dict({"weight": rows}, assign=True, strict=True)
-        elif head is None:  # tied: one set of codes serves both
-            model.embed_tokens = QuantizedEmbedding(model.lm_head)
-        else:
-            model.embed_tokens = QuantizedEmbedding(QuantizedLinear(embedding))
+        if not isinstance(embedding, BlockTensor):
+            model.embed_tokens.load_state_dict({"weight": embedding}, assign=True, strict=True)
+        elif head is None and isinstance(model.lm_head, QuantizedLinear):
+            model.embed_tokens = QuantizedEmbedding(head=model.lm_head)  # one set of codes
+        else:  # a copy: a view would keep the whole file mapped
+            model.embed_tokens = QuantizedEmbedding(blocks=BlockTensor(
+                embedding.kind, embedding.blocks.clone()))
 
     def finish(self, model: nn.Module) -> nn.Module:
         if self.fused_ops:

@@ -42,6 +42,9 @@ torch::Tensor q8_0_linear(torch::Tensor x, torch::Tensor packed, int64_t out_fea
 torch::Tensor q5_0_linear(torch::Tensor x, torch::Tensor packed, int64_t out_features);
 torch::Tensor q4_k_linear(torch::Tensor x, torch::Tensor packed, int64_t out_features);
 torch::Tensor q6_k_linear(torch::Tensor x, torch::Tensor packed, int64_t out_features);
+torch::Tensor q5_k_linear(torch::Tensor x, torch::Tensor packed, int64_t out_features);
+torch::Tensor f16_linear(torch::Tensor x, torch::Tensor packed, int64_t out_features);
+torch::Tensor bf16_linear(torch::Tensor x, torch::Tensor packed, int64_t out_features);
 void set_quantized_avx2(bool on);
 torch::Tensor q4_1_int8act_linear(torch::Tensor x, torch::Tensor packed, int64_t out_features);
 torch::Tensor q8_0_int8act_linear(torch::Tensor x, torch::Tensor packed, int64_t out_features);
@@ -113,6 +116,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "x @ W^T from Q4_K codes, per 32: fp32 scale and min (quantized_linear_cpu.cpp)");
   m.def("q6_k_linear", &q6_k_linear, no_gil,
         "x @ W^T from Q6_K codes, per 16: fp32 scale (quantized_linear_cpu.cpp)");
+  m.def("q5_k_linear", &q5_k_linear, no_gil,
+        "x @ W^T from Q5_K (or Q5_1) codes, per 32: fp32 scale and min "
+        "(quantized_linear_cpu.cpp)");
+  m.def("f16_linear", &f16_linear, no_gil, "x @ W^T from fp16 weights (quantized_linear_cpu.cpp)");
+  m.def("bf16_linear", &bf16_linear, no_gil,
+        "x @ W^T from bfloat16 weights (quantized_linear_cpu.cpp)");
   m.def("q4_1_int8act_linear", &q4_1_int8act_linear, no_gil,
         "x @ W^T from Q4_1 codes, x rounded to int8 per block (q4_1_int8act_cpu.cpp)");
   m.def("q8_0_int8act_linear", &q8_0_int8act_linear, no_gil,

@@ -13,17 +13,32 @@
 
 namespace decode_stack {
 
-// Which kernel computes a linear layer (model/decode_stack.py LINEAR_KINDS names them).
-enum LinearKind : int64_t { kDense = 0, kQ4_1 = 1, kQ8_0 = 2, kQ4_1Int8Act = 3 };
+// Which kernel computes a linear layer's part (model/decode_stack.py KINDS names them).
+enum LinearKind : int64_t {
+  kDense = 0, kQ4_1 = 1, kQ8_0 = 2, kQ4_1Int8Act = 3, kQ5_0 = 4, kQ4_K = 5, kQ5_K = 6,
+  kQ6_K = 7, kF16 = 8, kBF16 = 9, kQ8_0Int8Act = 10, kLastKind = 10
+};
 
-struct Linear {
+// One kernel over one packed matrix.
+struct Part {
   int64_t kind;
   at::Tensor packed;
   int64_t out_features;
+
+  at::Tensor operator()(const at::Tensor& x) const;
+};
+
+// A linear layer: one part, or (a GGUF file's fused module of mixed types) several whose
+// outputs sit side by side.
+struct Linear {
+  std::vector<Part> parts;
   at::Tensor bias;  // undefined: none
 
   at::Tensor operator()(const at::Tensor& x) const;
 };
+
+// (kind, packed weight, out features) of each part, as Python hands them over.
+using PartSpecs = std::vector<std::tuple<int64_t, at::Tensor, int64_t>>;
 
 struct Layer {
   at::Tensor input_norm, post_norm;
@@ -39,12 +54,11 @@ class DecodeStack {
   DecodeStack(int64_t heads, int64_t kv_heads, int64_t head_dim, double eps)
       : heads_(heads), kv_heads_(kv_heads), head_dim_(head_dim), eps_(eps) {}
 
-  // Layers are added in order; each linear is (kind, packed weight, out features, bias).
-  void add_layer(at::Tensor input_norm, int64_t qkv_kind, at::Tensor qkv, int64_t qkv_out,
-                 c10::optional<at::Tensor> qkv_bias, int64_t o_kind, at::Tensor o, int64_t o_out,
-                 at::Tensor post_norm, int64_t gate_up_kind, at::Tensor gate_up,
-                 int64_t gate_up_out, int64_t down_kind, at::Tensor down, int64_t down_out,
-                 at::Tensor k_cache, at::Tensor v_cache);
+  // Layers are added in order; each linear is its parts (and QKV's bias).
+  void add_layer(at::Tensor input_norm, const decode_stack::PartSpecs& qkv,
+                 c10::optional<at::Tensor> qkv_bias, const decode_stack::PartSpecs& o,
+                 at::Tensor post_norm, const decode_stack::PartSpecs& gate_up,
+                 const decode_stack::PartSpecs& down, at::Tensor k_cache, at::Tensor v_cache);
 
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
 

@@ -13,6 +13,8 @@
 // (q/k norms, Gemma's norms) stay on the Python path, model/decode_stack.py decides.
 #include "decode_stack.h"
 
+#include <ATen/ops/cat.h>
+
 #include <cmath>
 #include <cstring>
 #include <utility>
@@ -21,6 +23,13 @@ at::Tensor dense_linear(at::Tensor x, at::Tensor packed, int64_t n, int64_t thre
 at::Tensor q4_1_linear(at::Tensor x, at::Tensor packed, int64_t out_features);
 at::Tensor q8_0_linear(at::Tensor x, at::Tensor packed, int64_t out_features);
 at::Tensor q4_1_int8act_linear(at::Tensor x, at::Tensor packed, int64_t out_features);
+at::Tensor q8_0_int8act_linear(at::Tensor x, at::Tensor packed, int64_t out_features);
+at::Tensor q5_0_linear(at::Tensor x, at::Tensor packed, int64_t out_features);
+at::Tensor q4_k_linear(at::Tensor x, at::Tensor packed, int64_t out_features);
+at::Tensor q5_k_linear(at::Tensor x, at::Tensor packed, int64_t out_features);
+at::Tensor q6_k_linear(at::Tensor x, at::Tensor packed, int64_t out_features);
+at::Tensor f16_linear(at::Tensor x, at::Tensor packed, int64_t out_features);
+at::Tensor bf16_linear(at::Tensor x, at::Tensor packed, int64_t out_features);
 at::Tensor add_rms_norm(at::Tensor residual, at::Tensor delta, at::Tensor weight,
                         double eps);
 void rope_inplace(at::Tensor qk, int64_t heads, at::Tensor cos, at::Tensor sin);
@@ -31,14 +40,32 @@ at::Tensor paged_decode_attention(at::Tensor q, at::Tensor k_cache,
 
 namespace decode_stack {
 
+at::Tensor Part::operator()(const at::Tensor& x) const {
+  switch (kind) {
+    case kDense: return dense_linear(x, packed, out_features, 0);
+    case kQ4_1: return q4_1_linear(x, packed, out_features);
+    case kQ8_0: return q8_0_linear(x, packed, out_features);
+    case kQ4_1Int8Act: return q4_1_int8act_linear(x, packed, out_features);
+    case kQ5_0: return q5_0_linear(x, packed, out_features);
+    case kQ4_K: return q4_k_linear(x, packed, out_features);
+    case kQ5_K: return q5_k_linear(x, packed, out_features);
+    case kQ6_K: return q6_k_linear(x, packed, out_features);
+    case kF16: return f16_linear(x, packed, out_features);
+    case kBF16: return bf16_linear(x, packed, out_features);
+    case kQ8_0Int8Act: return q8_0_int8act_linear(x, packed, out_features);
+    default: TORCH_CHECK(false, "decode stack: unknown linear kind ", kind);
+  }
+}
+
 at::Tensor Linear::operator()(const at::Tensor& x) const {
   at::Tensor y;
-  switch (kind) {
-    case kDense: y = dense_linear(x, packed, out_features, 0); break;
-    case kQ4_1: y = q4_1_linear(x, packed, out_features); break;
-    case kQ8_0: y = q8_0_linear(x, packed, out_features); break;
-    case kQ4_1Int8Act: y = q4_1_int8act_linear(x, packed, out_features); break;
-    default: TORCH_CHECK(false, "decode stack: unknown linear kind ", kind);
+  if (parts.size() == 1) {
+    y = parts[0](x);
+  } else {
+    std::vector<at::Tensor> outs;
+    outs.reserve(parts.size());
+    for (const Part& part : parts) outs.push_back(part(x));
+    y = at::cat(outs, 1);
   }
   return bias.defined() ? y.add_(bias) : y;
 }
@@ -62,30 +89,37 @@ void write_slots(const at::Tensor& pool_slots, const at::Tensor& qkv, int64_t fr
     std::memcpy(dst + slots[i] * width * elt, src + i * row, width * elt);
 }
 
-Linear make_linear(int64_t kind, at::Tensor packed, int64_t out_features,
-                   c10::optional<at::Tensor> bias) {
-  TORCH_CHECK(kind >= kDense && kind <= kQ4_1Int8Act, "decode stack: unknown linear kind ", kind);
-  return Linear{kind, std::move(packed), out_features, bias.value_or(at::Tensor())};
+Linear make_linear(const PartSpecs& specs, c10::optional<at::Tensor> bias) {
+  TORCH_CHECK(!specs.empty(), "decode stack: a linear layer needs a part");
+  Linear linear{{}, bias.value_or(at::Tensor())};
+  for (const auto& [kind, packed, out_features] : specs) {
+    TORCH_CHECK(kind >= kDense && kind <= kLastKind, "decode stack: unknown linear kind ", kind);
+    linear.parts.push_back(Part{kind, packed, out_features});
+  }
+  return linear;
+}
+
+int64_t out_width(const Linear& linear) {
+  int64_t width = 0;
+  for (const Part& part : linear.parts) width += part.out_features;
+  return width;
 }
 
 }  // namespace
 
-void DecodeStack::add_layer(at::Tensor input_norm, int64_t qkv_kind, at::Tensor qkv,
-                            int64_t qkv_out, c10::optional<at::Tensor> qkv_bias, int64_t o_kind,
-                            at::Tensor o, int64_t o_out, at::Tensor post_norm,
-                            int64_t gate_up_kind, at::Tensor gate_up, int64_t gate_up_out,
-                            int64_t down_kind, at::Tensor down, int64_t down_out,
-                            at::Tensor k_cache, at::Tensor v_cache) {
-  TORCH_CHECK(qkv_out == (heads_ + 2 * kv_heads_) * head_dim_,
-              "decode stack: QKV width ", qkv_out, " does not match the heads");
+void DecodeStack::add_layer(at::Tensor input_norm, const PartSpecs& qkv,
+                            c10::optional<at::Tensor> qkv_bias, const PartSpecs& o,
+                            at::Tensor post_norm, const PartSpecs& gate_up,
+                            const PartSpecs& down, at::Tensor k_cache, at::Tensor v_cache) {
+  Linear qkv_linear = make_linear(qkv, qkv_bias);
+  TORCH_CHECK(out_width(qkv_linear) == (heads_ + 2 * kv_heads_) * head_dim_,
+              "decode stack: QKV width ", out_width(qkv_linear), " does not match the heads");
   TORCH_CHECK(k_cache.dim() == 4 && k_cache.size(2) == kv_heads_ && k_cache.size(3) == head_dim_
                   && k_cache.is_contiguous() && v_cache.sizes() == k_cache.sizes(),
               "decode stack: K/V pool must be [blocks, block_size, kv_heads, head_dim]");
   layers_.push_back(Layer{
-      input_norm, post_norm, make_linear(qkv_kind, qkv, qkv_out, qkv_bias),
-      make_linear(o_kind, o, o_out, c10::nullopt),
-      make_linear(gate_up_kind, gate_up, gate_up_out, c10::nullopt),
-      make_linear(down_kind, down, down_out, c10::nullopt),
+      input_norm, post_norm, std::move(qkv_linear), make_linear(o, c10::nullopt),
+      make_linear(gate_up, c10::nullopt), make_linear(down, c10::nullopt),
       k_cache.view({-1, kv_heads_, head_dim_}), v_cache.view({-1, kv_heads_, head_dim_}),
       k_cache, v_cache});
 }

@@ -7,11 +7,12 @@
 //             accumulator hides the latency (below it, k < 16 and k >= 16 get a chain each),
 // all for its own instruction set: quantized_linear_cpu.cpp for AVX-512 (one register per
 // vector), quantized_linear_avx2.cpp for AVX2 (two). Include it inside a namespace of its own:
-// its kernels have internal linkage, its entry points (q4_1 ... q6_k) that namespace's name, so
+// its kernels have internal linkage, its entry points (q4_1 ... bf16) that namespace's name, so
 // each file keeps the copy built for its target.
 //
 // Operations: vzero, vset1(float), vfmadd(a, b, c) = a * b + c, vmul, vadd, vload/vstore
 // (unaligned), vstore_first(p, v, count) (lanes [0, count)), halves(p) (16 fp16 -> fp32),
+// bf16s(p) (16 bfloat16 -> fp32), with_bit4(v, qh, i) (v with bit 4 set where bit i of qh is),
 // u8s(p) / i8s(p) (16 bytes, zero- / sign-extended to int32), iset1, iand, ior, isub,
 // isrli<n>, isrl(v, n) / isll(v, n) (every lane by n bits), iload(p) (16 int32), tofloat.
 // No includes here (this text goes inside a namespace): include "kernel_api.h", <omp.h>,
@@ -38,19 +39,31 @@ inline void nibbles(const uint8_t* codes, int j, V& lo, V& hi) {
 // Int8 code k of each of the group's 16 rows (16 bytes, row fastest) as fp32.
 inline V int8s(const uint8_t* codes, int k) { return tofloat(i8s(codes + kLanes * k)); }
 
+// Each format gives, for the group's 16 rows and a block of 32 inputs:
+//   pair(j, lo, hi)   the weights k = j and k = j + 16, dequantized exactly (w = d * q + m);
+//   codes(j, lo, hi)  the same weights' codes q alone, as fp32, and
+//   lo_scale(), hi_scale(), min()  the d of each half (kTwoScales: they differ) and the m,
+// so that a block's sum of products is d * sum(x q) + m * sum(x) (`tile`, few rows), or
+// sum(x w) from the dequantized weights (`many_rows`). kScaled false: the codes are the
+// weights (F16, BF16); kHasMin false: m = 0.
+
 // The 4-bit formats with a scale and a min per row: w = d * q + m in one FMA, q a code of
 // `nibbles`. Q4_1 and Q4_K are this, loaded from their own bytes.
 struct ScaleMinNibbles {
+  static constexpr bool kScaled = true, kTwoScales = false, kHasMin = true;
   V d, m;
-  const uint8_t* codes;
+  const uint8_t* codes_;
   ScaleMinNibbles() = default;
-  ScaleMinNibbles(V d_, V m_, const uint8_t* codes_) : d(d_), m(m_), codes(codes_) {}
-  // The weights k = j and k = j + 16 of the group's 16 rows.
+  ScaleMinNibbles(V d_, V m_, const uint8_t* codes) : d(d_), m(m_), codes_(codes) {}
+  inline void codes(int j, V& lo, V& hi) const { nibbles(codes_, j, lo, hi); }
   inline void pair(int j, V& lo, V& hi) const {
-    nibbles(codes, j, lo, hi);
+    codes(j, lo, hi);
     lo = vfmadd(lo, d, m);
     hi = vfmadd(hi, d, m);
   }
+  inline V lo_scale() const { return d; }
+  inline V hi_scale() const { return d; }
+  inline V min() const { return m; }
 };
 
 struct Q4_1 : ScaleMinNibbles {
@@ -61,37 +74,49 @@ struct Q4_1 : ScaleMinNibbles {
 
 struct Q8_0 {
   static constexpr int64_t kBytes = 544;
+  static constexpr bool kScaled = true, kTwoScales = false, kHasMin = false;
   V d;
-  const uint8_t* codes;
+  const uint8_t* codes_;
   Q8_0() = default;
-  explicit Q8_0(const uint8_t* p) : d(halves(p)), codes(p + 32) {}
-  inline V at(int k) const { return vmul(int8s(codes, k), d); }
-  inline void pair(int j, V& lo, V& hi) const {
-    lo = at(j);
-    hi = at(j + 16);
+  explicit Q8_0(const uint8_t* p) : d(halves(p)), codes_(p + 32) {}
+  inline void codes(int j, V& lo, V& hi) const {
+    lo = int8s(codes_, j);
+    hi = int8s(codes_, j + 16);
   }
+  inline void pair(int j, V& lo, V& hi) const {
+    codes(j, lo, hi);
+    lo = vmul(lo, d);
+    hi = vmul(hi, d);
+  }
+  inline V lo_scale() const { return d; }
+  inline V hi_scale() const { return d; }
+  inline V min() const { return vzero(); }
 };
 
 // Q5_0, 352 bytes: d[16] fp16, qh[16] uint32 (bit i: weight i's fifth bit), codes[16][16] as
 // Q4_1's. w = d * (q - 16): exact in fp32 (11 + 5 significant bits), as the GGUF reference.
 struct Q5_0 {
   static constexpr int64_t kBytes = 352;
+  static constexpr bool kScaled = true, kTwoScales = false, kHasMin = true;
   V d;
   VI qh;
-  const uint8_t* codes;
+  const uint8_t* codes_;
   Q5_0() = default;
-  explicit Q5_0(const uint8_t* p) : d(halves(p)), qh(iload(p + 32)), codes(p + 96) {}
-  inline void pair(int j, V& lo, V& hi) const {
-    const VI b = u8s(codes + kLanes * j);
-    const VI bit4 = iset1(0x10), sixteen = iset1(16);
-    // Bit j (and j + 16) of qh, moved to bit 4.
-    const VI h_lo = iand(j >= 4 ? isrl(qh, j - 4) : isll(qh, 4 - j), bit4);
-    const VI h_hi = iand(isrl(qh, j + 12), bit4);
-    const VI q_lo = isub(ior(iand(b, iset1(0x0F)), h_lo), sixteen);
-    const VI q_hi = isub(ior(isrli<4>(b), h_hi), sixteen);
-    lo = vmul(tofloat(q_lo), d);
-    hi = vmul(tofloat(q_hi), d);
+  explicit Q5_0(const uint8_t* p) : d(halves(p)), qh(iload(p + 32)), codes_(p + 96) {}
+  // q + 16 (0..31): the four low bits and the fifth.
+  inline void codes(int j, V& lo, V& hi) const {
+    const VI b = u8s(codes_ + kLanes * j);
+    lo = tofloat(with_bit4(iand(b, iset1(0x0F)), qh, j));
+    hi = tofloat(with_bit4(isrli<4>(b), qh, j + 16));
   }
+  inline void pair(int j, V& lo, V& hi) const {
+    codes(j, lo, hi);
+    lo = vmul(vadd(lo, vset1(-16.0f)), d);  // q - 16 is exact, and so is its product
+    hi = vmul(vadd(hi, vset1(-16.0f)), d);
+  }
+  inline V lo_scale() const { return d; }
+  inline V hi_scale() const { return d; }
+  inline V min() const { return vmul(d, vset1(-16.0f)); }  // exact
 };
 
 // A Q4_K sub-block of 32, 384 bytes: s[16] fp32, m[16] fp32, codes[16][16] as Q4_1's.
@@ -110,17 +135,88 @@ struct Q4_K : ScaleMinNibbles {  // its s is the d of ScaleMinNibbles
 // bits), and so is s * q (+ 5 more): the GGUF reference's weight, with no rounding at all.
 struct Q6_K {
   static constexpr int64_t kBytes = 640;
+  static constexpr bool kScaled = true, kTwoScales = true, kHasMin = false;
   V s0, s1;
-  const uint8_t* codes;
+  const uint8_t* codes_;
   Q6_K() = default;
   explicit Q6_K(const uint8_t* p)
       : s0(vload(reinterpret_cast<const float*>(p))),
-        s1(vload(reinterpret_cast<const float*>(p + 64))), codes(p + 128) {}
-  inline V at(int k, V s) const { return vmul(int8s(codes, k), s); }
-  inline void pair(int j, V& lo, V& hi) const {
-    lo = at(j, s0);
-    hi = at(j + 16, s1);
+        s1(vload(reinterpret_cast<const float*>(p + 64))), codes_(p + 128) {}
+  inline void codes(int j, V& lo, V& hi) const {
+    lo = int8s(codes_, j);
+    hi = int8s(codes_, j + 16);
   }
+  inline void pair(int j, V& lo, V& hi) const {
+    codes(j, lo, hi);
+    lo = vmul(lo, s0);
+    hi = vmul(hi, s1);
+  }
+  inline V lo_scale() const { return s0; }
+  inline V hi_scale() const { return s1; }
+  inline V min() const { return vzero(); }
+};
+
+// A Q5_K sub-block of 32 (and Q5_1's block), 448 bytes: s[16] fp32, m[16] fp32, qh[16] uint32
+// (bit i: weight i's fifth bit, as Q5_0's), codes[16][16] as Q4_1's. s = d * sc and
+// m = -dmin * mn are exact in fp32 (made at load; Q5_1's d and m are fp16), so is s * q
+// (+ 5 bits); w = s * q + m in one FMA is the GGUF reference's one rounding.
+struct Q5_K {
+  static constexpr int64_t kBytes = 448;
+  static constexpr bool kScaled = true, kTwoScales = false, kHasMin = true;
+  V s, m;
+  VI qh;
+  const uint8_t* codes_;
+  Q5_K() = default;
+  explicit Q5_K(const uint8_t* p)
+      : s(vload(reinterpret_cast<const float*>(p))),
+        m(vload(reinterpret_cast<const float*>(p + 64))), qh(iload(p + 128)), codes_(p + 192) {}
+  inline void codes(int j, V& lo, V& hi) const {
+    const VI b = u8s(codes_ + kLanes * j);
+    lo = tofloat(with_bit4(iand(b, iset1(0x0F)), qh, j));
+    hi = tofloat(with_bit4(isrli<4>(b), qh, j + 16));
+  }
+  inline void pair(int j, V& lo, V& hi) const {
+    codes(j, lo, hi);
+    lo = vfmadd(lo, s, m);
+    hi = vfmadd(hi, s, m);
+  }
+  inline V lo_scale() const { return s; }
+  inline V hi_scale() const { return s; }
+  inline V min() const { return m; }
+};
+
+// 16-bit floats as they are, 1024 bytes: w[32][16], fp16 (F16) or bfloat16 (BF16); both
+// widen to fp32 exactly.
+struct F16 {
+  static constexpr int64_t kBytes = 1024;
+  static constexpr bool kScaled = false, kTwoScales = false, kHasMin = false;
+  const uint8_t* w;
+  F16() = default;
+  explicit F16(const uint8_t* p) : w(p) {}
+  inline void codes(int j, V& lo, V& hi) const {
+    lo = halves(w + 2 * kLanes * j);
+    hi = halves(w + 2 * kLanes * (j + 16));
+  }
+  inline void pair(int j, V& lo, V& hi) const { codes(j, lo, hi); }
+  inline V lo_scale() const { return vset1(1.0f); }
+  inline V hi_scale() const { return vset1(1.0f); }
+  inline V min() const { return vzero(); }
+};
+
+struct BF16 {
+  static constexpr int64_t kBytes = 1024;
+  static constexpr bool kScaled = false, kTwoScales = false, kHasMin = false;
+  const uint8_t* w;
+  BF16() = default;
+  explicit BF16(const uint8_t* p) : w(p) {}
+  inline void codes(int j, V& lo, V& hi) const {
+    lo = bf16s(w + 2 * kLanes * j);
+    hi = bf16s(w + 2 * kLanes * (j + 16));
+  }
+  inline void pair(int j, V& lo, V& hi) const { codes(j, lo, hi); }
+  inline V lo_scale() const { return vset1(1.0f); }
+  inline V hi_scale() const { return vset1(1.0f); }
+  inline V min() const { return vzero(); }
 };
 
 // Block b of a group's codes, prefetching the one kAhead blocks on. Past the row's end that
@@ -145,15 +241,18 @@ inline void store_group(const float* totals, int64_t stride, int64_t rows, float
 
 // One tile: rows [0, MR) of x against NG groups starting at w.
 //
-// Sums run in two levels, as blocked BLAS sums do: each block's 32 products go into fresh
-// registers, which are then added to running totals kept in L1. One chain over all K inputs
+// Sums run in two levels, as blocked BLAS sums do: each block's 32 products of x and the
+// codes go into fresh registers, which are then scaled (d * sum + m * sum(x), the block's
+// sum of x from `xsum`) and added to running totals kept in L1. One chain over all K inputs
 // (up to 1536) would lose several times more precision than the fp32 matmul does. With few
 // accumulators, the weights k < 16 and k >= 16 of a block go to separate ones (S = 2), so
-// that enough independent FMA chains are in flight to hide their latency.
+// that enough independent FMA chains are in flight to hide their latency (and always where
+// the halves have scales of their own). Scaling once a block instead of once a weight saves
+// a multiply (or FMA) per weight: at one row the step is as much arithmetic as memory.
 template <class Format, int MR, int NG>
 void tile(const float* x, int64_t K, const uint8_t* w, int64_t group_bytes, float* y,
-          int64_t N, int64_t n0) {
-  constexpr int S = MR * NG >= kOneChain ? 1 : 2;
+          int64_t N, int64_t n0, const float* xsum) {
+  constexpr int S = MR * NG >= kOneChain && !Format::kTwoScales ? 1 : 2;
   alignas(64) float total[MR][NG][kLanes] = {};
   const int64_t blocks = K / kBlock;
   for (int64_t b = 0; b < blocks; ++b) {
@@ -164,11 +263,11 @@ void tile(const float* x, int64_t K, const uint8_t* w, int64_t group_bytes, floa
     for (int m = 0; m < MR; ++m)
       for (int g = 0; g < NG; ++g)
         for (int s = 0; s < S; ++s) acc[m][g][s] = vzero();
-#pragma GCC unroll 4
+#pragma GCC unroll 16
     for (int j = 0; j < 16; ++j) {
       for (int g = 0; g < NG; ++g) {
         V lo, hi;
-        blk[g].pair(j, lo, hi);
+        blk[g].codes(j, lo, hi);
         for (int m = 0; m < MR; ++m) {
           acc[m][g][0] = vfmadd(lo, vset1(xb[m * K + j]), acc[m][g][0]);
           acc[m][g][S - 1] = vfmadd(hi, vset1(xb[m * K + j + 16]), acc[m][g][S - 1]);
@@ -177,9 +276,18 @@ void tile(const float* x, int64_t K, const uint8_t* w, int64_t group_bytes, floa
     }
     for (int m = 0; m < MR; ++m)
       for (int g = 0; g < NG; ++g) {
-        V sum = acc[m][g][0];
-        if constexpr (S == 2) sum = vadd(sum, acc[m][g][1]);
-        vstore(total[m][g], vadd(vload(total[m][g]), sum));
+        V t = vload(total[m][g]);
+        if constexpr (!Format::kScaled) {
+          t = vadd(t, acc[m][g][0]);
+          if constexpr (S == 2) t = vadd(t, acc[m][g][1]);
+        } else if constexpr (S == 2) {
+          t = vfmadd(acc[m][g][0], blk[g].lo_scale(), t);
+          t = vfmadd(acc[m][g][1], blk[g].hi_scale(), t);
+        } else {
+          t = vfmadd(acc[m][g][0], blk[g].lo_scale(), t);
+        }
+        if constexpr (Format::kHasMin) t = vfmadd(blk[g].min(), vset1(xsum[m * blocks + b]), t);
+        vstore(total[m][g], t);
       }
   }
   for (int g = 0; g < NG; ++g)
@@ -188,11 +296,24 @@ void tile(const float* x, int64_t K, const uint8_t* w, int64_t group_bytes, floa
 
 template <class Format, int NG, int MR = kMaxRows>
 void rows_tile(int rows, const float* x, int64_t K, const uint8_t* w, int64_t group_bytes,
-               float* y, int64_t N, int64_t n0) {
+               float* y, int64_t N, int64_t n0, const float* xsum) {
   if constexpr (MR > 1) {
-    if (rows < MR) return rows_tile<Format, NG, MR - 1>(rows, x, K, w, group_bytes, y, N, n0);
+    if (rows < MR)
+      return rows_tile<Format, NG, MR - 1>(rows, x, K, w, group_bytes, y, N, n0, xsum);
   }
-  tile<Format, MR, NG>(x, K, w, group_bytes, y, N, n0);
+  tile<Format, MR, NG>(x, K, w, group_bytes, y, N, n0, xsum);
+}
+
+// Each row's sum of x over each block of 32 inputs, [M][K / 32], for the formats with a min.
+inline std::vector<float> block_sums(const float* x, int64_t M, int64_t K) {
+  std::vector<float> sums(M * (K / kBlock));
+  for (int64_t i = 0; i < M * (K / kBlock); ++i) {
+    const float* xb = x + i * kBlock;
+    float s = 0.0f;
+    for (int k = 0; k < kBlock; ++k) s += xb[k];
+    sums[i] = s;
+  }
+  return sums;
 }
 
 // Many rows (more than kMaxRows): each block's weights are dequantized once into a 2-4 KB
@@ -324,6 +445,8 @@ at::Tensor quantized_linear(const at::Tensor& x, const at::Tensor& packed, int64
   const int64_t scratch_size =
       M <= kMaxRows ? 0 : (M >= kPanelRows ? K : M) * kGroups * kLanes;
   std::vector<float> scratch(omp_get_max_threads() * scratch_size);
+  const std::vector<float> sums =
+      Format::kHasMin && M <= kMaxRows ? block_sums(xp, M, K) : std::vector<float>();
 #pragma omp parallel
   {
     float* mine = scratch.data() + omp_get_thread_num() * scratch_size;
@@ -340,11 +463,12 @@ at::Tensor quantized_linear(const at::Tensor& x, const at::Tensor& packed, int64
             many_rows<Format, 1>(M, xp, K, wp + g * group_bytes, group_bytes, yp, N,
                                  g * kLanes, mine);
       } else if (g0 + kGroups <= groups) {
-        rows_tile<Format, kGroups>(static_cast<int>(M), xp, K, w, group_bytes, yp, N, n0);
+        rows_tile<Format, kGroups>(static_cast<int>(M), xp, K, w, group_bytes, yp, N, n0,
+                                   sums.data());
       } else {
         for (int64_t g = g0; g < groups; ++g)
           rows_tile<Format, 1>(static_cast<int>(M), xp, K, wp + g * group_bytes, group_bytes,
-                               yp, N, g * kLanes);
+                               yp, N, g * kLanes, sums.data());
       }
     }
   }
@@ -368,4 +492,13 @@ at::Tensor q4_k(const at::Tensor& x, const at::Tensor& packed, int64_t n) {
 }
 at::Tensor q6_k(const at::Tensor& x, const at::Tensor& packed, int64_t n) {
   return quantized_linear<Q6_K>(x, packed, n, "q6_k_linear");
+}
+at::Tensor q5_k(const at::Tensor& x, const at::Tensor& packed, int64_t n) {
+  return quantized_linear<Q5_K>(x, packed, n, "q5_k_linear");
+}
+at::Tensor f16(const at::Tensor& x, const at::Tensor& packed, int64_t n) {
+  return quantized_linear<F16>(x, packed, n, "f16_linear");
+}
+at::Tensor bf16(const at::Tensor& x, const at::Tensor& packed, int64_t n) {
+  return quantized_linear<BF16>(x, packed, n, "bf16_linear");
 }

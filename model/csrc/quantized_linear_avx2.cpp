@@ -52,6 +52,12 @@ inline V halves(const uint8_t* p) {  // exact
   return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
           _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16)))};
 }
+inline V bf16s(const uint8_t* p) {  // exact: the top half of an fp32
+  const __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m128i hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16));
+  return {_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(lo), 16)),
+          _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(hi), 16))};
+}
 inline VI u8s(const uint8_t* p) {
   const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   return {_mm256_cvtepu8_epi32(b), _mm256_cvtepu8_epi32(_mm_srli_si128(b, 8))};
@@ -82,6 +88,9 @@ inline VI iload(const uint8_t* p) {
           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32))};
 }
 inline V tofloat(VI v) { return {_mm256_cvtepi32_ps(v.a), _mm256_cvtepi32_ps(v.b)}; }
+inline VI with_bit4(VI v, VI qh, int i) {  // bit i of qh moved to bit 4
+  return ior(v, iand(i >= 4 ? isrl(qh, i - 4) : isll(qh, 4 - i), iset1(0x10)));
+}
 
 #include "quantized_kernel.h"
 

@@ -1,5 +1,6 @@
-// y = x · Wᵀ with W kept as llama.cpp's Q4_1, Q8_0 or Q5_0 codes, or its Q4_K / Q6_K codes
-// rewritten as blocks of 32 with fp32 scales (model/gguf_codes.py) (CPU, fp32 arithmetic;
+// y = x · Wᵀ with W kept as llama.cpp's Q4_1, Q8_0 or Q5_0 codes, its F16 or BF16 values, or
+// its other types rewritten as blocks of 32 with fp32 scales (model/gguf_codes.py: Q4_0 and
+// Q4_K as Q4_K's form, Q5_1 and Q5_K as Q5_K's, Q6_K as its own) (CPU, fp32 arithmetic;
 // AVX-512, or AVX2 with FMA and F16C where AVX-512 is missing).
 //
 // Exact to the fp32 model: each weight is dequantized in fp32 exactly as the GGUF reference
@@ -12,7 +13,7 @@
 //   Q4_1, 320 bytes: d[16] fp16, m[16] fp16, codes[16][16]: byte [j][r] holds row r's weight
 //                    j in its low nibble and weight j + 16 in its high one (as in the GGUF);
 //   Q8_0, 544 bytes: d[16] fp16, codes[32][16] int8: [k][r];
-//   Q5_0, Q4_K, Q6_K: see their structs below.
+//   Q5_0, Q4_K, Q6_K, Q5_K, F16, BF16: see their structs (quantized_kernel.h).
 // Groups follow one another: [groups][blocks][bytes].
 //
 // Threads split the output groups; each reads its codes from memory once per call. Up to 8
@@ -59,6 +60,10 @@ inline void vstore_first(float* p, V v, int64_t count) {
 inline V halves(const uint8_t* p) {  // exact
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
+inline V bf16s(const uint8_t* p) {  // exact: the top half of an fp32
+  const __m512i u = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(u, 16));
+}
 inline VI u8s(const uint8_t* p) {
   return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
@@ -75,6 +80,10 @@ inline VI isrl(VI v, int n) { return _mm512_srl_epi32(v, _mm_cvtsi32_si128(n)); 
 inline VI isll(VI v, int n) { return _mm512_sll_epi32(v, _mm_cvtsi32_si128(n)); }
 inline VI iload(const uint8_t* p) { return _mm512_loadu_si512(p); }
 inline V tofloat(VI v) { return _mm512_cvtepi32_ps(v); }
+inline VI with_bit4(VI v, VI qh, int i) {  // bit i of qh moved to bit 4: v | (h & 0x10)
+  const VI h = i >= 4 ? isrl(qh, i - 4) : isll(qh, 4 - i);
+  return _mm512_ternarylogic_epi32(v, h, _mm512_set1_epi32(0x10), 0xF8);
+}
 
 #include "quantized_kernel.h"
 
@@ -88,6 +97,9 @@ at::Tensor q8_0(const at::Tensor& x, const at::Tensor& packed, int64_t n);
 at::Tensor q5_0(const at::Tensor& x, const at::Tensor& packed, int64_t n);
 at::Tensor q4_k(const at::Tensor& x, const at::Tensor& packed, int64_t n);
 at::Tensor q6_k(const at::Tensor& x, const at::Tensor& packed, int64_t n);
+at::Tensor q5_k(const at::Tensor& x, const at::Tensor& packed, int64_t n);
+at::Tensor f16(const at::Tensor& x, const at::Tensor& packed, int64_t n);
+at::Tensor bf16(const at::Tensor& x, const at::Tensor& packed, int64_t n);
 }  // namespace quantized_avx2
 
 namespace {
@@ -128,6 +140,21 @@ at::Tensor q4_k_linear(at::Tensor x, at::Tensor packed, int64_t out_features) {
 at::Tensor q6_k_linear(at::Tensor x, at::Tensor packed, int64_t out_features) {
   return use_avx512() ? quantized_avx512::q6_k(x, packed, out_features)
                       : quantized_avx2::q6_k(x, packed, out_features);
+}
+
+at::Tensor q5_k_linear(at::Tensor x, at::Tensor packed, int64_t out_features) {
+  return use_avx512() ? quantized_avx512::q5_k(x, packed, out_features)
+                      : quantized_avx2::q5_k(x, packed, out_features);
+}
+
+at::Tensor f16_linear(at::Tensor x, at::Tensor packed, int64_t out_features) {
+  return use_avx512() ? quantized_avx512::f16(x, packed, out_features)
+                      : quantized_avx2::f16(x, packed, out_features);
+}
+
+at::Tensor bf16_linear(at::Tensor x, at::Tensor packed, int64_t out_features) {
+  return use_avx512() ? quantized_avx512::bf16(x, packed, out_features)
+                      : quantized_avx2::bf16(x, packed, out_features);
 }
 
 void set_quantized_avx2(bool on) { g_force_avx2 = on; }
