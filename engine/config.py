@@ -16,7 +16,7 @@ class EngineConfig:
     dtype: str = "float32"
     max_num_seqs: int = 30  # seats: sequences decoded together
     num_blocks: int | None = None  # KV pool size in blocks; None = from kv_cache_memory
-    kv_cache_memory: str = "2GiB"
+    kv_cache_memory: str = "auto"  # a size, a share of the free memory, or auto
     enable_prefix_cache: bool = True
     # Sliding-window models: a block table per KV cache group, and the blocks a window has
     # left behind given back (kvcache/groups.py); False keeps every token for every layer.
@@ -34,7 +34,9 @@ class EngineConfig:
     # The engine core process: "cached" (measure unless this machine's choice is cached),
     # "again" (measure anew), "no" (use single_thread_below); engine/thread_choice.py.
     measure_threads: str = "no"
-    weights: str = "default"  # "default" (the folder's, in --dtype), "q4_1" or "int8" (CPU)
+    # "default" (a GGUF file's own codes, a folder's weights in --dtype), "gguf" ("q4_1"),
+    # "dense" or "int8": model/loader.py resolve_weights
+    weights: str = "default"
     activations: str = "float32"  # q4_1's layers: "float32" (exact) or "int8" (faster)
     lm_head: str = "default"  # "q8_0": the default weights' LM head on the Q8_0 kernel (CPU)
     max_waiting: int = 256  # beyond this, new requests are refused with 429
@@ -61,7 +63,10 @@ class EngineConfig:
         parser.add_argument("--num-blocks", type=int, default=None,
                             help="KV cache blocks of 16 tokens (overrides --kv-cache-memory)")
         parser.add_argument("--kv-cache-memory", default=d.kv_cache_memory,
-                            help="KV cache size, e.g. 2GiB or 512MiB")
+                            help="KV cache size: e.g. 2GiB or 512MiB, a share of the memory "
+                                 "free once the weights are loaded (e.g. 50%%), or auto "
+                                 "(40%% of it, at most 2GiB); the startup line says how many "
+                                 "tokens it holds")
         parser.add_argument("--no-prefix-cache", action="store_true",
                             help="turn prefix caching off (also NANO_PREFIX_CACHE=0)")
         parser.add_argument("--disable-hybrid-kv-cache", action="store_true",
@@ -102,16 +107,20 @@ class EngineConfig:
                                  "a step uses only the cores they leave free, read from /proc "
                                  "every 0.25 s: OpenMP threads sharing a busy core wait for "
                                  "each other)")
-        parser.add_argument("--weights", default=d.weights, choices=["default", "q4_1", "int8"],
-                            help="q4_1: the default model's own 4-bit GGUF codes, or with "
-                                 "--model FILE.gguf that file's own codes where a kernel takes "
-                                 "their type (Q4_1, Q8_0, Q5_0, Q4_K, Q6_K; exact to the fp32 "
-                                 "model); int8: per-channel int8 made at load; both CPU, "
+        parser.add_argument("--weights", default=d.weights,
+                            choices=["default", "gguf", "dense", "q4_1", "int8"],
+                            help="gguf: a GGUF file's own codes (every F16, BF16, Q4_0-Q8_0 "
+                                 "and K-quant matrix on its own kernel, exact to the fp32 "
+                                 "model; the default for --model FILE.gguf), or for the "
+                                 "default model its Q4_1 GGUF's (q4_1 is the older name); "
+                                 "dense: the weights as --dtype arrays (a GGUF file "
+                                 "dequantized: about 4 bytes a weight; a folder's default); "
+                                 "int8: per-channel int8 made at load. gguf and int8: CPU, "
                                  "float32 activations, AVX-512 or AVX2")
         parser.add_argument("--activations", default=d.activations, choices=["float32", "int8"],
-                            help="with --weights q4_1: int8 rounds each layer's input to 8 "
-                                 "bits per block of 32 for integer dot products (AVX512-VNNI "
-                                 "or AVX2; faster with many sequences, not exact: "
+                            help="with GGUF codes: int8 rounds each Q4_1 or Q8_0 layer's "
+                                 "input to 8 bits per block of 32 for integer dot products "
+                                 "(AVX512-VNNI or AVX2; faster with many sequences, not exact: "
                                  "docs/quantized.md); float32 (default) is exact")
         parser.add_argument("--lm-head", default=d.lm_head, choices=["default", "q8_0"],
                             help="q8_0: the LM head on the Q8_0 kernel (CPU, float32): a GGUF "
@@ -199,19 +208,21 @@ class EngineConfig:
 
     def _validate_weights(self) -> None:
         """The weight formats' and precisions' combinations."""
-        if self.weights != "default" and (self.dtype != "float32"
+        if self.weights not in ("default", "dense") and (self.dtype != "float32"
                                           or self.device not in (None, "cpu")):
             raise ValueError(f"--weights {self.weights} runs on the CPU with float32 "
                              "activations: drop --dtype / --device")
-        if self.lm_head != "default" and (self.weights != "default" or self.dtype != "float32"
+        if self.lm_head != "default" and (self.weights not in ("default", "dense")
+                                          or self.dtype != "float32"
                                           or self.device not in (None, "cpu")):
             raise ValueError(f"--lm-head {self.lm_head} runs the default weights' LM head on "
                              "the CPU in float32: drop --weights / --dtype / --device")
         if self.activations not in ("float32", "int8"):
             raise ValueError("--activations must be float32 or int8")
-        if self.activations == "int8" and self.weights != "q4_1":
-            raise ValueError("--activations int8 needs --weights q4_1 (it multiplies the Q4_1 "
-                             "codes by int8 activations)")
+        if self.activations == "int8" and self.weights not in ("default", "gguf", "q4_1"):
+            raise ValueError("--activations int8 needs GGUF codes (--weights gguf, the "
+                             "default for a GGUF file): it multiplies Q4_1 and Q8_0 codes by "
+                             "int8 activations")
 
     def _validate_line(self) -> None:
         """The waiting line's and the requests' limits."""

@@ -77,6 +77,34 @@ class EngineCore(Protocol):
     def describe(self) -> str: ...
 
 
+AUTO_KV_FRACTION = 0.4  # --kv-cache-memory auto: this share of the free memory ...
+AUTO_KV_CEILING = 2 * 1024**3  # ... up to this much
+
+
+def kv_cache_bytes(text: str) -> int:
+    """--kv-cache-memory: a size ("2GiB"), a share of the memory free now, after the
+    weights loaded ("40%"), or "auto" (AUTO_KV_FRACTION of it, at most AUTO_KV_CEILING)."""
+    from model.memory import GIB, available_bytes
+
+    text = text.strip()
+    if text != "auto" and not text.endswith("%"):
+        return parse_memory(text)
+    fraction = AUTO_KV_FRACTION if text == "auto" else float(text[:-1]) / 100
+    if not 0 < fraction <= 1:
+        raise ValueError(f"--kv-cache-memory {text}: a share must be above 0% and at most 100%")
+    free = available_bytes()
+    if free is None:  # nothing says what is free: the ceiling
+        return AUTO_KV_CEILING
+    budget = int(free * fraction)
+    if text == "auto":
+        budget = min(budget, AUTO_KV_CEILING)
+    if budget < 64 * 1024**2:
+        raise MemoryError(f"--kv-cache-memory {text}: only {free / GIB:.2f} GiB is free after "
+                          "the weights loaded, too little for a KV cache; free memory or "
+                          "give --kv-cache-memory a size")
+    return budget
+
+
 class PagedEngineCore:
     def __init__(self, config: EngineConfig, model: LlamaModel,
                  eos_token_ids: Collection[int]) -> None:
@@ -88,7 +116,7 @@ class PagedEngineCore:
         groups = (KVCacheGroups.from_windows(cfg.layer_windows()) if config.hybrid_kv_cache
                   else KVCacheGroups.single(cfg.num_layers))
         num_blocks = (config.num_blocks * groups.num_groups if config.num_blocks else
-                      KVCachePool.blocks_for_memory(parse_memory(config.kv_cache_memory),
+                      KVCachePool.blocks_for_memory(kv_cache_bytes(config.kv_cache_memory),
                                                     groups.group_size, cfg.num_kv_heads,
                                                     cfg.head_dim, dtype))
         self.config = config
@@ -156,8 +184,13 @@ class PagedEngineCore:
 
     def describe(self) -> str:
         threads = self.runner.threads
-        return (f"{self.runner.device}, {self.allocator.num_usable} KV blocks of {BLOCK_SIZE} "
-                f"tokens{self._describe_groups()}, prefix cache "
+        tokens = self.allocator.num_usable // self.groups.num_groups * BLOCK_SIZE
+        weights = sum(t.numel() * t.element_size()
+                      for t in (*self.runner.model.parameters(), *self.runner.model.buffers()))
+        return (f"{self.runner.device}, weights {weights / 1024**3:.2f} GiB, "
+                f"{self.allocator.num_usable} KV blocks of {BLOCK_SIZE} "
+                f"tokens{self._describe_groups()} ({tokens:,} tokens in "
+                f"{self.pool.nbytes / 1024**3:.2f} GiB), prefix cache "
                 f"{'on' if self.config.enable_prefix_cache else 'off'}, "
                 f"{self.runner.attention_backend} attention, {self.runner.matmul_path} matmuls, "
                 f"{'decode layers in one C++ call, ' if self.runner.decode_stack else ''}"

@@ -53,6 +53,11 @@ class KVCachePool:
         self.k = [self._k[slot[layer]] for layer in range(num_layers)]
         self.v = [self._v[slot[layer]] for layer in range(num_layers)]
 
+    @property
+    def nbytes(self) -> int:
+        """The memory the pool holds (each group's K and V tensors once)."""
+        return sum(t.numel() * t.element_size() for t in (*self._k, *self._v))
+
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         """Copy whole blocks (K and V, every layer of the block's group): (source,
         destination) pairs. All sources are read before any destination is written."""

@@ -81,7 +81,7 @@ def read_checkpoint(model_path: Path) -> Checkpoint:
         from model.gguf_checkpoint import read_gguf_checkpoint
 
         gguf = read_gguf_checkpoint(model_path)
-        return Checkpoint(gguf.config, dict(gguf.hf_weights), model_path)
+        return Checkpoint(gguf.config, gguf.hf_weights, model_path)
     return Checkpoint(ModelConfig.from_dir(model_path), dict(read_hf_weights(model_path)),
                       model_path)
 

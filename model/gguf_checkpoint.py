@@ -22,6 +22,7 @@ queries scaled by head_dim ** -0.5), and so do we, reading the pattern where a f
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -205,9 +206,32 @@ def dequantize(tensor) -> torch.Tensor:
     return torch.from_numpy(np.array(values, dtype=np.float32).reshape(shape))
 
 
+class LazyTensors(dict):
+    """Hugging Face name -> tensor, each read (and converted) from the file when first looked
+    up, then its pages of the file let go: a load holds one tensor's temporaries at a time,
+    never the whole file twice. Values are the functions that make them until then."""
+
+    def __getitem__(self, name: str):
+        value = super().__getitem__(name)
+        if callable(value):
+            value = value()
+            super().__setitem__(name, value)
+        return value
+
+    def pop(self, name: str, *default):
+        if name not in self:
+            if default:
+                return default[0]
+            raise KeyError(name)
+        value = self[name]
+        super().__delitem__(name)
+        return value
+
+
 def read_gguf_checkpoint(path: str | Path, keep_codes: tuple[str, ...] = ()) -> GGUFCheckpoint:
     """Config and fp32 Hugging Face-named weights of a GGUF file; matrices of the types in
-    `keep_codes` stay in their codes instead, in our kernels' form (model/gguf_codes.py)."""
+    `keep_codes` stay in their codes instead, in our kernels' form (model/gguf_codes.py).
+    The weights are read as the load takes them (`LazyTensors`)."""
     path = Path(path)
     reader = open_gguf(path)
     cfg = read_config(reader, path)
@@ -216,22 +240,54 @@ def read_gguf_checkpoint(path: str | Path, keep_codes: tuple[str, ...] = ()) -> 
     if unknown:
         raise GGUFError(f"{path}: tensors this server does not load: {', '.join(unknown[:8])}"
                         + (" ..." if len(unknown) > 8 else ""))
-    weights: dict[str, torch.Tensor | BlockTensor] = {}
+    weights = LazyTensors()
     types: dict[str, str] = {}
     for t in reader.tensors:
         name = hf_name(t.name, arch)
         assert name is not None
         types[name] = t.tensor_type.name
-        w = read_codes(t) if types[name] in keep_codes else dequantize(t)
-        if arch == "llama" and t.name.endswith(("attn_q.weight", "attn_k.weight")):
-            heads = cfg.num_heads if "attn_q" in t.name else cfg.num_kv_heads
-            index = rope_unpermute_index(w.shape[0] if isinstance(w, torch.Tensor) else w.rows,
-                                         heads)
-            w = w[index] if isinstance(w, torch.Tensor) else w.take_rows(index)
-        if arch == "gemma3" and t.name.endswith("norm.weight"):
-            w = w - 1.0
-        weights[name] = w
+        weights[name] = partial(read_tensor, reader, t, arch, cfg, keeps_codes(t, keep_codes))
     return GGUFCheckpoint(cfg, weights, types)
+
+
+def read_tensor(reader, t, arch: str, cfg: ModelConfig,
+                codes: bool) -> torch.Tensor | BlockTensor:
+    """One tensor as our model takes it: its codes in a kernel's form (a copy, not a view of
+    the file) or dequantized to fp32, Llama's Q/K rows put back in order, Gemma's norms less
+    their + 1. The file's pages it was read from are then let go."""
+    w = read_codes(t) if codes else dequantize(t)
+    if isinstance(w, BlockTensor) and w.kind in ("Q4_1", "Q8_0", "Q5_0", "F16", "BF16"):
+        w = BlockTensor(w.kind, w.blocks.clone())  # kept as the file has them: copy
+    if arch == "llama" and t.name.endswith(("attn_q.weight", "attn_k.weight")):
+        heads = cfg.num_heads if "attn_q" in t.name else cfg.num_kv_heads
+        index = rope_unpermute_index(w.shape[0] if isinstance(w, torch.Tensor) else w.rows,
+                                     heads)
+        w = w[index] if isinstance(w, torch.Tensor) else w.take_rows(index)
+    if arch == "gemma3" and t.name.endswith("norm.weight"):
+        w = w - 1.0
+    release_pages(reader, t)
+    return w
+
+
+def release_pages(reader, t) -> None:
+    """Drop a tensor's pages of the memory-mapped file from this process (they stay in the
+    page cache): touched file pages count in RSS while mapped."""
+    import mmap
+
+    area = getattr(reader.data, "_mmap", None)
+    if area is None or not hasattr(mmap, "MADV_DONTNEED"):
+        return
+    page = mmap.PAGESIZE
+    start = int(t.data_offset) // page * page
+    end = min(len(area), -(-(int(t.data_offset) + int(t.n_bytes)) // page) * page)
+    if end > start:
+        area.madvise(mmap.MADV_DONTNEED, start, end - start)
+
+
+def keeps_codes(tensor, keep_codes: tuple[str, ...]) -> bool:
+    """A matrix of a kept type in whole blocks of 32 (F16 and BF16 may have any width)."""
+    return (tensor.tensor_type.name in keep_codes and len(tensor.shape) == 2
+            and int(tensor.shape[0]) % 32 == 0)
 
 
 def read_codes(tensor) -> BlockTensor:

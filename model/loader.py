@@ -4,17 +4,18 @@
 1. the source (`--model`: nothing for the default model, a short name such as
    `gemma-3-270m`, a GGUF file or a Hugging Face folder) is found or fetched
    (model/prepare.py `resolve_model_dir`);
-2. the weight format reads it as a checkpoint: a config and tensors under Hugging Face's
-   names (a folder's safetensors, a GGUF file dequantized to fp32, or for q4_1 the default
-   model's GGUF codes themselves);
+2. the weight format (`resolve_weights`: by default a GGUF file's own codes, a folder's
+   dense weights) reads it as a checkpoint: a config and tensors under Hugging Face's names
+   (a folder's safetensors, a GGUF file's codes in our kernels' forms or dequantized to
+   fp32, or for gguf on the default folder its Q4_1 GGUF's codes);
 3. the architecture of the config's `model_type` (model/registry.py) is built on the meta
    device and filled module by module from the checkpoint (model/checkpoint.py), each linear
    layer, the embedding and the LM head built by the weight format;
 4. the format finishes the model: device and dtype, our CPU kernels.
 
-The formats: "default" (`DenseWeights`, below: the checkpoint's weights in --dtype), "q4_1"
-(model/quantized.py) and "int8" (model/int8.py). `load_model`, `load_q4_1_model` and
-`load_int8_model` are this path for a given folder or file.
+The formats: "dense" (`DenseWeights`, below: the checkpoint's weights in --dtype), "gguf"
+(model/quantized.py; "q4_1" is its older name) and "int8" (model/int8.py). `load_model`,
+`load_q4_1_model` and `load_int8_model` are this path for a given folder or file.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from model.cpu_kernel import load_fused_ops
 from model.dense_linear import pack_model_linears
 from model.gguf_weights import BlockTensor
 from model.layers import BiasedLinear, Linear, use_fused_ops
+from model.memory import check_fits, give_back_freed_memory
 from model.registry import architecture
 
 log = logging.getLogger("nano_vllm.kernel")
@@ -40,7 +42,7 @@ load_log = logging.getLogger("nano_vllm.engine")
 CPU_KERNEL_DTYPES = (torch.float32, torch.bfloat16)
 MATMULS = ("auto", "torch")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-WEIGHTS = ("default", "q4_1", "int8")
+WEIGHTS = ("default", "gguf", "dense", "q4_1", "int8")  # q4_1: gguf's older name
 LM_HEADS = ("default", "q8_0")
 
 
@@ -172,17 +174,49 @@ class LoadedModel:
     path: Path  # the folder or GGUF file the source resolved to (its tokenizer is there)
 
 
-def weight_format(weights: str = "default", *, activations: str = "float32",
+def resolve_weights(weights: str, path: Path, *, device: str | None = None,
+                    dtype: str = "float32", lm_head: str = "default") -> str:
+    """The format `--weights` means for this model: "q4_1" is "gguf" by its older name;
+    "default" is "gguf" for a GGUF file run on the CPU in float32 where the kernels can run
+    (the file's own codes), else "dense"."""
+    if weights == "q4_1":
+        return "gguf"
+    if weights not in WEIGHTS:
+        raise ValueError(f"unknown weights {weights!r}; choose one of {', '.join(WEIGHTS)}")
+    if weights != "default":
+        return weights
+    if not path.is_file():
+        return "dense"
+    if dtype != "float32" or pick_device(device).type != "cpu" or lm_head != "default":
+        load_log.info("%s: dequantized to %s (--dtype / --device / --lm-head ask for dense "
+                      "weights)", path.name, dtype)
+        return "dense"
+    from model.quantized import QuantizedKernelUnavailable, quantized_kernels
+
+    try:
+        quantized_kernels()
+    except QuantizedKernelUnavailable as exc:
+        load_log.warning("%s: the file's own codes cannot run here (%s); dequantizing it "
+                         "to fp32, which takes about 4 bytes a weight", path.name, exc)
+        return "dense"
+    return "gguf"
+
+
+def weight_format(weights: str = "dense", *, activations: str = "float32",
                   device: str | None = None, dtype: str = "float32", fused_ops: bool = True,
                   matmul: str = "auto", lm_head: str = "default") -> WeightFormat:
-    """The weight format of `--weights` with the options it takes. q4_1 and int8 run on the
-    CPU in float32 (engine/config.py refuses --dtype / --device with them)."""
-    if weights == "default":
+    """The weight format of a resolved `--weights` (`resolve_weights`) with the options it
+    takes. gguf and int8 run on the CPU in float32 (engine/config.py refuses --dtype /
+    --device with them)."""
+    if weights == "dense":
+        if activations != "float32":
+            raise ValueError("--activations int8 multiplies quantized codes; the model's "
+                             "weights are dense here: drop --activations")
         return DenseWeights(pick_device(device), pick_dtype(dtype), fused_ops, matmul, lm_head)
     if lm_head != "default":
-        raise ValueError(f"--lm-head {lm_head} applies to the default weights; --weights "
+        raise ValueError(f"--lm-head {lm_head} applies to dense weights; --weights "
                          f"{weights} has its own LM head")
-    if weights == "q4_1":
+    if weights == "gguf":
         from model.quantized import Q4_1Weights
 
         return Q4_1Weights(activations=activations, fused_ops=fused_ops)
@@ -200,13 +234,20 @@ def load(source: str | None = None, *, weights: str = "default", activations: st
     be (None: the default model)."""
     from model.prepare import resolve_model_dir
 
-    fmt = weight_format(weights, activations=activations, device=device, dtype=dtype,
-                        fused_ops=fused_ops, matmul=matmul, lm_head=lm_head)
     path = resolve_model_dir(source)
+    resolved = resolve_weights(weights, path, device=device, dtype=dtype, lm_head=lm_head)
+    fmt = weight_format(resolved, activations=activations, device=device, dtype=dtype,
+                        fused_ops=fused_ops, matmul=matmul, lm_head=lm_head)
     load_log.info("loading %s on %s (%s, %s weights, %s activations)", path,
-                  pick_device(device) if weights == "default" else "cpu", dtype, weights,
+                  pick_device(device) if resolved == "dense" else "cpu", dtype, resolved,
                   activations)
-    return LoadedModel(load_path(path, fmt), path)
+    if resolved == "dense" and pick_device(device).type != "cpu":
+        model = load_path(path, fmt)
+    else:
+        check_fits(path, resolved, dtype)
+        model = load_path(path, fmt)
+        give_back_freed_memory()
+    return LoadedModel(model, path)
 
 
 def load_model(model_dir: str | Path, device: torch.device | str = "cpu",

@@ -16,12 +16,13 @@ from tests.conftest import missing
 
 
 def test_gemma3_270m_from_gguf_matches_transformers():
-    """Ours dequantized to fp32 and on the file's own codes (`--weights q4_1`)."""
+    """Ours dequantized to fp32 (`--weights dense`) and on the file's own codes (the
+    default)."""
     path = release_path("gemma-3-270m")
     if not path.is_file():
         missing(f"{path} (python3 -m model.gguf_source gemma-3-270m fetches it)")
     tokens, results = compare(path, prompt_tokens=600, new_tokens=3, chunk=256,
-                              weights=("default", "q4_1"))
+                              weights=("dense", "gguf"))
     print(f"greedy tokens: {tokens}")
     for weights, steps in results.items():
         for i, step in enumerate(steps):

@@ -70,6 +70,7 @@ from engine.snapshot import EngineSnapshot
 from engine.structured.compiler import GrammarCompiler
 from engine.structured.grammar import CompiledGrammar
 from engine.thread_choice import choose_threads
+from model.memory import describe_start_error
 from model.prepare import ModelPreparationError
 from model.quantized import QuantizedKernelUnavailable
 
@@ -303,8 +304,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = decode_config(args.config)
         engine = load_engine_loop(config, core_class_at(args.core))
-    except (ModelPreparationError, ValueError, QuantizedKernelUnavailable) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    except (ModelPreparationError, ValueError, QuantizedKernelUnavailable, MemoryError) as exc:
+        print(f"error: {describe_start_error(exc)}", file=sys.stderr)
         return 1
     if isinstance(engine.core, PagedEngineCore) and engine.core.runner.threads.watch:
         # The API process's CPU time is serving, not a neighbour taking our cores.

@@ -119,3 +119,71 @@ def write_tiny_gguf(path: Path, hf_model: torch.nn.Module, types: list[str],
     writer.write_tensors_to_file()
     writer.close()
     return written
+
+
+def write_sparse_gguf(path: Path, arch: str, fields: dict[str, int | float],
+                      tensors: list[tuple[str, tuple[int, int] | tuple[int], str]],
+                      tokenizer_from: Path | None = None) -> int:
+    """A GGUF file with real metadata and tensor headers whose data is all zeros and costs
+    no disk: the header is written, then the file is extended to its full size (a sparse
+    file). `tensors`: (GGUF name, shape [rows, cols] or [n], type); `tokenizer_from`: a GGUF
+    file whose tokenizer fields are copied. Returns the file's size."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFWriter
+
+    writer = GGUFWriter(str(path), arch)
+    for key, value in fields.items():
+        add = writer.add_uint32 if isinstance(value, int) else writer.add_float32
+        add(f"{arch}.{key}", value)
+    if tokenizer_from is None:
+        writer.add_uint32("tokenizer.ggml.eos_token_id", 0)
+    else:
+        for key, field in GGUFReader(str(tokenizer_from)).fields.items():
+            if key.startswith("tokenizer."):
+                writer.add_key_value(key, field.contents(), field.types[0],
+                                     field.types[1] if len(field.types) > 1 else None)
+    data_bytes = 0
+    for name, shape, kind in tensors:
+        qtype = GGMLQuantizationType[kind]
+        block, block_bytes = GGML_QUANT_SIZES[qtype]
+        byte_shape = (*shape[:-1], shape[-1] // block * block_bytes)
+        nbytes = int(np.prod(byte_shape))
+        dtype = np.float32 if kind == "F32" else np.uint8
+        writer.add_tensor_info(name, byte_shape if kind != "F32" else shape, np.dtype(dtype),
+                               nbytes, raw_dtype=qtype)
+        data_bytes += -(-nbytes // 32) * 32
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    writer.close()
+    start = -(-path.stat().st_size // 32) * 32
+    with path.open("r+b") as f:
+        f.truncate(start + data_bytes)
+    return start + data_bytes
+
+
+def qwen2_7b_tensors() -> tuple[dict[str, int | float], list]:
+    """Qwen2.5-7B's shapes (28 layers, hidden 3584, 28 heads on 4 K/V heads, FFN 18944, a
+    152,064-token vocabulary) typed as a Q4_K_M file types them."""
+    hidden, ffn, layers, vocab, head_dim, kv = 3584, 18944, 28, 152064, 128, 4
+    fields = {"context_length": 32768, "embedding_length": hidden, "block_count": layers,
+              "feed_forward_length": ffn, "attention.head_count": 28,
+              "attention.head_count_kv": kv, "attention.layer_norm_rms_epsilon": 1e-6,
+              "rope.freq_base": 1e6}
+    tensors: list = [("token_embd.weight", (vocab, hidden), "Q4_K"),
+                     ("output_norm.weight", (hidden,), "F32"),
+                     ("output.weight", (vocab, hidden), "Q6_K")]
+    for i in range(layers):
+        six = "Q6_K" if i % 2 == 0 else "Q4_K"  # half the layers' v and down, as Q4_K_M
+        tensors += [(f"blk.{i}.attn_norm.weight", (hidden,), "F32"),
+                    (f"blk.{i}.ffn_norm.weight", (hidden,), "F32"),
+                    (f"blk.{i}.attn_q.weight", (hidden, hidden), "Q4_K"),
+                    (f"blk.{i}.attn_q.bias", (hidden,), "F32"),
+                    (f"blk.{i}.attn_k.weight", (kv * head_dim, hidden), "Q4_K"),
+                    (f"blk.{i}.attn_k.bias", (kv * head_dim,), "F32"),
+                    (f"blk.{i}.attn_v.weight", (kv * head_dim, hidden), six),
+                    (f"blk.{i}.attn_v.bias", (kv * head_dim,), "F32"),
+                    (f"blk.{i}.attn_output.weight", (hidden, hidden), "Q4_K"),
+                    (f"blk.{i}.ffn_gate.weight", (ffn, hidden), "Q4_K"),
+                    (f"blk.{i}.ffn_up.weight", (ffn, hidden), "Q4_K"),
+                    (f"blk.{i}.ffn_down.weight", (hidden, ffn), six)]
+    return fields, tensors

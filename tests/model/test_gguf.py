@@ -15,10 +15,11 @@ import re
 import pytest
 import torch
 
+from model.dense_linear import PackedLinear
 from model.gguf_checkpoint import TENSOR_TYPES, GGUFError, read_gguf_checkpoint
 from model.gguf_header import read_tensor_extents
-from model.layers import causal_attention
-from model.loader import load_model, load_path
+from model.layers import Linear, causal_attention
+from model.loader import load_model
 from tests.conftest import LOGITS_ATOL
 from tests.model.gguf_files import write_tiny_gguf
 
@@ -140,8 +141,8 @@ def test_unsupported_architecture_and_tensor_type_are_named(llama_gguf, tmp_path
 
 
 # Two layers' matrices in state-dict order (q, k, v, o, gate, up, down), as Q4_K_M mixes
-# them: fused parts of one type, of types one form holds (Q5_0 + Q8_0 as Q8_0), of types none
-# does (Q4_K + Q6_K: dequantized), and types no kernel takes (F16, BF16).
+# them: fused parts of one type (Q5_0 q/k, gate/up), of types that share no form (Q5_0 +
+# Q8_0, Q4_K + Q6_K: a kernel each), and the 16-bit types.
 CODE_TYPES = ["Q5_0", "Q5_0", "Q8_0", "Q4_K", "Q4_1", "Q4_1", "Q6_K",
               "Q5_0", "Q5_0", "Q5_0", "Q6_K", "Q4_K", "Q6_K", "BF16", "F16"]
 
@@ -151,32 +152,45 @@ def codes_gguf(request, tmp_path_factory):
     return write_and_load(request.param, CODE_TYPES, tmp_path_factory)
 
 
-def test_weights_q4_1_runs_each_matrix_on_its_own_codes(codes_gguf):
-    """`--weights q4_1` on a GGUF file: every matrix a kernel takes stays in its codes (a
-    fused module in the form that holds all its parts), the others are dequantized; the
-    logits are transformers' within the same tolerance, since the weights are the same."""
-    from model.gguf_codes import KERNEL_TYPES
-    from model.quantized import Q4_1Weights, QuantizedKernelUnavailable, QuantizedLinear
+def check_on_codes(path, theirs, expected_forms: set[str]):
+    """By default a GGUF file runs every matrix on its own codes (no fp32 copy of any) and
+    gives transformers' logits within the same tolerance, since the weights are the same."""
+    from model.loader import load
+    from model.quantized import PartsLinear, QuantizedEmbedding, QuantizedLinear, quantized_kernels
 
-    path, _, theirs = codes_gguf
     try:
-        fmt = Q4_1Weights()
-    except QuantizedKernelUnavailable as exc:
+        quantized_kernels()
+    except Exception as exc:  # no AVX2 or no compiler: the default is then dense
         pytest.skip(str(exc))
-    ours = load_path(path, fmt)
-    kinds = {m.kind for m in ours.modules() if isinstance(m, QuantizedLinear)}
+    ours = load(str(path)).model
+    linears = [m for m in ours.modules() if isinstance(m, Linear | PackedLinear)]
+    forms = {m.kind for m in ours.modules() if isinstance(m, QuantizedLinear)}
     ids = torch.randint(0, WIDE["vocab_size"], (1, 40), generator=torch.Generator().manual_seed(1))
     expected = theirs(ids).logits[0]
     mine = ours(ids, torch.arange(40)[None], causal_attention)[0]
     diff = (mine - expected).abs().max().item()
-    print(f"{ours.cfg.model_type}, --weights q4_1: kernels {sorted(kinds)}, dequantized "
-          f"{fmt.dequantized}; max |diff| vs transformers = {diff:.2e}")
-    assert set(KERNEL_TYPES) <= kinds
-    first_two = [name for name in fmt.dequantized if name.startswith(("layers.0.", "layers.1."))]
-    assert first_two == ["layers.1.mlp.gate_up_proj", "layers.1.mlp.down_proj"]
+    parts = sum(isinstance(m, PartsLinear) for m in ours.modules())
+    print(f"{ours.cfg.model_type} on its codes: forms {sorted(forms)}, {parts} layers of "
+          f"parts; max |diff| vs transformers = {diff:.2e}")
+    assert not linears, "a matrix on fp32 weights"
+    assert expected_forms <= forms
+    assert isinstance(ours.embed_tokens, QuantizedEmbedding)
     assert expected.std() > 1.0
     assert diff < LOGITS_ATOL
-    if ours.cfg.model_type == "llama":  # the decode stack takes Q4_1 and Q8_0 layers only
+    return ours
+
+
+def test_a_gguf_file_runs_on_its_own_codes_by_default(codes_gguf):
+    path, _, theirs = codes_gguf
+    ours = check_on_codes(path, theirs, {"Q5_0", "Q8_0", "Q4_K", "Q4_1", "Q6_K", "BF16"})
+    if ours.cfg.model_type in ("llama", "qwen2"):  # the decode stack takes every form
         from model.decode_stack import unsupported
 
-        assert unsupported(ours) == "o_proj runs on the Q4_K kernel, which the stack lacks"
+        assert unsupported(ours) is None
+
+
+def test_every_tensor_type_runs_on_its_own_codes(tiny_gguf):
+    """Q4_0 runs in Q4_K's form, Q5_1 and Q5_K in Q5_K's."""
+    path, _, theirs = tiny_gguf
+    check_on_codes(path, theirs, {"Q8_0", "Q4_K", "Q4_1", "Q5_0", "Q5_K", "Q6_K", "F16",
+                                  "BF16"})

@@ -262,8 +262,15 @@ def test_cpu_without_vnni_or_avx2_gets_a_clear_error(monkeypatch, model_dir, cap
 
 
 def test_int8_activations_need_q4_1_weights():
-    with pytest.raises(ValueError, match="--weights q4_1"):
-        EngineConfig(activations="int8").validate()
+    """Refused with dense weights: at the flags where they are asked for, at load where the
+    default resolves to them (a folder)."""
+    from model.loader import weight_format
+
+    for weights in ("dense", "int8"):
+        with pytest.raises(ValueError, match="--weights gguf"):
+            EngineConfig(weights=weights, activations="int8").validate()
+    with pytest.raises(ValueError, match="drop --activations"):
+        weight_format("dense", activations="int8")
     with pytest.raises(ValueError, match="activations"):
         QuantizedLinear(random_blocks("Q8_0", 16, 32, 0), "int4")
     EngineConfig(weights="q4_1", activations="int8").validate()
