@@ -7,6 +7,7 @@
 #   benchmarks/llama_cpp.sh serve KIND PORT   run llama-server on KIND (f32|bf16|q4_1|gemma-3-270m)
 #   benchmarks/llama_cpp.sh bench [OUT]       for each kind: serve, benchmarks/bench.py, stop
 #   benchmarks/llama_cpp.sh path KIND         print the GGUF path of KIND
+#   benchmarks/llama_cpp.sh bin               print llama-server's path
 #
 # llama.cpp is the tree vendored in the llama-cpp-python sdist (vendor/llama.cpp, commit
 # 0c1e5709), fetched from PyPI with pip: no GitHub and no model hub needed. Everything is
@@ -44,7 +45,11 @@ gguf_path() {  # gguf_path KIND
     q4_1) echo "$MODELS/$MODEL_STEM-Q4_1.gguf" ;;
     # Gemma 3 270M's Q4_K_M file, as `server.py --model gemma-3-270m` fetched it.
     gemma-3-270m) echo "$CACHE/gemma-3-270m-q4_k_m.gguf" ;;
-    *) die "unknown model kind '$1' (f32, bf16, q4_1 or gemma-3-270m)" ;;
+    # Qwen2.5-Coder-0.5B-Instruct's official Q4_K_M file, as `--model qwen2.5-coder-0.5b`
+    # fetched it.
+    qwen2.5-coder-0.5b) echo "$CACHE/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf" ;;
+    *.gguf) echo "$1" ;;  # any GGUF file by its path
+    *) die "unknown model kind '$1' (f32, bf16, q4_1, gemma-3-270m, qwen2.5-coder-0.5b or a .gguf path)" ;;
   esac
 }
 
@@ -241,5 +246,6 @@ case ${1:-} in
   serve) shift; cmd_serve "$@" ;;
   bench) shift; cmd_bench "$@" ;;
   path) gguf_path "${2:?usage: $0 path f32|bf16|q4_1}" ;;
-  *) sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+  bin) echo "$BIN" ;;
+  *) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac

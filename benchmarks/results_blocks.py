@@ -13,6 +13,7 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
+from benchmarks.results_gguf import gguf_served
 from benchmarks.results_passages import (
     amx_30_users,
     bf16_without_amx_served,
@@ -40,6 +41,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "load-generator-share": load_generator_share,
     "vllm-intel": vllm_intel,
     "gemma-served": gemma_served,
+    "gguf-served": gguf_served,
     "int8act-served": int8act_served,
     "int8act-intel-served": int8act_intel_served,
     "bf16-without-amx-served": bf16_without_amx_served,
