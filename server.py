@@ -24,7 +24,7 @@ from engine.process.client import EngineProcessClient, EngineStartError
 from engine.process.loop import PAGED_CORE, core_class_at
 from model.memory import describe_start_error
 from model.prepare import MODEL_NAME, ModelPreparationError
-from model.quantized import QuantizedKernelUnavailable
+from model.weights.quantized import QuantizedKernelUnavailable
 
 
 def build_parser(description: str | None) -> argparse.ArgumentParser:

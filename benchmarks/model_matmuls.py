@@ -20,7 +20,7 @@ from model.dense_linear import PackedLinear
 HIDDEN, INTER, VOCAB, LAYERS = 576, 1536, 49152, 30
 QKV = 576 + 2 * 192
 SHAPES = [(HIDDEN, QKV), (HIDDEN, HIDDEN), (HIDDEN, 2 * INTER), (INTER, HIDDEN)]  # (K, N)
-# The GGUF's names for the same matmuls, in the same order (model/gguf_weights.py).
+# The GGUF's names for the same matmuls, in the same order (model/gguf/llama_codes.py).
 LAYER_PARTS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
 
 
@@ -55,9 +55,9 @@ def build(path: str, weights: list[torch.Tensor], **kw) -> list[Callable]:
 def q4_1_matmuls() -> tuple[list[Callable], int]:
     """The default model's own GGUF codes (Q4_1 layers, Q8_0 LM head) on our quantized
     kernel, in all_shapes()' order, and the bytes of their packed codes."""
-    from model.gguf_weights import read_gguf
+    from model.gguf.llama_codes import read_gguf
     from model.prepare import fetch_default_gguf
-    from model.quantized import QuantizedLinear
+    from model.weights.quantized import QuantizedLinear
 
     gguf = read_gguf(fetch_default_gguf())
     names = [f"layers.{i}.{p}" for i in range(gguf.num_layers) for p in LAYER_PARTS]

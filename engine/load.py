@@ -39,7 +39,7 @@ def load_engine_loop(config: EngineConfig,
 def load_model(config: EngineConfig) -> tuple[LlamaModel, PreTrainedTokenizerBase]:
     """The model `config` names (model/loader.py: found or prepared, in its --weights) and
     its tokenizer (with a --chat-template file's template)."""
-    from model.gguf_source import load_tokenizer
+    from model.gguf.source import load_tokenizer
     from model.loader import load
 
     loaded = load(config.model, weights=config.weights, activations=config.activations,

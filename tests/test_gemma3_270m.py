@@ -11,7 +11,7 @@ it and runs the same comparison with more steps), and skips elsewhere rather tha
 from __future__ import annotations
 
 from benchmarks.gemma3_gguf_check import TOLERANCE, compare
-from model.gguf_source import release_path
+from model.gguf.source import release_path
 from tests.conftest import missing
 
 
@@ -20,7 +20,7 @@ def test_gemma3_270m_from_gguf_matches_transformers():
     default)."""
     path = release_path("gemma-3-270m")
     if not path.is_file():
-        missing(f"{path} (python3 -m model.gguf_source gemma-3-270m fetches it)")
+        missing(f"{path} (python3 -m model.gguf.source gemma-3-270m fetches it)")
     tokens, results = compare(path, prompt_tokens=600, new_tokens=3, chunk=256,
                               weights=("dense", "gguf"))
     print(f"greedy tokens: {tokens}")

@@ -7,7 +7,7 @@ that one token, no call and finish_reason "stop". Here 20 requests at temperatur
 `required`, and one naming the function, must each answer with calls whose arguments
 validate.
 
-It needs the 469 MiB file in the cache (`python3 -m model.gguf_source
+It needs the 469 MiB file in the cache (`python3 -m model.gguf.source
 qwen2.5-coder-0.5b-instruct`, which .ci/run runs); elsewhere it skips, and under CI it fails.
 About 60 s, most of it the server's start.
 """
@@ -25,7 +25,7 @@ import jsonschema
 import pytest
 
 from benchmarks.live_server import LiveServer
-from model.gguf_source import release_path
+from model.gguf.source import release_path
 from tests.conftest import missing
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,7 +41,7 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 @pytest.fixture(scope="module")
 def qwen(tmp_path_factory) -> Iterator[str]:
     if not release_path(NAME).is_file():
-        missing(f"{release_path(NAME)} (python3 -m model.gguf_source {NAME} fetches it)")
+        missing(f"{release_path(NAME)} (python3 -m model.gguf.source {NAME} fetches it)")
     log = tmp_path_factory.mktemp("qwen") / "server.log"
     with LiveServer([sys.executable, "server.py", "--model", NAME, "--port", "{port}",
                      "--max-num-seqs", "20", "--kv-cache-memory", "256MiB"], log,

@@ -20,8 +20,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from benchmarks.studies.quant_accuracy import EVAL_TEXT, PROMPTS, logits_of
+from model.loader import load_q4_1_model
 from model.prepare import prepare_default_model
-from model.quantized import QuantizedLinear, load_q4_1_model
+from model.weights.quantized import QuantizedLinear
 
 TEST_PROMPTS = PROMPTS[:4]  # tests/conftest.py's, scored once more by the test
 

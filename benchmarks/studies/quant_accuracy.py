@@ -60,8 +60,7 @@ def perplexity(model: LlamaModel, ids: list[int]) -> float:
 
 
 def loaders() -> dict[str, Callable[[Path], LlamaModel]]:
-    from model.int8 import load_int8_model
-    from model.quantized import load_q4_1_model
+    from model.loader import load_int8_model, load_q4_1_model
 
     return {"q4_1": load_q4_1_model, "int8": load_int8_model}
 

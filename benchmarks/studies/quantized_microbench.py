@@ -18,10 +18,14 @@ from collections.abc import Callable
 import torch
 
 from benchmarks.model_matmuls import LAYER_PARTS
-from model.gguf_weights import read_gguf
-from model.int8 import int8_per_channel
+from model.gguf.llama_codes import read_gguf
 from model.prepare import fetch_default_gguf
-from model.quantized import QuantizedKernelUnavailable, QuantizedLinear, int8_activation_kernels
+from model.weights.int8 import int8_per_channel
+from model.weights.quantized import (
+    QuantizedKernelUnavailable,
+    QuantizedLinear,
+    int8_activation_kernels,
+)
 
 
 def timed_ms(run: Callable[[], None], repeats: int) -> tuple[float, float]:

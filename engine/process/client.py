@@ -92,7 +92,7 @@ class EngineProcessClient(EngineFront):
         """Start the core process (pinned to `cpus`, e.g. "0,1"; default all; its engine
         core the class at `core`, "module:Class") and wait until it has loaded the model;
         EngineStartError if it exits or takes too long."""
-        from model.gguf_source import load_tokenizer
+        from model.gguf.source import load_tokenizer
         from model.prepare import resolve_model_dir
 
         model_dir = resolve_model_dir(config.model)  # prepared here once, found by the core

@@ -72,7 +72,7 @@ from engine.structured.grammar import CompiledGrammar
 from engine.thread_choice import choose_threads
 from model.memory import describe_start_error
 from model.prepare import ModelPreparationError
-from model.quantized import QuantizedKernelUnavailable
+from model.weights.quantized import QuantizedKernelUnavailable
 
 log = logging.getLogger("nano_vllm.core")
 

@@ -380,7 +380,7 @@ def test_llama3_scaling_keeps_short_waves_shrinks_long_ones_and_blends_between()
 
 
 def test_int8_refuses_a_model_with_qkv_biases(tmp_path):
-    from model.int8 import load_int8_model
+    from model.loader import load_int8_model
 
     save_tiny("qwen2", tmp_path)
     with pytest.raises(ValueError, match="--weights int8 does not quantize qwen2"):

@@ -21,10 +21,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model.gguf_source import load_tokenizer, release_path
-from model.int8 import q8_0_blocks
+from model.gguf.source import load_tokenizer, release_path
 from model.loader import load_model
-from model.quantized import (
+from model.weights.int8 import q8_0_blocks
+from model.weights.quantized import (
     QuantizedEmbedding,
     QuantizedKernelUnavailable,
     QuantizedLinear,
@@ -40,7 +40,7 @@ GEMMA = release_path("gemma-3-270m")
 
 def gemma_or_skip() -> None:
     if not GEMMA.is_file():
-        missing(f"{GEMMA} (python3 -m model.gguf_source gemma-3-270m fetches it)")
+        missing(f"{GEMMA} (python3 -m model.gguf.source gemma-3-270m fetches it)")
 
 
 def kernel_or_skip() -> None:

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from model.dense_linear import PackedLinear
-from model.gguf_checkpoint import TENSOR_TYPES, GGUFError, read_gguf_checkpoint
-from model.gguf_header import read_tensor_extents
+from model.gguf.checkpoint import TENSOR_TYPES, GGUFError, read_gguf_checkpoint
+from model.gguf.header import read_tensor_extents
 from model.layers import Linear, causal_attention
 from model.loader import load_model
 from tests.conftest import LOGITS_ATOL
@@ -156,7 +156,12 @@ def check_on_codes(path, theirs, expected_forms: set[str]):
     """By default a GGUF file runs every matrix on its own codes (no fp32 copy of any) and
     gives transformers' logits within the same tolerance, since the weights are the same."""
     from model.loader import load
-    from model.quantized import PartsLinear, QuantizedEmbedding, QuantizedLinear, quantized_kernels
+    from model.weights.quantized import (
+        PartsLinear,
+        QuantizedEmbedding,
+        QuantizedLinear,
+        quantized_kernels,
+    )
 
     try:
         quantized_kernels()

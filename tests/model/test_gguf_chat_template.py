@@ -10,7 +10,7 @@ import pytest
 from api.errors import APIError
 from api.tokenization import render_chat
 from engine.load import use_chat_template
-from model.gguf_source import load_tokenizer, release_path
+from model.gguf.source import load_tokenizer, release_path
 from tests.conftest import missing
 
 HELLO = [{"role": "user", "content": "Hello"}]
@@ -19,7 +19,7 @@ HELLO = [{"role": "user", "content": "Hello"}]
 def tokenizer_of(name: str):
     path = release_path(name)
     if not path.is_file():
-        missing(f"{path} (python3 -m model.gguf_source {name} fetches it)")
+        missing(f"{path} (python3 -m model.gguf.source {name} fetches it)")
     return load_tokenizer(path)
 
 

@@ -1,4 +1,4 @@
-"""A GGUF file's codes in our kernels' forms (model/gguf_codes.py): the same weights as the
+"""A GGUF file's codes in our kernels' forms (model/gguf/codes.py): the same weights as the
 gguf package's dequantization, bit for bit, and the kernels on them against those weights."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from model.gguf_codes import KERNEL_TYPES, RAW_BYTES, WEIGHTS_PER_BLOCK, block_tensor, fuse
-from model.quantized import QuantizedLinear
+from model.gguf.codes import KERNEL_TYPES, RAW_BYTES, WEIGHTS_PER_BLOCK, block_tensor, fuse
+from model.weights.quantized import QuantizedLinear
 from tests.model.test_q4_1 import check_against_reference, kernel_or_skip
 
 torch.set_grad_enabled(False)

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from model import gguf_source, prepare
-from model.gguf_source import GGUFRelease, fetch_release
+from model import prepare
+from model.gguf import source as gguf_source
+from model.gguf.source import GGUFRelease, fetch_release
 from model.prepare import ModelPreparationError, resolve_model_dir
 
 PAYLOAD = bytes(range(256)) * 40  # the "model": 10,240 bytes cut into three slices

@@ -9,10 +9,10 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.studies.quant_accuracy import EVAL_TEXT
-from model.int8 import int8_per_channel, load_int8_model, quantize_model_int8
 from model.llama import LlamaModel, causal_attention
-from model.loader import load_model
-from model.quantized import QuantizedKernelUnavailable, quantized_kernels
+from model.loader import load_int8_model, load_model
+from model.weights.int8 import int8_per_channel, quantize_model_int8
+from model.weights.quantized import QuantizedKernelUnavailable, quantized_kernels
 from tests.conftest import PROMPTS
 
 torch.set_grad_enabled(False)

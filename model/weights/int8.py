@@ -3,7 +3,7 @@
 Quantized at load from the fp32 (or bf16, upcast) weights: w ≈ d_row * q with q in
 [-127, 127] and d_row = max |w_row| / 127. Unlike q4_1 this changes the model, so its
 accuracy is measured (benchmarks/studies/quant_accuracy.py). The matmuls run on the Q8_0 kernel of
-model/quantized.py, which takes a scale per 32 inputs: here each row repeats its one scale.
+model/weights/quantized.py, which takes a scale per 32 inputs: here each row repeats its one scale.
 Activations stay fp32.
 """
 
@@ -17,10 +17,10 @@ from torch import Tensor, nn
 from model.checkpoint import Checkpoint, read_checkpoint, replace, weight_units
 from model.config import ModelConfig
 from model.cpu_kernel import load_fused_ops
-from model.gguf_weights import BLOCK, BlockTensor
-from model.layers import Linear, use_fused_ops
+from model.layers import Linear, log_torch_pieces, use_fused_ops
 from model.llama import LlamaModel
-from model.quantized import QuantizedEmbedding, QuantizedLinear, quantized_kernels
+from model.weights.blocks import BLOCK, BlockTensor
+from model.weights.quantized import QuantizedEmbedding, QuantizedLinear, quantized_kernels
 
 SMALLEST_SCALE = 2.0**-14  # fp16's smallest normal number; the kernel reads fp16 scales
 
@@ -69,7 +69,7 @@ class Int8Weights:
         self.fused_ops = fused_ops
 
     def read(self, path: Path) -> Checkpoint:
-        from model.quantized import refuse_gguf_file
+        from model.weights.gguf_format import refuse_gguf_file
 
         refuse_gguf_file(path, "int8")
         return read_checkpoint(path)
@@ -97,8 +97,6 @@ class Int8Weights:
             model.embed_tokens = QuantizedEmbedding(blocks=int8_per_channel(embedding))
 
     def finish(self, model: nn.Module) -> nn.Module:
-        from model.loader import log_torch_pieces
-
         model = model.to(dtype=torch.float32).eval().requires_grad_(False)
         if self.fused_ops:
             use_fused_ops(model, load_fused_ops())
@@ -123,10 +121,3 @@ def quantize_model_int8(model: LlamaModel) -> None:
             replace(model, name, fmt.linear(name, module, [module.weight_t.t()], None))
     head = None if model.cfg.tie_word_embeddings else model.lm_head.weight_t.t()
     fmt.embedding_and_head(model, model.embed_tokens.weight, head)
-
-
-def load_int8_model(model_dir: str | Path) -> LlamaModel:
-    """`--weights int8`: a folder's model, each layer quantized to int8 as it is built."""
-    from model.loader import load_path
-
-    return load_path(Path(model_dir), Int8Weights())

@@ -1,7 +1,7 @@
-"""A GGUF file's own codes in the forms our quantized kernels take (model/quantized.py):
+"""A GGUF file's own codes in the forms our quantized kernels take (model/weights/quantized.py):
 every matrix of a quantized or 16-bit type runs on its own codes, exact to the fp32 model.
 
-The kernels take blocks of 32 weights along the input dim (model/gguf_weights.py
+The kernels take blocks of 32 weights along the input dim (model/weights/blocks.py
 BlockTensor). Q4_1, Q8_0 and Q5_0 are such blocks already and are kept as the file has them,
 F16 and BF16 as their values in blocks of 32. The others are rewritten here, once at load,
 with fp32 scales (llama.cpp's K-quants pack 256 weights a super-block under one fp16 scale
@@ -23,18 +23,15 @@ and 6- or 8-bit sub-scales):
   significant bits), so w is too.
 
 A fused module (q/k/v, gate/up) whose parts share a type is one matrix; parts of different
-types stay apart, each on its own kernel (model/quantized.py PartsLinear).
+types stay apart, each on its own kernel (model/weights/quantized.py PartsLinear).
 """
 
 from __future__ import annotations
 
-import logging
-from collections import Counter
-
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-from model.gguf_weights import BlockTensor
+from model.weights.blocks import BlockTensor
 
 # GGUF types that run on their own codes, and their bytes per GGUF block.
 RAW_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24, "Q8_0": 34, "Q4_K": 144,
@@ -153,28 +150,3 @@ def fuse(parts: list[BlockTensor]) -> BlockTensor | None:
     if len({p.kind for p in parts}) != 1:
         return None
     return BlockTensor.cat(parts)
-
-
-def report_and_pack(model: nn.Module, dequantized: list[str], types: dict[str, str]) -> None:
-    """Log what a GGUF file's matrices run on (the kernels by type, the dequantized modules
-    with the types they came from); pack the dequantized ones for our dense GEMM."""
-    from model.quantized import QuantizedLinear
-    from model.registry import architecture
-
-    log = logging.getLogger("nano_vllm.kernel")
-    kinds = Counter(m.kind for m in model.modules() if isinstance(m, QuantizedLinear))
-    log.info("--weights q4_1 on a %s GGUF: %s on their own codes", model.cfg.model_type,
-             ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())))
-    if not dequantized:
-        return
-    from model.dense_linear import pack_model_linears
-
-    arch = architecture(model.cfg.model_type)
-
-    def source(name: str) -> str:
-        parts = arch.checkpoint_modules(name, model.cfg)
-        return "/".join(types.get(f"{part}.weight", "?") for part in parts)
-
-    log.info("dequantized to fp32 (no exact kernel takes their types): %s",
-             ", ".join(f"{name} ({source(name)})" for name in dequantized))
-    pack_model_linears(model)

@@ -3,13 +3,13 @@ its tensors dequantized to fp32 (by the `gguf` package's reference code, as tran
 does) under Hugging Face's names, a checkpoint for model/checkpoint.py's walk.
 
 Everything that could fail is checked before a tensor is dequantized: from the header alone
-(model/gguf_header.py), every tensor's type and that its bytes lie inside the file (a
+(model/gguf/header.py), every tensor's type and that its bytes lie inside the file (a
 truncated download is refused by name, not read past its end); then the architecture and
 the shape fields.
 
 Two things llama.cpp's converter changes, undone here as transformers' GGUF loader does:
 - Llama-type models: the rows of Q and K are permuted for llama.cpp's interleaved RoPE
-  (model/gguf_weights.py `rope_unpermute_index` undoes it). Qwen2, Qwen3 and Gemma 3 use
+  (`rope_unpermute_index` below undoes it). Qwen2, Qwen3 and Gemma 3 use
   rotate-half RoPE in llama.cpp too, so theirs are stored as they are.
 - Gemma 3: every norm weight is stored with its + 1 added (llama.cpp multiplies by it
   directly); Hugging Face's (and our) Gemma norms multiply by (1 + weight), so 1 is taken off.
@@ -30,8 +30,8 @@ import numpy as np
 import torch
 
 from model.config import ModelConfig
-from model.gguf_header import HeaderError, read_tensor_extents
-from model.gguf_weights import BlockTensor, rope_unpermute_index
+from model.gguf.header import HeaderError, read_tensor_extents
+from model.weights.blocks import BlockTensor
 
 # general.architecture -> our model_type
 GGUF_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
@@ -53,6 +53,14 @@ GEMMA_LAYER_TENSORS = {**LAYER_TENSORS, "ffn_norm": "pre_feedforward_layernorm",
                        "post_ffw_norm": "post_feedforward_layernorm"}
 GLOBAL_TENSORS = {"token_embd": "model.embed_tokens", "output_norm": "model.norm",
                   "output": "lm_head"}
+
+
+def rope_unpermute_index(rows: int, num_heads: int) -> torch.Tensor:
+    """Row order that undoes llama.cpp's Q/K permutation (transformers'
+    `reverse_permute_weights`): our row (h, half, i) is GGUF row (h, i, half)."""
+    head_dim = rows // num_heads
+    gguf_rows = torch.arange(rows).reshape(num_heads, head_dim // 2, 2)
+    return gguf_rows.transpose(1, 2).reshape(rows)
 
 
 class GGUFError(ValueError):
@@ -230,7 +238,7 @@ class LazyTensors(dict):
 
 def read_gguf_checkpoint(path: str | Path, keep_codes: tuple[str, ...] = ()) -> GGUFCheckpoint:
     """Config and fp32 Hugging Face-named weights of a GGUF file; matrices of the types in
-    `keep_codes` stay in their codes instead, in our kernels' form (model/gguf_codes.py).
+    `keep_codes` stay in their codes instead, in our kernels' form (model/gguf/codes.py).
     The weights are read as the load takes them (`LazyTensors`)."""
     path = Path(path)
     reader = open_gguf(path)
@@ -294,7 +302,7 @@ def read_codes(tensor) -> BlockTensor:
     """A quantized tensor's blocks (a view of the memory map, or their kernel form)."""
     import warnings
 
-    from model.gguf_codes import block_tensor
+    from model.gguf.codes import block_tensor
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # "non-writable": we only read it
