@@ -21,45 +21,18 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # see benchmarks/__init__.py
 
 from benchmarks.live_server import LiveServer
-from benchmarks.results import JsonFile, Machine
+from benchmarks.results import Machine, ServedFileRun
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks" / "bench.py"
 LONG_PROMPTS = 3
 DEFAULT_BENCH = ["--users", "1", "30", "--max-tokens", "100", "--rounds", "2"]
-
-
-@dataclass
-class ServedFileRun(JsonFile):
-    """One server on one GGUF file in one turn: everything but bench.py's figures."""
-
-    label: str
-    machine: Machine
-    started_at: str
-    command: str
-    file: str
-    file_bytes: int
-    ready_s: float  # start to the first healthy /health
-    rss_bytes: int  # the server's processes together, after the load
-    ttft_long_ms: list[float]  # one per ~1,000-token prompt
-    long_prompt_tokens: int
-    startup_line: str  # what the server says it holds (weights, KV cache)
-
-    @classmethod
-    def from_dict(cls, raw: dict[str, Any]) -> ServedFileRun:
-        return cls(**{**raw, "machine": Machine(**raw["machine"])})
-
-    @property
-    def ttft_long_p50_ms(self) -> float:
-        return statistics.median(self.ttft_long_ms)
 
 
 def llama_server() -> Path:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import platform as host
+import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Self
@@ -390,3 +391,29 @@ class NeighbourRun(JsonFile):
     def step_ms(self, neighbour: str, batch: int, threads: str) -> float:
         return next(r.step_ms for r in self.rows
                     if (r.neighbour, r.batch, r.threads) == (neighbour, batch, threads))
+
+
+@dataclass
+class ServedFileRun(JsonFile):
+    """gguf_served.py: one server on one GGUF file in one turn, everything but bench.py's
+    figures."""
+
+    label: str
+    machine: Machine
+    started_at: str
+    command: str
+    file: str
+    file_bytes: int
+    ready_s: float  # start to the first healthy /health
+    rss_bytes: int  # the server's processes together, after the load
+    ttft_long_ms: list[float]  # one per ~1,000-token prompt
+    long_prompt_tokens: int
+    startup_line: str  # what the server says it holds (weights, KV cache)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> ServedFileRun:
+        return cls(**{**raw, "machine": Machine(**raw["machine"])})
+
+    @property
+    def ttft_long_p50_ms(self) -> float:
+        return statistics.median(self.ttft_long_ms)

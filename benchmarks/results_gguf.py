@@ -6,8 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from benchmarks.gguf_served import ServedFileRun
-from benchmarks.results import BenchRun
+from benchmarks.results import BenchRun, ServedFileRun
 from benchmarks.tables import markdown_table
 
 GGUF_FOLDER = "gguf-qwen2.5-coder-0.5b"

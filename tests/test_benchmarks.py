@@ -26,6 +26,7 @@ from benchmarks.results import (
     NeighbourRun,
     ProfileRun,
     RooflineRun,
+    ServedFileRun,
     ServedOverheadRun,
     SpecDecodeRun,
     StartupRun,
@@ -59,6 +60,8 @@ def result_kind(path: Path) -> type | None:
         return InterleavedRun
     if path.parent.name.startswith("startup"):
         return StartupRun
+    if path.stem.endswith("-served"):
+        return ServedFileRun
     if path.parent.name == "neighbour":
         return NeighbourRun
     return DashboardOverheadRun if path.parent.name == "dashboard" else BenchRun
