@@ -19,11 +19,11 @@ import resource
 from pathlib import Path
 
 GIB = 1024**3
-# Bytes a weight in each kernel form holds (model/gguf/llama_codes.py FORM_BYTES / 32), by the
-# GGUF type it comes from; F32 stays 4.
+# Bytes a weight in each kernel form holds (model/weights/blocks.py FORM_BYTES over the
+# weights of a unit), by the GGUF type it comes from; F32 stays 4.
 FORM_BYTES_PER_WEIGHT = {"F32": 4.0, "F16": 2.0, "BF16": 2.0, "Q8_0": 34 / 32,
-                         "Q4_0": 24 / 32, "Q4_1": 20 / 32, "Q5_0": 22 / 32, "Q5_1": 28 / 32,
-                         "Q4_K": 24 / 32, "Q5_K": 28 / 32, "Q6_K": 40 / 32}
+                         "Q4_0": 20 / 32, "Q4_1": 20 / 32, "Q5_0": 22 / 32, "Q5_1": 28 / 32,
+                         "Q4_K": 148 / 256, "Q5_K": 28 / 32, "Q6_K": 210 / 256}
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 

@@ -51,6 +51,7 @@ inline V int8s(const uint8_t* codes, int k) { return tofloat(i8s(codes + kLanes 
 // `nibbles`. Q4_1 and Q4_K are this, loaded from their own bytes.
 struct ScaleMinNibbles {
   static constexpr bool kScaled = true, kTwoScales = false, kHasMin = true;
+  static constexpr int64_t kUnit = 1;  // blocks of 32 per stored unit
   V d, m;
   const uint8_t* codes_;
   ScaleMinNibbles() = default;
@@ -74,6 +75,7 @@ struct Q4_1 : ScaleMinNibbles {
 
 struct Q8_0 {
   static constexpr int64_t kBytes = 544;
+  static constexpr int64_t kUnit = 1;
   static constexpr bool kScaled = true, kTwoScales = false, kHasMin = false;
   V d;
   const uint8_t* codes_;
@@ -97,6 +99,7 @@ struct Q8_0 {
 // Q4_1's. w = d * (q - 16): exact in fp32 (11 + 5 significant bits), as the GGUF reference.
 struct Q5_0 {
   static constexpr int64_t kBytes = 352;
+  static constexpr int64_t kUnit = 1;
   static constexpr bool kScaled = true, kTwoScales = false, kHasMin = true;
   V d;
   VI qh;
@@ -119,32 +122,45 @@ struct Q5_0 {
   inline V min() const { return vmul(d, vset1(-16.0f)); }  // exact
 };
 
-// A Q4_K sub-block of 32, 384 bytes: s[16] fp32, m[16] fp32, codes[16][16] as Q4_1's.
-// s = d * sc and m = -dmin * mn are exact in fp32 (11 + 6 significant bits, made at load), so
-// is s * q; w = s * q + m in one FMA is the one rounding of the GGUF reference's d * q - dm.
-struct Q4_K : ScaleMinNibbles {  // its s is the d of ScaleMinNibbles
-  static constexpr int64_t kBytes = 384;
+// Q4_K as the file has it, 2,368 bytes per super-block of 256 weights (8 blocks of 32):
+// d[16] and dmin[16] fp16, sc[8][16] and mn[8][16] (the 6-bit sub-scales and sub-mins as
+// bytes), codes[8][16][16] as Q4_1's. Block `sub` has s = d * sc and m = -dmin * mn, both exact
+// in fp32 (11 + 6 significant bits), so w = s * q + m is the GGUF reference's one rounding.
+struct Q4_K : ScaleMinNibbles {
+  static constexpr int64_t kBytes = 2368, kUnit = 8;
   Q4_K() = default;
-  explicit Q4_K(const uint8_t* p)
-      : ScaleMinNibbles(vload(reinterpret_cast<const float*>(p)),
-                        vload(reinterpret_cast<const float*>(p + 64)), p + 128) {}
+  Q4_K(const uint8_t* p, int64_t sub)
+      : ScaleMinNibbles(vmul(halves(p), tofloat(u8s(p + 64 + kLanes * sub))),
+                        vmul(halves(p + 32), tofloat(isub(iset1(0), u8s(p + 192 + kLanes * sub)))),
+                        p + 320 + 256 * sub) {}
 };
 
-// Two Q6_K sub-blocks of 16, 640 bytes: s0[16], s1[16] fp32 (weights 0-15, 16-31), then
-// codes[32][16] int8 (q - 32) as Q8_0's. s = d * sc is exact in fp32 (11 + 7 significant
-// bits), and so is s * q (+ 5 more): the GGUF reference's weight, with no rounding at all.
+// Q6_K as the file has it, 3,360 bytes per super-block of 256 weights: d[16] fp16,
+// sc[16][16] int8 (a sub-scale per 16 weights), then per block of 32 the low four bits of
+// each weight as Q4_1's code bytes (ql[8][16][16]) and the two high bits four to a byte
+// (qh[8][8][16]: byte j holds weights j, j + 8, j + 16, j + 24 at bits 0, 2, 4, 6). The code
+// q is 0..63, the weight (q - 32) * d * sc: d * sc is exact in fp32 (11 + 7 significant
+// bits), and so is its product with q - 32 (+ 6): the GGUF reference's weight, no rounding.
 struct Q6_K {
-  static constexpr int64_t kBytes = 640;
+  static constexpr int64_t kBytes = 3360, kUnit = 8;
   static constexpr bool kScaled = true, kTwoScales = true, kHasMin = false;
   V s0, s1;
-  const uint8_t* codes_;
+  const uint8_t* ql;
+  const uint8_t* qh;
   Q6_K() = default;
-  explicit Q6_K(const uint8_t* p)
-      : s0(vload(reinterpret_cast<const float*>(p))),
-        s1(vload(reinterpret_cast<const float*>(p + 64))), codes_(p + 128) {}
+  Q6_K(const uint8_t* p, int64_t sub)
+      : s0(vmul(halves(p), tofloat(i8s(p + 32 + kLanes * (2 * sub))))),
+        s1(vmul(halves(p), tofloat(i8s(p + 32 + kLanes * (2 * sub + 1))))),
+        ql(p + 288 + 256 * sub), qh(p + 2336 + 128 * sub) {}
   inline void codes(int j, V& lo, V& hi) const {
-    lo = int8s(codes_, j);
-    hi = int8s(codes_, j + 16);
+    const VI b = u8s(ql + kLanes * j);
+    const VI h = u8s(qh + kLanes * (j & 7));
+    const int shift = 2 * (j >> 3);  // weight j's two bits; weight j + 16's are 4 above
+    const VI thirty_two = iset1(32), top = iset1(0x30);
+    const VI h_lo = shift == 0 ? isll(h, 4) : isll(h, 2);
+    const VI h_hi = shift == 0 ? h : isrl(h, 2);
+    lo = tofloat(isub(ior(iand(b, iset1(0x0F)), iand(h_lo, top)), thirty_two));
+    hi = tofloat(isub(ior(isrli<4>(b), iand(h_hi, top)), thirty_two));
   }
   inline void pair(int j, V& lo, V& hi) const {
     codes(j, lo, hi);
@@ -156,12 +172,14 @@ struct Q6_K {
   inline V min() const { return vzero(); }
 };
 
+
 // A Q5_K sub-block of 32 (and Q5_1's block), 448 bytes: s[16] fp32, m[16] fp32, qh[16] uint32
 // (bit i: weight i's fifth bit, as Q5_0's), codes[16][16] as Q4_1's. s = d * sc and
 // m = -dmin * mn are exact in fp32 (made at load; Q5_1's d and m are fp16), so is s * q
 // (+ 5 bits); w = s * q + m in one FMA is the GGUF reference's one rounding.
 struct Q5_K {
   static constexpr int64_t kBytes = 448;
+  static constexpr int64_t kUnit = 1;
   static constexpr bool kScaled = true, kTwoScales = false, kHasMin = true;
   V s, m;
   VI qh;
@@ -189,6 +207,7 @@ struct Q5_K {
 // widen to fp32 exactly.
 struct F16 {
   static constexpr int64_t kBytes = 1024;
+  static constexpr int64_t kUnit = 1;
   static constexpr bool kScaled = false, kTwoScales = false, kHasMin = false;
   const uint8_t* w;
   F16() = default;
@@ -205,6 +224,7 @@ struct F16 {
 
 struct BF16 {
   static constexpr int64_t kBytes = 1024;
+  static constexpr int64_t kUnit = 1;
   static constexpr bool kScaled = false, kTwoScales = false, kHasMin = false;
   const uint8_t* w;
   BF16() = default;
@@ -219,16 +239,21 @@ struct BF16 {
   inline V min() const { return vzero(); }
 };
 
-// Block b of a group's codes, prefetching the one kAhead blocks on. Past the row's end that
+// Block b of a group's codes, prefetching about kAhead blocks on. Past the row's end that
 // is the start of the next group, which the thread reads next (or memory past the tensor:
-// a prefetch never faults).
+// a prefetch never faults). A format stored in units of several blocks (the K-quants'
+// super-blocks) finds block b's unit and its place in it.
 template <class Format>
 inline Format load_block(const uint8_t* group, int64_t b) {
-  const uint8_t* p = group + b * Format::kBytes;
-  for (int64_t line = 0; line < Format::kBytes; line += 64)
-    _mm_prefetch(reinterpret_cast<const char*>(p + kAhead * Format::kBytes + line),
-                 _MM_HINT_T0);
-  return Format(p);
+  constexpr int64_t per_block = Format::kBytes / Format::kUnit;
+  const uint8_t* ahead = group + (b + kAhead) * per_block;
+  for (int64_t line = 0; line < per_block; line += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(ahead + line), _MM_HINT_T0);
+  if constexpr (Format::kUnit == 1) {
+    return Format(group + b * Format::kBytes);
+  } else {
+    return Format(group + b / Format::kUnit * Format::kBytes, b % Format::kUnit);
+  }
 }
 
 // The first `valid` outputs of a group's 16, for each of `rows` rows of totals (`stride`
@@ -429,7 +454,7 @@ at::Tensor quantized_linear(const at::Tensor& x, const at::Tensor& packed, int64
                             const char* name) {
   TORCH_CHECK(x.dtype() == at::kFloat && x.dim() == 2 && x.is_contiguous(), name,
               ": x must be a contiguous float32 [rows, in] tensor");
-  quantized_checks::check_packed(x, packed, N, Format::kBytes, name);
+  quantized_checks::check_packed(x, packed, N, Format::kBytes, name, 32 * Format::kUnit);
   const int64_t M = x.size(0), K = x.size(1), groups = packed.size(0);
   auto y = at::empty({M, N}, x.options());
   if (M == 0) return y;

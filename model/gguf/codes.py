@@ -1,26 +1,25 @@
 """A GGUF file's own codes in the forms our quantized kernels take (model/weights/quantized.py):
 every matrix of a quantized or 16-bit type runs on its own codes, exact to the fp32 model.
 
-The kernels take blocks of 32 weights along the input dim (model/weights/blocks.py
-BlockTensor). Q4_1, Q8_0 and Q5_0 are such blocks already and are kept as the file has them,
-F16 and BF16 as their values in blocks of 32. The others are rewritten here, once at load,
-with fp32 scales (llama.cpp's K-quants pack 256 weights a super-block under one fp16 scale
-and 6- or 8-bit sub-scales):
+The kernels take units of weights along the input dim (model/weights/blocks.py BlockTensor).
+Q4_1, Q8_0 and Q5_0 are blocks of 32 already and are kept as the file has them, F16 and BF16
+as their values in blocks of 32. The others are rearranged here, once at load:
 
-- Q4_K (144 bytes per 256): fp16 d and dmin, eight 6-bit sub-scales sc and sub-mins mn, 4-bit
-  codes q; w = (d * sc) * q - (dmin * mn). As 24-byte blocks: s = d * sc and m = -dmin * mn in
-  fp32 (both exact: 11 + 6 significant bits), then 16 bytes of codes laid out as Q4_1's
-  (byte j: weight j low, weight j + 16 high). w = s * q + m, one rounding, as gguf computes.
-- Q4_0 (18 bytes per 32): fp16 d, 4-bit codes; w = d * (q - 8). As Q4_K's form with s = d and
-  m = -8 d: s * q + m = d * (q - 8) exactly, which fp32 holds.
-- Q5_K (176 bytes per 256): Q4_K's scales, 4-bit low codes and a fifth bit per weight. As
-  28-byte blocks: fp32 s and m, the 32 fifth bits as one uint32 (bit i: weight i), 16 bytes of
-  low codes as Q4_1's. w = s * q + m with q < 32, one rounding. Q5_1 (24 bytes per 32: fp16 d
-  and m, the same fifth bits and low codes) takes the same form with s = d.
+- Q4_K (144 bytes per 256): fp16 d and dmin, eight 6-bit sub-scales sc and sub-mins mn packed
+  in 12 bytes, 4-bit codes q; w = (d * sc) * q - (dmin * mn). Kept as 256-weight units of 148
+  bytes: d and dmin, sc and mn a byte each, each block's codes in Q4_1's byte order (byte j:
+  weight j low, weight j + 16 high). The kernel forms s = d * sc and m = -dmin * mn in fp32
+  (both exact: 11 + 6 significant bits), then w = s * q + m, one rounding, as gguf computes.
 - Q6_K (210 bytes per 256): fp16 d, sixteen int8 sub-scales (one per 16 weights), 6-bit codes
-  q - 32; w = (d * sc) * (q - 32). As 40-byte blocks: s0 and s1 = d * sc for the two halves
-  in fp32, then 32 int8 codes (q - 32). Every product is exact in fp32 (at most 11 + 7 + 5
-  significant bits), so w is too.
+  q; w = (d * sc) * (q - 32). Kept as 210-byte units: d, the sub-scales, each block's low
+  nibbles in Q4_1's order and its high two bits four to a byte. Every product is exact in fp32
+  (at most 11 + 7 + 6 significant bits), so w is too.
+- Q4_0 (18 bytes per 32): fp16 d, 4-bit codes; w = d * (q - 8). As Q4_1 with m = -8 d (exact
+  in fp16): d * q + m = d * (q - 8), one rounding of an exact value.
+- Q5_K (176 bytes per 256): Q4_K's scales, 4-bit low codes and a fifth bit per weight. As
+  28-byte blocks of 32: fp32 s and m, the 32 fifth bits as one uint32 (bit i: weight i), 16
+  bytes of low codes as Q4_1's. w = s * q + m with q < 32, one rounding. Q5_1 (24 bytes per
+  32: fp16 d and m, the same fifth bits and low codes) takes the same form with s = d.
 
 A fused module (q/k/v, gate/up) whose parts share a type is one matrix; parts of different
 types stay apart, each on its own kernel (model/weights/quantized.py PartsLinear).
@@ -57,33 +56,35 @@ def q4_k_sub_scales(scales: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def q4_k_blocks(raw: Tensor) -> BlockTensor:
-    """Q4_K super-blocks uint8 [rows, n, 144] -> 24-byte blocks of 32 [rows, 8 n, 24]."""
+    """Q4_K super-blocks uint8 [rows, n, 144] -> our Q4_K units [rows, n, 148]: the same d
+    and dmin, the eight 6-bit sub-scales and sub-mins a byte each, the codes of each block of
+    32 in Q4_1's byte order."""
     rows, n = raw.shape[:2]
-    d = raw[..., 0:2].contiguous().view(torch.float16).float()  # [rows, n, 1]
-    dmin = raw[..., 2:4].contiguous().view(torch.float16).float()
     sc, mn = q4_k_sub_scales(raw[..., 4:16])
-    s, m = d * sc.float(), -(dmin * mn.float())  # [rows, n, 8], exact
     qs = raw[..., 16:].reshape(rows, n, 4, 1, 32)
     q = torch.cat([qs & 0x0F, qs >> 4], dim=3).reshape(rows, n, 8, 32)  # sub-block 2c, 2c + 1
-    packed = q[..., :16] | (q[..., 16:] << 4)  # Q4_1's byte order
-    blocks = torch.cat([fp32_bytes(s.unsqueeze(-1)), fp32_bytes(m.unsqueeze(-1)), packed], -1)
-    return BlockTensor("Q4_K", blocks.reshape(rows, n * 8, 24))
+    packed = (q[..., :16] | (q[..., 16:] << 4)).reshape(rows, n, 128)
+    return BlockTensor("Q4_K", torch.cat([raw[..., 0:4], sc.to(torch.uint8),
+                                          mn.to(torch.uint8), packed], dim=-1))
 
 
 def q6_k_blocks(raw: Tensor) -> BlockTensor:
-    """Q6_K super-blocks uint8 [rows, n, 210] -> 40-byte blocks of 32 [rows, 8 n, 40]."""
+    """Q6_K super-blocks uint8 [rows, n, 210] -> our Q6_K units [rows, n, 210]: d, the
+    sixteen int8 sub-scales, then per block of 32 its low nibbles in Q4_1's byte order and its
+    high two bits four to a byte (byte j: weights j, j + 8, j + 16, j + 24)."""
     rows, n = raw.shape[:2]
     ql = raw[..., 0:128].reshape(rows, n, 2, 1, 64)
     qh = raw[..., 128:192].reshape(rows, n, 2, 1, 32)
-    sc = raw[..., 192:208].contiguous().view(torch.int8).float()  # [rows, n, 16]
-    d = raw[..., 208:210].contiguous().view(torch.float16).float()
     low = torch.cat([ql & 0x0F, ql >> 4], dim=3).reshape(rows, n, 2, 128)
     high = torch.cat([(qh >> shift) & 3 for shift in (0, 2, 4, 6)], dim=3).reshape(rows, n, 2,
                                                                                    128)
-    q = ((low | (high << 4)).to(torch.int16) - 32).to(torch.int8).reshape(rows, n, 8, 32)
-    s = (d * sc).reshape(rows, n, 8, 2)  # one per 16 weights, exact
-    blocks = torch.cat([fp32_bytes(s), q.view(torch.uint8)], dim=-1)
-    return BlockTensor("Q6_K", blocks.reshape(rows, n * 8, 40))
+    q = (low | (high << 4)).reshape(rows, n, 8, 32)  # 0..63, in weight order
+    nibbles = ((q[..., :16] & 0x0F) | ((q[..., 16:] & 0x0F) << 4)).reshape(rows, n, 128)
+    top = (q >> 4).reshape(rows, n, 8, 4, 8)  # [.., group of 8 weights, j]
+    twos = (top[..., 0, :] | (top[..., 1, :] << 2) | (top[..., 2, :] << 4)
+            | (top[..., 3, :] << 6)).reshape(rows, n, 64)
+    return BlockTensor("Q6_K", torch.cat([raw[..., 208:210], raw[..., 192:208], nibbles, twos],
+                                         dim=-1))
 
 
 def q5_k_blocks(raw: Tensor) -> BlockTensor:
@@ -119,10 +120,11 @@ def q5_1_blocks(raw: Tensor) -> BlockTensor:
 
 
 def q4_0_blocks(raw: Tensor) -> BlockTensor:
-    """Q4_0 blocks uint8 [rows, n, 18] (d, qs) -> Q4_K's form [rows, n, 24], m = -8 d."""
-    d = raw[..., 0:2].contiguous().view(torch.float16).float()
-    return BlockTensor("Q4_K", torch.cat([fp32_bytes(d), fp32_bytes(-8.0 * d), raw[..., 2:]],
-                                         dim=-1))
+    """Q4_0 blocks uint8 [rows, n, 18] (d, qs) -> Q4_1's form [rows, n, 20] with m = -8 d,
+    exact in fp16: d * q + m = d * (q - 8)."""
+    d = raw[..., 0:2].contiguous().view(torch.float16)
+    m = (-8.0 * d.float()).to(torch.float16).view(torch.uint8)
+    return BlockTensor("Q4_1", torch.cat([raw[..., 0:2], m, raw[..., 2:]], dim=-1))
 
 
 def block_tensor(kind: str, data: Tensor) -> BlockTensor:

@@ -35,22 +35,21 @@ from model.weights.quantized import (
 
 def refuse_gguf_file(path: Path, weights: str) -> None:
     if path.is_file():
-        raise ValueError(f"--weights {weights} quantizes a Hugging Face folder; a GGUF file is "
-                         "dequantized at load: drop --weights")
+        raise ValueError(f"--weights {weights} quantizes a Hugging Face folder; a GGUF file "
+                         "runs on its own codes: drop --weights")
 
 
 class GGUFWeights:
-    """`--weights q4_1` as a weight format (model/checkpoint.py).
+    """`--weights gguf` as a weight format (model/checkpoint.py).
+
+    On a GGUF file (any architecture): every matrix of a quantized or 16-bit type
+    (model/gguf/codes.py KERNEL_TYPES) runs on its own codes, a Q4_1 or Q8_0 one with
+    `activations`; only a matrix stored as F32 runs on fp32 weights (the log names it); the
+    embedding is looked up in its codes.
 
     On a folder: its config, the tensors of its GGUF (default: the default model's, fetched
-    once), each linear layer and the LM head on the GGUF's own codes (the layers' Q4_1
-    matmuls and the Q8_0 LM head take `activations`), the embedding read from
-    the head's codes.
-
-    On a GGUF file (any architecture): every matrix of a type our kernels take
-    (model/gguf/codes.py KERNEL_TYPES) runs on its own codes, the rest is dequantized to
-    fp32 as the default weights are (the log names which); a Q8_0 embedding is read from
-    its codes. Exact either way: the same weights, summed in another order."""
+    once), each linear layer and the LM head on the GGUF's own codes, the embedding read from
+    the head's codes. Exact either way: the same weights, summed in another order."""
 
     def __init__(self, activations: str = "float32", fused_ops: bool = True,
                  gguf_path: str | Path | None = None) -> None:
@@ -170,13 +169,13 @@ def quantize_model_q4_1(model: LlamaModel, gguf_path: str | Path,
 
 
 def report_and_pack(model: nn.Module, dequantized: list[str], types: dict[str, str]) -> None:
-    """Log what a GGUF file's matrices run on (the kernels by type, the dequantized modules
-    with the types they came from); pack the dequantized ones for our dense GEMM."""
+    """Log what a GGUF file's matrices run on (the kernels by form, the modules on fp32
+    weights with the types they came from); pack those for our dense GEMM."""
     from model.registry import architecture
 
     log = logging.getLogger("nano_vllm.kernel")
     kinds = Counter(m.kind for m in model.modules() if isinstance(m, QuantizedLinear))
-    log.info("--weights q4_1 on a %s GGUF: %s on their own codes", model.cfg.model_type,
+    log.info("a %s GGUF on its own codes: %s", model.cfg.model_type,
              ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())))
     if not dequantized:
         return
@@ -188,6 +187,6 @@ def report_and_pack(model: nn.Module, dequantized: list[str], types: dict[str, s
         parts = arch.checkpoint_modules(name, model.cfg)
         return "/".join(types.get(f"{part}.weight", "?") for part in parts)
 
-    log.info("dequantized to fp32 (no exact kernel takes their types): %s",
+    log.info("on fp32 weights (stored so, or mixing F32 with codes): %s",
              ", ".join(f"{name} ({source(name)})" for name in dequantized))
     pack_model_linears(model)

@@ -121,10 +121,12 @@ def interleave(field: Tensor, width: int) -> Tensor:
 FIELDS = {"Q4_1": [(0, 2), (2, 2), (4, 1)],  # d, m, 16 code bytes (j, j + 16)
           "Q8_0": [(0, 2), (2, 1)],  # d, 32 int8 codes
           "Q5_0": [(0, 2), (2, 4), (6, 1)],  # d, 32 fifth bits, 16 code bytes
-          "Q4_K": [(0, 4), (4, 4), (8, 1)],  # fp32 s and m, 16 code bytes
           "Q5_K": [(0, 4), (4, 4), (8, 4), (12, 1)],  # fp32 s and m, fifth bits, codes
-          "Q6_K": [(0, 4), (4, 4), (8, 1)],  # fp32 s0 and s1, 32 int8 codes
-          "F16": [(0, 2)], "BF16": [(0, 2)]}  # 32 values
+          "F16": [(0, 2)], "BF16": [(0, 2)],  # 32 values
+          # Units of 256: d, dmin, 8 sub-scales, 8 sub-mins, 8 x 16 code bytes.
+          "Q4_K": [(0, 2), (2, 2), (4, 1), (12, 1), (20, 1)],
+          # Units of 256: d, 16 sub-scales, 8 x 16 low-nibble bytes, 8 x 8 high-bit bytes.
+          "Q6_K": [(0, 2), (2, 1), (18, 1), (146, 1)]}
 
 
 def field_spans(kind: str, block_bytes: int, code_width: int = 1) -> list[tuple[int, int, int]]:

@@ -84,6 +84,6 @@ def test_fused_parts_share_a_form_or_stay_apart():
     same = fuse([parts["Q5_0"], parts["Q5_0"]])
     assert same is not None and same.kind == "Q5_0" and same.rows == 64
     assert torch.equal(same.dequantize(), torch.cat([parts["Q5_0"].dequantize()] * 2))
-    assert fuse([parts["Q4_0"], parts["Q4_K"]]).kind == "Q4_K"  # Q4_0 takes Q4_K's form
+    assert fuse([parts["Q4_0"], parts["Q4_1"]]).kind == "Q4_1"  # Q4_0 takes Q4_1's form
     for kinds in (("Q5_0", "Q5_0", "Q8_0"), ("Q4_K", "Q6_K"), ("Q4_K", "F16")):
         assert fuse([parts[k] for k in kinds]) is None, kinds
