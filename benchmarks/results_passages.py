@@ -9,6 +9,7 @@ import statistics
 from pathlib import Path
 
 from benchmarks.results import InterleavedRun, RooflineRun, ServedOverheadRun, StartupRun
+from benchmarks.results_gguf import turns as gguf_turns
 from benchmarks.results_page import anchor, level, level_by_order, ratio, run
 from benchmarks.results_sections import INTERLEAVED, LLAMA_KIND, ORDERS, turns_table
 from benchmarks.tables import markdown_table
@@ -123,6 +124,16 @@ def readme_rows(folder: Path) -> tuple[list[tuple[str, list[str]]], list[str]]:
     one_run_row("llama.cpp, same Gemma 3 270M GGUF", "the file's Q4_K_M codes (`--weights q4_1`)",
                 "gemma/nano-vllm-gemma-codes", "gemma/llama-cpp-gemma-3-270m",
                 results_link("one run", GEMMA_TITLE))
+    gguf = "gguf-qwen2.5-coder-0.5b"
+    turns = gguf_turns(folder / gguf)
+    one = statistics.median(level(folder, f"{gguf}/llama-cpp-{t}", 1).itl_p50_ms
+                            / level(folder, f"{gguf}/nano-vllm-{t}", 1).itl_p50_ms
+                            for t in turns)
+    thirty = statistics.median(ratio(folder, f"{gguf}/nano-vllm-{t}",
+                                     f"{gguf}/llama-cpp-{t}", 30) for t in turns)
+    add("llama.cpp, same Qwen2.5-Coder-0.5B Q4_K_M GGUF", "the file's codes (the default)", one,
+        f"{thirty:.2f}x", "[in turns](docs/gguf.md#against-llamacpp-on-the-same-file)",
+        *(f"{gguf}/{s}-{t}.json" for s in ("nano-vllm", "llama-cpp") for t in turns))
     for sub, title in (("vs-vllm", VLLM_TITLE), ("vs-vllm-intel", VLLM_INTEL_TITLE)):
         for p, k in (("fp32", "f32"), ("bf16", "bf16")):
             one_run_row("vLLM's CPU build", p, f"{sub}/nano-vllm-{p}", f"{sub}/vllm-cpu-{k}",
