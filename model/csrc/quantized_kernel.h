@@ -47,6 +47,14 @@ inline V int8s(const uint8_t* codes, int k) { return tofloat(i8s(codes + kLanes 
 // sum(x w) from the dequantized weights (`many_rows`). kScaled false: the codes are the
 // weights (F16, BF16); kHasMin false: m = 0.
 
+// The 5-bit codes of weights j and j + 16 of the group's 16 rows, as fp32: the low four bits as
+// `nibbles` reads them, the fifth from bit j (and j + 16) of each row's word qh (Q5_0, Q5_K).
+inline void fifth_bit_codes(const uint8_t* codes, VI qh, int j, V& lo, V& hi) {
+  const VI b = u8s(codes + kLanes * j);
+  lo = tofloat(with_bit4(iand(b, iset1(0x0F)), qh, j));
+  hi = tofloat(with_bit4(isrli<4>(b), qh, j + 16));
+}
+
 // The 4-bit formats with a scale and a min per row: w = d * q + m in one FMA, q a code of
 // `nibbles`. Q4_1 and Q4_K are this, loaded from their own bytes.
 struct ScaleMinNibbles {
@@ -108,9 +116,7 @@ struct Q5_0 {
   explicit Q5_0(const uint8_t* p) : d(halves(p)), qh(iload(p + 32)), codes_(p + 96) {}
   // q + 16 (0..31): the four low bits and the fifth.
   inline void codes(int j, V& lo, V& hi) const {
-    const VI b = u8s(codes_ + kLanes * j);
-    lo = tofloat(with_bit4(iand(b, iset1(0x0F)), qh, j));
-    hi = tofloat(with_bit4(isrli<4>(b), qh, j + 16));
+    fifth_bit_codes(codes_, qh, j, lo, hi);
   }
   inline void pair(int j, V& lo, V& hi) const {
     codes(j, lo, hi);
@@ -189,9 +195,7 @@ struct Q5_K {
       : s(vload(reinterpret_cast<const float*>(p))),
         m(vload(reinterpret_cast<const float*>(p + 64))), qh(iload(p + 128)), codes_(p + 192) {}
   inline void codes(int j, V& lo, V& hi) const {
-    const VI b = u8s(codes_ + kLanes * j);
-    lo = tofloat(with_bit4(iand(b, iset1(0x0F)), qh, j));
-    hi = tofloat(with_bit4(isrli<4>(b), qh, j + 16));
+    fifth_bit_codes(codes_, qh, j, lo, hi);
   }
   inline void pair(int j, V& lo, V& hi) const {
     codes(j, lo, hi);

@@ -115,46 +115,46 @@ bool use_avx512() {
               "quantized_linear: this CPU has neither AVX-512 nor AVX2 with FMA and F16C");
   return avx512;
 }
+
+using Kernel = at::Tensor (*)(const at::Tensor&, const at::Tensor&, int64_t);
+
+// The AVX-512 copy of a kernel or its AVX2 copy, as `use_avx512` says.
+at::Tensor pick(Kernel avx512, Kernel avx2, const at::Tensor& x, const at::Tensor& packed,
+                int64_t n) {
+  return (use_avx512() ? avx512 : avx2)(x, packed, n);
+}
 }  // namespace
 
 at::Tensor q4_1_linear(at::Tensor x, at::Tensor packed, int64_t out_features) {
-  return use_avx512() ? quantized_avx512::q4_1(x, packed, out_features)
-                      : quantized_avx2::q4_1(x, packed, out_features);
+  return pick(quantized_avx512::q4_1, quantized_avx2::q4_1, x, packed, out_features);
 }
 
 at::Tensor q8_0_linear(at::Tensor x, at::Tensor packed, int64_t out_features) {
-  return use_avx512() ? quantized_avx512::q8_0(x, packed, out_features)
-                      : quantized_avx2::q8_0(x, packed, out_features);
+  return pick(quantized_avx512::q8_0, quantized_avx2::q8_0, x, packed, out_features);
 }
 
 at::Tensor q5_0_linear(at::Tensor x, at::Tensor packed, int64_t out_features) {
-  return use_avx512() ? quantized_avx512::q5_0(x, packed, out_features)
-                      : quantized_avx2::q5_0(x, packed, out_features);
+  return pick(quantized_avx512::q5_0, quantized_avx2::q5_0, x, packed, out_features);
 }
 
 at::Tensor q4_k_linear(at::Tensor x, at::Tensor packed, int64_t out_features) {
-  return use_avx512() ? quantized_avx512::q4_k(x, packed, out_features)
-                      : quantized_avx2::q4_k(x, packed, out_features);
+  return pick(quantized_avx512::q4_k, quantized_avx2::q4_k, x, packed, out_features);
 }
 
 at::Tensor q6_k_linear(at::Tensor x, at::Tensor packed, int64_t out_features) {
-  return use_avx512() ? quantized_avx512::q6_k(x, packed, out_features)
-                      : quantized_avx2::q6_k(x, packed, out_features);
+  return pick(quantized_avx512::q6_k, quantized_avx2::q6_k, x, packed, out_features);
 }
 
 at::Tensor q5_k_linear(at::Tensor x, at::Tensor packed, int64_t out_features) {
-  return use_avx512() ? quantized_avx512::q5_k(x, packed, out_features)
-                      : quantized_avx2::q5_k(x, packed, out_features);
+  return pick(quantized_avx512::q5_k, quantized_avx2::q5_k, x, packed, out_features);
 }
 
 at::Tensor f16_linear(at::Tensor x, at::Tensor packed, int64_t out_features) {
-  return use_avx512() ? quantized_avx512::f16(x, packed, out_features)
-                      : quantized_avx2::f16(x, packed, out_features);
+  return pick(quantized_avx512::f16, quantized_avx2::f16, x, packed, out_features);
 }
 
 at::Tensor bf16_linear(at::Tensor x, at::Tensor packed, int64_t out_features) {
-  return use_avx512() ? quantized_avx512::bf16(x, packed, out_features)
-                      : quantized_avx2::bf16(x, packed, out_features);
+  return pick(quantized_avx512::bf16, quantized_avx2::bf16, x, packed, out_features);
 }
 
 void set_quantized_avx2(bool on) { g_force_avx2 = on; }
