@@ -19,11 +19,6 @@ import resource
 from pathlib import Path
 
 GIB = 1024**3
-# Bytes a weight in each kernel form holds (model/weights/blocks.py FORM_BYTES over the
-# weights of a unit), by the GGUF type it comes from; F32 stays 4.
-FORM_BYTES_PER_WEIGHT = {"F32": 4.0, "F16": 2.0, "BF16": 2.0, "Q8_0": 34 / 32,
-                         "Q4_0": 20 / 32, "Q4_1": 20 / 32, "Q5_0": 22 / 32, "Q5_1": 28 / 32,
-                         "Q4_K": 148 / 256, "Q5_K": 28 / 32, "Q6_K": 210 / 256}
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
@@ -76,7 +71,9 @@ def gguf_weights_bytes(path: Path, weights: str, dtype: str = "float32") -> int:
     arrays) will hold them, from its header alone."""
     from gguf import GGMLQuantizationType
 
+    from model.gguf.codes import FORM_OF, KERNEL_TYPES
     from model.gguf.header import read_tensor_extents
+    from model.weights.blocks import FORM_BYTES, UNIT_WEIGHTS
 
     total = 0.0
     for tensor in read_tensor_extents(path)[0]:
@@ -87,27 +84,24 @@ def gguf_weights_bytes(path: Path, weights: str, dtype: str = "float32") -> int:
             kind = GGMLQuantizationType(tensor.type_id).name
         except ValueError:
             kind = "F32"
-        if weights == "gguf" and len(tensor.dims) == 2 and kind in FORM_BYTES_PER_WEIGHT:
-            total += count * FORM_BYTES_PER_WEIGHT[kind]
+        if weights == "gguf" and len(tensor.dims) == 2 and kind in KERNEL_TYPES:
+            form = FORM_OF.get(kind, kind)
+            total += count * FORM_BYTES[form] / UNIT_WEIGHTS[form]
         else:
             total += count * DTYPE_BYTES.get(dtype, 4)
     return int(total)
 
 
 def folder_weights_bytes(path: Path, dtype: str = "float32") -> int:
-    """A Hugging Face folder's safetensors in --dtype (read from their headers)."""
-    import json
-    import struct
+    """A Hugging Face folder's safetensors in --dtype (their shapes, read without the data)."""
+    from safetensors import safe_open
 
     total = 0
     for file in path.glob("*.safetensors"):
-        with file.open("rb") as f:
-            (size,) = struct.unpack("<Q", f.read(8))
-            header = json.loads(f.read(size))
-        for name, entry in header.items():
-            if name != "__metadata__":
+        with safe_open(file, framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 (safe_open has no __iter__)
                 count = 1
-                for dim in entry["shape"]:
+                for dim in f.get_slice(name).get_shape():
                     count *= dim
                 total += count * DTYPE_BYTES.get(dtype, 4)
     return total

@@ -36,6 +36,8 @@ from model.weights.blocks import BlockTensor
 RAW_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24, "Q8_0": 34, "Q4_K": 144,
              "Q5_K": 176, "Q6_K": 210, "F16": 64, "BF16": 64}
 KERNEL_TYPES = tuple(RAW_BYTES)
+# The kernel form each type is held in (model/weights/blocks.py), where it is not its own.
+FORM_OF = {"Q4_0": "Q4_1", "Q5_1": "Q5_K"}
 SUPER = 256  # weights per K-quant super-block
 CHUNK_ROWS = 4096  # rows converted at a time
 WEIGHTS_PER_BLOCK = {kind: SUPER if kind.endswith("_K") else 32 for kind in RAW_BYTES}
