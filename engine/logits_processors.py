@@ -1,10 +1,12 @@
 """Logits processors: what a request's sampling parameters do to its logits before the
-sampler chooses (penalties, logit_bias, allowed_token_ids, a grammar's mask), and min_p.
+sampler chooses (penalties, logit_bias, allowed_token_ids, a grammar's mask, a thinking
+budget's forced end), and min_p.
 
 Each is applied to all the rows that ask for it at once, as tensors: per-row Python work is
 only gathering each request's token ids and its grammar's mask, never a loop over the vocab.
 Order, as in vLLM: allowed tokens, logit_bias, penalties, then the grammar's mask (a token
-the grammar forbids stays forbidden whatever the bias)."""
+the grammar forbids stays forbidden whatever the bias); last, a forced token is the only one
+left (engine/thinking.py: the end of a thinking span whose budget ran out)."""
 
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ def apply_logits_processors(logits: Tensor, requests: list[Request]) -> Tensor:
     sub = add_logit_bias(sub, [r.params.logit_bias for r in chosen])
     sub = apply_penalties(sub, chosen)
     sub = mask_grammar(sub, chosen)
+    sub = force_tokens(sub, [r.forced_token for r in chosen])
     out[rows] = sub
     return out
 
@@ -35,7 +38,8 @@ def apply_logits_processors(logits: Tensor, requests: list[Request]) -> Tensor:
 def changes_logits(request: Request) -> bool:
     p = request.params
     return (p.presence_penalty != 0 or p.frequency_penalty != 0 or p.repetition_penalty != 1
-            or bool(p.logit_bias) or p.allowed_token_ids is not None or p.has_grammar)
+            or bool(p.logit_bias) or p.allowed_token_ids is not None or p.has_grammar
+            or request.forced_token is not None)
 
 
 def mask_allowed_tokens(logits: Tensor, allowed: list[list[int] | None]) -> Tensor:
@@ -89,17 +93,36 @@ def apply_penalties(logits: Tensor, requests: list[Request]) -> Tensor:
 
 
 def mask_grammar(logits: Tensor, requests: list[Request]) -> Tensor:
-    """-inf on the tokens each constrained row's grammar forbids next."""
-    rows = [i for i, r in enumerate(requests) if r.grammar is not None]
+    """-inf on the tokens each constrained row's grammar forbids next (none inside a
+    thinking span; before the output starts, a thinking model's open tag is allowed too)."""
+    rows = [i for i, r in enumerate(requests) if r.grammar_applies]
     if not rows:
         return logits
     packed = np.stack([requests[i].grammar.allowed_bits() for i in rows])  # type: ignore[union-attr]
     allowed = np.unpackbits(packed, axis=1, bitorder="little").astype(bool)
+    for row, i in enumerate(rows):
+        thinking = requests[i].thinking
+        opening = None if thinking is None else thinking.may_open
+        if opening is not None and opening < allowed.shape[1]:
+            allowed[row, opening] = True
     vocab = logits.shape[-1]
     if allowed.shape[1] < vocab:  # a model vocab padded past the tokenizer's: never allowed
         allowed = np.pad(allowed, ((0, 0), (0, vocab - allowed.shape[1])))
     keep = torch.from_numpy(allowed[:, :vocab]).to(logits.device)
     logits[rows] = logits[rows].masked_fill(~keep, float("-inf"))
+    return logits
+
+
+def force_tokens(logits: Tensor, forced: list[int | None]) -> Tensor:
+    """In the rows that have a forced token, -inf on every other token (the forced one keeps
+    its logit, or 0 where an earlier mask had removed it)."""
+    rows = [i for i, token in enumerate(forced) if token is not None]
+    if not rows:
+        return logits
+    tokens = torch.tensor([forced[i] for i in rows], device=logits.device)
+    kept = logits[rows, tokens].nan_to_num(neginf=0.0)
+    logits[rows] = float("-inf")
+    logits[rows, tokens] = kept
     return logits
 
 

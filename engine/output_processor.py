@@ -55,6 +55,8 @@ class OutputProcessor:
         output.num_prompt_tokens = request.num_prompt_tokens
         output.num_output_tokens = request.num_output_tokens
         output.num_cached_tokens = request.num_cached_tokens
+        if request.thinking is not None:
+            output.reasoning_tokens = request.thinking.tokens
         if request.prompt_logprobs is not None and request_id not in self._prompt_logprobs_sent:
             output.prompt_logprobs = list(request.prompt_logprobs)
             self._prompt_logprobs_sent.add(request_id)

@@ -12,6 +12,7 @@ import torch
 
 from engine.logprobs import DEFAULT_LOGPROBS_MODE, LogprobsMode, TokenLogprobs
 from engine.structured.grammar import CompiledGrammar, GrammarState
+from engine.thinking import Phase, Thinking, ThinkingParams
 from kvcache.kv_cache_manager import SequenceBlocks
 
 # RequestOutput.error_code of requests the server could not finish; the API answers 503.
@@ -51,6 +52,8 @@ class SamplingParams:
     allowed_token_ids: list[int] | None = None  # None: all
     min_p: float = 0.0  # after temperature: drop tokens below min_p * the top probability
     grammar: CompiledGrammar | None = None  # structured output; each request gets a matcher
+    # A thinking model's tags, and a budget for its thinking (engine/thinking.py).
+    thinking: ThinkingParams | None = None
 
     @property
     def greedy(self) -> bool:
@@ -111,6 +114,7 @@ class RequestOutput:
     cumulative_logprob: float | None = None  # final output, when logprobs were kept
     timing: RequestTiming | None = None  # final output (a core process sends it with each: so far)
     stop_string: str | None = None  # final output: the stop string that ended it, if one did
+    reasoning_tokens: int = 0  # thinking tokens so far (engine/thinking.py), tags not counted
 
 
 @dataclass(eq=False)
@@ -152,11 +156,15 @@ class Request:
     # Where the output stands in params.grammar. Kept through a preemption: it depends only
     # on the output tokens, which a preempted request keeps.
     grammar: GrammarState | None = field(init=False, default=None)
+    # Where the output stands in its thinking, when the model thinks; kept as the grammar is.
+    thinking: Thinking | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.prompt_token_ids)
         if self.params.grammar is not None:
             self.grammar = self.params.grammar.matcher()
+        if self.params.thinking is not None:
+            self.thinking = Thinking(self.params.thinking)
         if self.params.prompt_logprobs is not None:
             self.prompt_logprobs = [None]
         if not self.params.greedy:
@@ -177,6 +185,17 @@ class Request:
     @property
     def num_output_tokens(self) -> int:
         return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def forced_token(self) -> int | None:
+        """The token the next sample must be: a thinking budget's forced end."""
+        return None if self.thinking is None else self.thinking.forced_token
+
+    @property
+    def grammar_applies(self) -> bool:
+        """Whether the grammar constrains the next token: not inside a thinking span."""
+        return self.grammar is not None and (self.thinking is None
+                                             or self.thinking.phase is not Phase.INSIDE)
 
     @property
     def group_id(self) -> str:
@@ -208,11 +227,13 @@ class Request:
 
         A stop token (EOS or stop_token_ids) ends the request only once min_tokens tokens came
         before it; it is kept in token_ids but is not part of the text. A finished grammar
-        allows only EOS, which then ends the request whatever min_tokens or ignore_eos say."""
+        allows only EOS, which then ends the request whatever min_tokens or ignore_eos say.
+        The grammar sees no token of a thinking span (engine/thinking.py)."""
         self.token_ids.append(token)
         if logprobs is not None:
             self.cumulative_logprob += logprobs.logprob
-        if self.grammar is not None and self.grammar.accept(token):
+        thought = self.thinking is not None and self.thinking.advance(token)
+        if self.grammar is not None and not thought and self.grammar.accept(token):
             return FinishReason.STOP
         p = self.params
         if self.num_output_tokens > p.min_tokens and (

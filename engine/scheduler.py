@@ -165,6 +165,8 @@ class Scheduler:
             return False
         # No drafts past max_tokens (the verified step adds one token of its own).
         room = min(request.params.max_tokens - request.num_output_tokens - 1, budget - 1)
+        if request.thinking is not None:  # nor past a thinking budget
+            room = min(room, request.thinking.draft_room())
         drafts = propose_ngram(request.token_ids, self.speculative, room)
         if not drafts:
             return False

@@ -97,7 +97,8 @@ def can_speculate(request: Request) -> bool:
     processed (penalties, logit_bias, min_p, a grammar: engine/logits_processors.py), which
     see one row at a time."""
     params = request.params
-    return params.logprobs is None and not params.needs_logits_processing
+    return (params.logprobs is None and not params.needs_logits_processing
+            and request.forced_token is None)
 
 
 MAX_DRAFT_PAUSE = 16  # steps
