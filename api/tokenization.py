@@ -17,6 +17,7 @@ from api.errors import APIError
 from api.openai.bodies import DetokenizeResponse, TokenizeResponse
 from api.openai.protocol import TOOL_RULES, ChatMessage, TemplateFields, ToolFields
 from api.protocol import NullFalse, RequestBody, TokenId, or_null
+from api.tools.formats import GENERIC, CallFormat
 from api.tools.plan import ToolPlan, tool_plan
 from api.tools.prompt import render_messages, template_renders_tools
 
@@ -46,11 +47,12 @@ def render_chat(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, Any
 
 def chat_prompt(tokenizer: PreTrainedTokenizerBase, messages: list[ChatMessage],
                 plan: ToolPlan | None, add_generation_prompt: bool = True,
-                variables: dict[str, Any] | None = None) -> str:
+                variables: dict[str, Any] | None = None, form: CallFormat = GENERIC) -> str:
     """The text a chat request runs: its messages (tool calls and results included) and the
     tools it offers, through the chat template, with the request's own template `variables`
-    (chat_template_kwargs; one the template does not use changes nothing)."""
-    rendered, tools = render_messages(messages, plan, template_renders_tools(tokenizer))
+    (chat_template_kwargs; one the template does not use changes nothing); calls in the
+    history written in `form` where the template does not render them itself."""
+    rendered, tools = render_messages(messages, plan, template_renders_tools(tokenizer), form)
     extra = {**(variables or {}), **({"tools": tools} if tools else {})}
     return render_chat(tokenizer, rendered, add_generation_prompt, **extra)
 
@@ -89,7 +91,9 @@ class DetokenizeRequest(RequestBody):
 
 
 class TokenizationServing:
-    def __init__(self, engine: EngineClient, accepted_model_names: set[str]) -> None:
+    def __init__(self, engine: EngineClient, accepted_model_names: set[str],
+                 form: CallFormat = GENERIC) -> None:
+        self.form = form  # the model's tool-call format, as chat renders history in it
         self.engine = engine
         self.tokenizer = engine.tokenizer
         self.accepted_model_names = accepted_model_names
@@ -106,7 +110,7 @@ class TokenizationServing:
         plan = body.tool_plan()
         if body.messages is not None:
             text = chat_prompt(self.tokenizer, body.messages, plan, body.add_generation_prompt,
-                               body.template_variables())
+                               body.template_variables(), self.form)
             add_special = bool(body.add_special_tokens)
         else:
             text, add_special = body.prompt, body.add_special_tokens is not False

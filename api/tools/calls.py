@@ -1,8 +1,9 @@
 """Reading tool calls back out of an answer the call grammar (api/tools/plan.py) produced.
 
-The grammar fixes every character outside the names and the arguments, so the answer is
-read by walking that structure, not searched: `scan` takes the text so far (complete or
-still streaming) and returns each call's name and as much of its arguments as has come.
+The grammar fixes every character outside the names and the arguments (in the model's
+format: api/tools/formats.py), so the calls are read by walking that structure, not
+searched: `scan` takes the calls' text so far (complete or still streaming) and returns each
+call's name and as much of its arguments as has come.
 The arguments' end is found by counting brackets outside JSON strings, so a streamed piece
 never has to be taken back: the pieces join into exactly the final arguments.
 """
@@ -13,7 +14,7 @@ import json
 import uuid
 from dataclasses import dataclass, field
 
-from api.tools.plan import ARGUMENTS_PREFIX, CALL_OPEN, CALL_SEPARATOR, CALL_SUFFIX, NAME_PREFIX
+from api.tools.formats import GENERIC, CallFormat
 
 
 @dataclass
@@ -32,14 +33,6 @@ class Scan:
     def complete(self) -> bool:
         """The text is whole calls (and nothing else)."""
         return self.valid and bool(self.calls) and all(c.complete for c in self.calls)
-
-
-def is_call_text(text: str) -> bool | None:
-    """Whether an answer under `auto` is calls (True) or free text (False); None while
-    nothing has come. Free text cannot start with the "<" every call starts with."""
-    if not text:
-        return None
-    return text.startswith(CALL_OPEN[0])
 
 
 def _expect(text: str, pos: int, literal: str) -> int | None:
@@ -74,18 +67,23 @@ def json_value_end(text: str, start: int) -> int | None:
     return None
 
 
-def scan(text: str) -> Scan:
-    """The calls in `text`, which should be calls in the grammar's format, maybe cut off."""
+def scan(text: str, form: CallFormat = GENERIC) -> Scan:
+    """The calls in `text`, which should be calls in `form`, maybe cut off."""
     result, pos = Scan(), 0
+    if form.prefix:  # it may come once, before the first call
+        after = _expect(text, 0, form.prefix)
+        if after == -1:
+            return result
+        pos = after or 0
     while pos < len(text):
         if result.calls:
-            after = _expect(text, pos, CALL_SEPARATOR)
+            after = _expect(text, pos, form.separator)
             if after is None or after == -1:
                 result.valid = after == -1
                 return result
             pos = after
         call = ScannedCall()
-        after = _expect(text, pos, NAME_PREFIX)
+        after = _expect(text, pos, form.opening)
         if after is None:
             result.valid = False
             return result
@@ -97,7 +95,7 @@ def scan(text: str) -> Scan:
             result.valid = text.startswith('"', after) or after == len(text)
             return result
         call.name = json.loads(text[after:end + 1])
-        after = _expect(text, end + 1, ARGUMENTS_PREFIX)
+        after = _expect(text, end + 1, form.before_arguments)
         if after is None or after == -1:
             result.valid = after == -1
             return result
@@ -105,7 +103,7 @@ def scan(text: str) -> Scan:
         call.arguments = text[after:args_end]
         if args_end is None:
             return result
-        after = _expect(text, args_end, CALL_SUFFIX)
+        after = _expect(text, args_end, form.ending)
         if after is None or after == -1:
             result.valid = after == -1
             return result
@@ -121,14 +119,19 @@ def new_call_id() -> str:
 class CallStream:
     """One streamed choice's tool calls: what has been sent of each so far."""
 
+    form: CallFormat = GENERIC
     ids: list[str] = field(default_factory=list)
     sent_arguments: list[int] = field(default_factory=list)  # characters sent, per call
 
+    def scanned(self, text: str) -> list[ScannedCall]:
+        """The calls in `text` (all of the calls' text so far)."""
+        return scan(text, self.form).calls
+
     def deltas(self, text: str) -> list[dict]:
-        """The delta.tool_calls entries that bring the client up to `text` (all of the answer
-        so far): a call's index, id, type and name first, then its arguments in pieces."""
+        """The delta.tool_calls entries that bring the client up to `text` (all of the calls'
+        text so far): a call's index, id, type and name first, then its arguments in pieces."""
         entries: list[dict] = []
-        for index, call in enumerate(scan(text).calls):
+        for index, call in enumerate(scan(text, self.form).calls):
             if call.name is None:
                 break
             if index == len(self.ids):

@@ -2,15 +2,12 @@
 ToolPlan (tools, tool_choice, parallel_tool_calls, or the legacy functions/function_call),
 with a 400 naming the field for anything malformed.
 
-A call is written as JSON inside tags, one per line:
-
-    <tool_call>{"name":"get_weather","arguments":{"city":"Paris"}}</tool_call>
-
-`required` and a named choice constrain the answer to such calls with a grammar
-(llguidance's lark, the arguments through its JSON-schema support); `auto` allows either
-free text (which cannot start with "<") or calls; `none` renders no tools and adds no
-grammar. Prompting and reading the answer back are api/tools/prompt.py's and
-api/tools/calls.py's.
+Calls are written in the model's own syntax (api/tools/formats.py). `required` and a named
+choice constrain the answer to such calls with a grammar (llguidance's lark, the arguments
+through its JSON-schema support, laid out as the format lays out JSON); `auto` allows free
+text too: before the calls where the format allows that (Hermes), else instead of them (free
+text then cannot start as a call does); `none` renders no tools and adds no grammar.
+Prompting and reading the answer back are api/tools/prompt.py's and api/tools/calls.py's.
 """
 
 from __future__ import annotations
@@ -25,18 +22,10 @@ from jsonschema import SchemaError
 from jsonschema.validators import validator_for
 
 from api.errors import APIError
+from api.tools.formats import GENERIC, CallFormat
 from engine.structured.grammar import GrammarKind, GrammarSpec
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")
-CALL_OPEN = "<tool_call>"
-CALL_CLOSE = "</tool_call>"
-CALL_SEPARATOR = "\n"
-# A call's text up to its arguments, and after them: the JSON is compact, its keys in order.
-NAME_PREFIX = CALL_OPEN + '{"name":'
-ARGUMENTS_PREFIX = ',"arguments":'
-CALL_SUFFIX = "}" + CALL_CLOSE
-# Free text under `auto` may not start like a call, so the first character tells them apart.
-TEXT_LEXEME = r"/[^<][\s\S]*/"
 
 Mode = Literal["none", "auto", "required", "named"]
 
@@ -75,32 +64,51 @@ class ToolPlan:
     def may_call(self) -> bool:
         return bool(self.callable)
 
-    def grammar_spec(self) -> GrammarSpec | None:
-        """The constraint on the answer; None under `none`."""
+    def grammar_spec(self, form: CallFormat = GENERIC) -> GrammarSpec | None:
+        """The constraint on the answer, calls written in `form`; None under `none`."""
         if not self.may_call:
             return None
-        return GrammarSpec(GrammarKind.LARK, call_grammar(self.callable, self.parallel,
-                                                          free_text=self.mode == "auto"),
-                           self.source)
+        return GrammarSpec(GrammarKind.LARK, call_grammar(
+            self.callable, self.parallel, free_text=self.mode == "auto", form=form),
+            self.source)
 
 
-def call_grammar(tools: list[FunctionTool], parallel: bool, free_text: bool) -> str:
-    """A lark grammar: one call (or several, one per line) to one of `tools`, or under
-    `free_text` also any text not starting with "<"."""
-    lines = ["start: calls | TEXT" if free_text else "start: calls",
-             f"calls: call ({json.dumps(CALL_SEPARATOR)} call)*" if parallel else "calls: call",
-             "call: " + " | ".join(f"call_{i}" for i in range(len(tools))),
-             # Rules of one literal each: where the tokenizer holds a tag as one token of its
-             # own (Qwen's <tool_call>), the grammar accepts that token too (grammar.py).
-             f"call_open: {json.dumps(CALL_OPEN)}", f"call_close: {json.dumps(CALL_CLOSE)}"]
+def free_text_lexeme(form: CallFormat) -> str:
+    """Free text under `auto`: anything without the call marker, where text may come first;
+    else anything not starting as a call does, so the first character tells them apart."""
+    if form.text_first:
+        marker = "".join(f"\\x{ord(c):02x}" if ord(c) < 128 else c for c in form.marker)
+        return rf"/(?s:.+)/ & ~/(?s:.*){marker}(?s:.*)/"
+    starts = "".join(sorted({form.marker[0], *form.prefix[:1]}))
+    return rf"/[^{re.escape(starts)}][\s\S]*/"
+
+
+def call_grammar(tools: list[FunctionTool], parallel: bool, free_text: bool,
+                 form: CallFormat = GENERIC) -> str:
+    """A lark grammar: one call (or several) to one of `tools` in `form`, or under
+    `free_text` also text (before the calls, or instead of them: free_text_lexeme)."""
+    separator = json.dumps(form.separator)
+    calls = f"call ({separator} call)*" if parallel else "call"
+    lines = [("start: TEXT | TEXT? calls" if form.text_first else "start: TEXT | calls")
+             if free_text else "start: calls",
+             f"calls: call_prefix? {calls}" if form.prefix else f"calls: {calls}",
+             "call: " + " | ".join(f"call_{i}" for i in range(len(tools)))]
+    # Rules of one literal each: where the tokenizer holds a tag as one token of its own
+    # (Qwen's <tool_call>, Llama's <|python_tag|>), the grammar accepts that token too.
+    tags = {"call_prefix": form.prefix, "call_open": form.open_tag, "call_close": form.close_tag}
+    lines += [f"{rule}: {json.dumps(text)}" for rule, text in tags.items() if text]
+    head = form.opening.removeprefix(form.open_tag)
+    tail = form.ending.removesuffix(form.close_tag)
     for i, tool in enumerate(tools):
-        head = NAME_PREFIX.removeprefix(CALL_OPEN) + json.dumps(tool.name) + ARGUMENTS_PREFIX
-        schema = {**tool.parameters, "x-guidance": {"whitespace_flexible": False}}
-        lines += [f"call_{i}: call_open {json.dumps(head)} args_{i} "
-                  f"{json.dumps(CALL_SUFFIX.removesuffix(CALL_CLOSE))} call_close",
-                  f"args_{i}: %json {json.dumps(schema)}"]
+        schema = {**tool.parameters, "x-guidance": {
+            "whitespace_flexible": False, "item_separator": form.item_separator,
+            "key_separator": form.key_separator}}
+        parts = ["call_open"] if form.open_tag else []
+        parts += [json.dumps(head + json.dumps(tool.name) + form.before_arguments), f"args_{i}",
+                  json.dumps(tail)] + (["call_close"] if form.close_tag else [])
+        lines += [f"call_{i}: {' '.join(parts)}", f"args_{i}: %json {json.dumps(schema)}"]
     if free_text:
-        lines.append(f"TEXT: {TEXT_LEXEME}")
+        lines.append(f"TEXT: {free_text_lexeme(form)}")
     return "\n".join(lines)
 
 

@@ -2,8 +2,9 @@
 
 A template that renders tools itself (it refers to `tools`) gets them, and the history's
 calls and results, in Hugging Face's conventions. Any other template gets a generic format:
-the tools and how to call them in the system turn, each earlier call as the assistant's
-`<tool_call>` lines, each tool result as a user turn in `<tool_response>` tags. Under
+the tools and how to call them in the system turn, each earlier call as the assistant wrote
+it (in the call format: api/tools/formats.py), each tool result as a user turn in
+`<tool_response>` tags. Under
 tool_choice "none" no tools are shown.
 """
 
@@ -13,14 +14,15 @@ import json
 from typing import Any
 
 from api.errors import APIError
-from api.tools.plan import CALL_CLOSE, CALL_OPEN, CALL_SEPARATOR, ToolPlan
+from api.tools.formats import GENERIC, CallFormat
+from api.tools.plan import ToolPlan
 
 INSTRUCTIONS = """You can call these tools (functions), each given as a JSON schema:
 <tools>
 {tools}
 </tools>
-To call a tool, answer with one line per call, each a JSON object inside tags:
-<tool_call>{{"name":"<the tool's name>","arguments":{{<the arguments as JSON>}}}}</tool_call>"""
+To call a tool, answer with a JSON object per call, written like this:
+{example}"""
 MUST_CALL = "Answer with a tool call."
 MUST_CALL_NAMED = "Answer with a call to the tool {name}."
 ONE_CALL = "Call at most one tool."
@@ -99,10 +101,10 @@ def history_calls(messages: list[Any]) -> list[dict[str, Any]]:
     return decoded
 
 
-def render_messages(messages: list[Any], plan: ToolPlan | None,
-                    native: bool) -> tuple[list[dict[str, Any]], list[dict] | None]:
+def render_messages(messages: list[Any], plan: ToolPlan | None, native: bool,
+                    form: CallFormat = GENERIC) -> tuple[list[dict[str, Any]], list[dict] | None]:
     """The messages for the template, and the tools to pass it (`native`: the template
-    renders tools itself; otherwise they go in the system turn)."""
+    renders tools itself; otherwise they go in the system turn, calls written in `form`)."""
     messages = legacy_as_tools(messages)
     calls = {c["id"]: c for c in history_calls(messages)}
     rendered: list[dict[str, Any]] = []
@@ -124,11 +126,11 @@ def render_messages(messages: list[Any], plan: ToolPlan | None,
                     "content": f"<tool_response>{json.dumps(response)}</tool_response>"}
         else:
             lines = [text] if text else []
-            for c in message.tool_calls or []:
-                call = {"name": calls[c["id"]]["name"],
-                        "arguments": calls[c["id"]]["arguments"]}
-                lines.append(CALL_OPEN + json.dumps(call, separators=(",", ":")) + CALL_CLOSE)
-            item = {"role": role, "content": CALL_SEPARATOR.join(lines)}
+            written = [form.render(calls[c["id"]]["name"], calls[c["id"]]["arguments"])
+                       for c in message.tool_calls or []]
+            if written:
+                lines.append(form.prefix + form.separator.join(written))
+            item = {"role": role, "content": "\n".join(lines)}
         if message.name is not None:
             item["name"] = message.name
         rendered.append(item)
@@ -136,14 +138,16 @@ def render_messages(messages: list[Any], plan: ToolPlan | None,
         return rendered, None
     if native:
         return rendered, [{"type": "function", "function": t.as_json()} for t in plan.tools]
-    return with_tool_instructions(rendered, plan), None
+    return with_tool_instructions(rendered, plan, form), None
 
 
-def with_tool_instructions(messages: list[dict[str, Any]],
-                           plan: ToolPlan) -> list[dict[str, Any]]:
+def with_tool_instructions(messages: list[dict[str, Any]], plan: ToolPlan,
+                           form: CallFormat = GENERIC) -> list[dict[str, Any]]:
     """The messages with the tools and the call format in the system turn (added first,
     or after the system message there is)."""
-    parts = [INSTRUCTIONS.format(tools="\n".join(json.dumps(t.as_json()) for t in plan.tools))]
+    example = form.render("<the tool's name>", "{<the arguments as JSON>}")
+    parts = [INSTRUCTIONS.format(tools="\n".join(json.dumps(t.as_json()) for t in plan.tools),
+                                 example=example)]
     if plan.chosen is not None:
         parts.append(MUST_CALL_NAMED.format(name=plan.chosen.name))
     elif plan.mode == "required":

@@ -204,8 +204,11 @@ def test_a_tag_the_tokenizer_holds_as_one_token_is_accepted_as_that_token(tokeni
     of one literal now take the token too; the text's tokens still work."""
     import copy
 
-    from api.tools.plan import CALL_CLOSE, CALL_OPEN, FunctionTool, call_grammar
+    from api.tools.formats import GENERIC
+    from api.tools.plan import FunctionTool, call_grammar
     from engine.structured.grammar import with_special_tokens
+
+    CALL_OPEN, CALL_CLOSE = GENERIC.open_tag, GENERIC.close_tag
 
     tagged = copy.deepcopy(tokenizer)
     tagged.add_tokens([CALL_OPEN, CALL_CLOSE])  # not special: they decode to their text
