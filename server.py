@@ -13,7 +13,8 @@ from typing import Any
 
 import uvicorn
 
-from api import lifecycle, limits
+from api import answer, lifecycle, limits
+from api.answer import ChatFormat
 from api.app import create_app
 from api.engine_client import ServedEngine
 from api.security import AccessConfig
@@ -45,6 +46,7 @@ def build_parser(description: str | None) -> argparse.ArgumentParser:
                              "(default: every CPU the server may use)")
     AccessConfig.add_cli_args(parser)
     limits.add_cli_args(parser)
+    answer.add_cli_args(parser)
     lifecycle.add_cli_args(parser)
     return parser
 
@@ -54,10 +56,10 @@ RESPONSE_GRACE_SECONDS = 10
 
 
 def serve(engine: ServedEngine, args: argparse.Namespace, model_name: str,
-          access: AccessConfig) -> int:
+          access: AccessConfig, chat_format: ChatFormat | None = None) -> int:
     """Serve until SIGTERM/SIGINT (drained, then 0) or an engine failure; the exit status."""
     app = create_app(engine, model_name, access, engine.config.grammar_compile_timeout,
-                     args.max_request_bytes, engine.config.accept_unknown_fields)
+                     args.max_request_bytes, engine.config.accept_unknown_fields, chat_format)
     server = lifecycle.ServingProcess(
         uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
                        timeout_graceful_shutdown=RESPONSE_GRACE_SECONDS),
@@ -103,8 +105,11 @@ def run_server(description: str | None, title: str = "nano-vLLM", core: str = PA
         config = replace(EngineConfig.from_args(args), **(fixed or {}))
         access = AccessConfig.from_args(args)
         limits.check_max_request_bytes(args.max_request_bytes)
+        if args.thinking_token_budget is not None and args.thinking_token_budget < 0:
+            raise ValueError("--thinking-token-budget cannot be negative")
         with stop_signals_interrupt(stopped_by):
             engine = build_engine(config, args, core)
+        chat_format = answer.chat_format_from_args(args, engine.tokenizer)
     except (ModelPreparationError, ValueError, QuantizedKernelUnavailable,
             EngineStartError, MemoryError) as exc:
         print(f"error: {describe_start_error(exc)}", file=sys.stderr)
@@ -113,9 +118,9 @@ def run_server(description: str | None, title: str = "nano-vLLM", core: str = PA
         signum = stopped_by.get("signal", signal.SIGINT)
         print(f"stopped while starting ({signal.Signals(signum).name})", file=sys.stderr)
         return 0 if signum == signal.SIGTERM else 128 + signum
-    print(f"{title}: {served_name(args)} on {engine.describe()}; "
+    print(f"{title}: {served_name(args)} on {engine.describe()}; {chat_format.describe()}; "
           f"serving on http://{args.host}:{args.port}/v1", flush=True)
-    return serve(engine, args, served_name(args), access)
+    return serve(engine, args, served_name(args), access, chat_format)
 
 
 @contextmanager

@@ -23,6 +23,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from api.answer import ChatFormat
 from api.dashboard.routes import dashboard_router
 from api.engine_client import EngineClient
 from api.errors import APIError, describe_validation_error, error_response
@@ -88,10 +89,12 @@ def install_error_handlers(app: FastAPI) -> None:
 def create_app(engine: EngineClient, model_name: str, access: AccessConfig | None = None,
                grammar_timeout: float = DEFAULT_COMPILE_TIMEOUT_S,
                max_request_bytes: int | None = None,
-               accept_unknown_fields: bool = False) -> FastAPI:
+               accept_unknown_fields: bool = False,
+               chat_format: ChatFormat | None = None) -> FastAPI:
     """The app; structured outputs' grammars must compile within `grammar_timeout` s, a
     body over `max_request_bytes` is a 413 (None: api/limits.py's default for this engine),
-    and a request field no API defines is a 400 unless `accept_unknown_fields`."""
+    a request field no API defines is a 400 unless `accept_unknown_fields`, and the model
+    thinks and calls tools as `chat_format` says (None: as its chat template shows)."""
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -117,12 +120,14 @@ def create_app(engine: EngineClient, model_name: str, access: AccessConfig | Non
     install_error_handlers(app)
     grammars = GrammarCompiler(engine.tokenizer, grammar_timeout)  # one cache for both
     arrivals = Arrivals()  # requests being checked, for every endpoint (engine/arrivals.py)
-    shared = (grammars, bound, arrivals, accept_unknown_fields)
+    chat_format = chat_format or ChatFormat.of(engine.tokenizer)
+    shared = (grammars, bound, arrivals, accept_unknown_fields, chat_format)
     completion_serving = CompletionServing(engine, model_name, *shared)
     chat_serving = ChatServing(engine, model_name, *shared)
     responses_serving = ResponsesServing(engine, model_name, *shared)
     messages_serving = MessagesServing(engine, model_name, *shared)
-    tokenization = TokenizationServing(engine, completion_serving.accepted_model_names)
+    tokenization = TokenizationServing(engine, completion_serving.accepted_model_names,
+                                       chat_format.calls)
     guarded = guard(app)
     probe = guard(app, guarded=bool(access and access.protect_health_metrics))
     auth = (401,) if guarded else ()  # documented only where a key is asked for

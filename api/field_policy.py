@@ -181,8 +181,12 @@ CHAT_FIELDS: dict[str, FieldRule] = {
     "moderation": refused("No moderation is run."),
     "modalities": refused("Only text is generated.", Origin.OPENAI, ["text"], []),
     "audio": refused("Only text is generated."),
-    "reasoning_effort": refused("The model does not reason before answering.", Origin.OPENAI,
-                                "", "none"),
+    "reasoning_effort": done("none or minimal: no thinking (the chat template's "
+                             "enable_thinking: false); other values leave a thinking model's "
+                             "thinking on. No effect on a model that does not think."),
+    "thinking_token_budget": done("Thinking tokens at most; then the server ends the thinking "
+                                  "and the answer follows. No effect on a model that does not "
+                                  "think.", V),
     "web_search_options": refused("Web search is not offered."),
     "echo": refused("Not offered on chat; /v1/completions echoes its prompt.", V),
     "add_generation_prompt": refused("The assistant's turn is always opened.", V, True),
@@ -224,8 +228,9 @@ RESPONSE_FIELDS: dict[str, FieldRule] = {
                        "results)."),
     "top_logprobs": refused("Logprobs are not offered here; /v1/chat/completions has them.",
                             Origin.OPENAI, 0),
-    "reasoning": refused("The model does not reason before answering.", Origin.OPENAI,
-                         {}, {"effort": None}, {"effort": "none"}),
+    "reasoning": done("effort none or minimal: no thinking; other values leave a thinking "
+                      "model's thinking on (its reasoning comes as a reasoning item). summary "
+                      "has no effect: the reasoning is given whole."),
     "truncation": refused("Input is never truncated; too long an input is a 400.",
                           Origin.OPENAI, "disabled"),
     "context_management": refused("Context compaction is not offered."),
@@ -257,8 +262,9 @@ MESSAGES_PROMPT: dict[str, FieldRule] = {
     "user_profile_id": no_effect("Nothing is attributed or billed here.", A),
     "workspace_id": no_effect("There are no workspaces; the API key alone decides access.",
                               A),
-    "thinking": refused("The model does not think before answering.", A,
-                        {"type": "disabled"}),
+    "thinking": done("enabled (budget_tokens: thinking tokens at most), adaptive, or "
+                     "disabled: a thinking model's thinking on, on, or off (its reasoning comes "
+                     "as thinking blocks). No effect on a model that does not think.", A),
     "output_config": refused("Neither structured outputs (format) nor effort levels are "
                              "offered here; /v1/chat/completions takes response_format.", A),
     "output_format": refused("Structured outputs are not offered here; "

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from api.openai.bodies import Timing, Usage
+from api.thinking import PromptThinking
 from engine.logprobs import TokenLogprobs
 from engine.request import RequestOutput
 
@@ -21,6 +22,8 @@ from engine.request import RequestOutput
 class Prompt:
     token_ids: list[int]
     text: str | None = None  # as sent; None when sent as token ids
+    # How the rendered chat prompt leaves a thinking model's span (api/thinking.py).
+    thinking: PromptThinking = "free"
 
 
 @dataclass
@@ -30,6 +33,7 @@ class SampleResult:
     texts: list[str] = field(default_factory=list)
     logprobs: list[TokenLogprobs] = field(default_factory=list)  # one per output token
     num_output_tokens: int = 0
+    reasoning_tokens: int = 0  # of the output tokens, those thinking (engine/thinking.py)
     num_outputs: int = 0
     text_offset: int = 0  # completions' logprobs: where the next token's text starts
     last: RequestOutput | None = None  # the final output, once in
@@ -42,6 +46,7 @@ class SampleResult:
         self.texts.append(output.text)
         self.logprobs.extend(output.logprobs or [])
         self.num_output_tokens = output.num_output_tokens
+        self.reasoning_tokens = output.reasoning_tokens
         self.num_outputs += 1
         if output.finished:
             self.last = output
@@ -94,7 +99,8 @@ class Job:
         """Each prompt counted once; every sample's tokens, returned or not (best_of)."""
         return Usage.of(sum(len(p.token_ids) for p in self.prompts),
                         sum(s.num_output_tokens for s in self.samples.values()),
-                        sum(self.cached_tokens.values()))
+                        sum(self.cached_tokens.values()),
+                        sum(s.reasoning_tokens for s in self.samples.values()))
 
     def timing(self) -> list[Timing]:
         """One record per prompt, over its samples (once all have finished)."""

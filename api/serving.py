@@ -24,6 +24,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
+from api.answer import ChatFormat
 from api.engine_client import EngineClient
 from api.errors import APIError
 from api.event_stream import DONE, EventStream, sse
@@ -92,8 +93,12 @@ class OpenAIServing(ABC, Generic[Body]):
     def __init__(self, engine: EngineClient, model_name: str,
                  grammars: GrammarCompiler | None = None,
                  prompt_bound: PromptBound | None = None,
-                 arrivals: Arrivals | None = None, accept_unknown_fields: bool = False) -> None:
+                 arrivals: Arrivals | None = None, accept_unknown_fields: bool = False,
+                 chat_format: ChatFormat | None = None) -> None:
         self.engine = engine
+        # The model's thinking and tool-call conventions (api/answer.py): from its chat
+        # template, unless the server was told otherwise.
+        self.chat_format = chat_format or ChatFormat.of(engine.tokenizer)
         self.accept_unknown_fields = accept_unknown_fields  # else such a field is a 400
         self.arrivals = arrivals or Arrivals()  # create_app shares one among its endpoints
         self.grammars = grammars or GrammarCompiler(engine.tokenizer)
@@ -125,9 +130,10 @@ class OpenAIServing(ABC, Generic[Body]):
             # Tokenizing (and rendering a chat template) takes time in the prompt's length: on
             # a worker thread, so that other requests' streams keep flowing meanwhile.
             prompts = await run_in_threadpool(self.prompts, body)
-        params = [body.to_sampling_params(len(p.token_ids), self.engine.max_tokens_per_request,
-                                          len(self.tokenizer)) for p in prompts]
-        spec = body.grammar_spec()
+        params = [self.engine_params(body, p, body.to_sampling_params(
+            len(p.token_ids), self.engine.max_tokens_per_request, len(self.tokenizer)))
+            for p in prompts]
+        spec = self.grammar_spec(body)
         if spec is not None:
             grammar = await self.compile_grammar(spec)
             params = [replace(p, grammar=grammar) for p in params]
@@ -255,6 +261,15 @@ class OpenAIServing(ABC, Generic[Body]):
         yield DONE
 
     # --- what each endpoint fills in ---------------------------------------------------------
+
+    def engine_params(self, body: Body, prompt: Prompt,
+                      params: SamplingParams) -> SamplingParams:
+        """A prompt's sampling parameters, with what the endpoint adds (chat: thinking)."""
+        return params
+
+    def grammar_spec(self, body: Body) -> GrammarSpec | None:
+        """The constraint on the answer, if the body asks for one."""
+        return body.grammar_spec()
 
     @abstractmethod
     def prompts(self, body: Body) -> list[Prompt]:

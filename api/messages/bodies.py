@@ -1,10 +1,10 @@
 """Anthropic Messages API response bodies, stream events and errors, as we send them
 (the `anthropic` client parses each into its own types: tests/api/test_messages_api.py).
 
-A message's content is one text block or tool_use blocks (the call grammar of api/tools/plan.py
-allows one or the other, not both). A stream is message_start, then for each block
-content_block_start, its deltas and content_block_stop, then message_delta (why it stopped,
-the output tokens) and message_stop.
+A message's content is a thinking block (a thinking model's reasoning), a text block and
+tool_use blocks, each where the answer has that part, in that order. A stream is
+message_start, then for each block content_block_start, its deltas and content_block_stop,
+then message_delta (why it stopped, the output tokens) and message_stop.
 """
 
 from __future__ import annotations
@@ -28,11 +28,20 @@ class TextContent(BaseModel):
     text: str
 
 
+class ThinkingContent(BaseModel):
+    type: Literal["thinking"] = "thinking"
+    thinking: str
+    signature: str = ""  # nothing is signed here: the block is taken back as it is sent
+
+
 class ToolUseContent(BaseModel):
     type: Literal["tool_use"] = "tool_use"
     id: str  # "toolu_..."
     name: str
     input: dict[str, Any]  # the call's arguments, validated against its input_schema
+
+
+ContentBlock = ThinkingContent | TextContent | ToolUseContent
 
 
 class MessageUsage(BaseModel):
@@ -49,7 +58,7 @@ class MessageResponse(BaseModel):
     id: str  # "msg_..."
     type: Literal["message"] = "message"
     role: Literal["assistant"] = "assistant"
-    content: list[TextContent | ToolUseContent]  # empty when the model ended at once
+    content: list[ContentBlock]  # empty when the model ended at once
     model: str
     stop_reason: StopReason | None  # None only in message_start
     stop_sequence: str | None  # the stop sequence that matched, with "stop_sequence"
@@ -72,12 +81,17 @@ class MessageStartEvent(BaseModel):
 class ContentBlockStartEvent(BaseModel):
     type: Literal["content_block_start"] = "content_block_start"
     index: int
-    content_block: TextContent | ToolUseContent  # empty text, or a call with input {}
+    content_block: ContentBlock  # empty thinking or text, or a call with input {}
 
 
 class TextDelta(BaseModel):
     type: Literal["text_delta"] = "text_delta"
     text: str
+
+
+class ThinkingDelta(BaseModel):
+    type: Literal["thinking_delta"] = "thinking_delta"
+    thinking: str
 
 
 class InputJSONDelta(BaseModel):
@@ -88,7 +102,7 @@ class InputJSONDelta(BaseModel):
 class ContentBlockDeltaEvent(BaseModel):
     type: Literal["content_block_delta"] = "content_block_delta"
     index: int
-    delta: TextDelta | InputJSONDelta
+    delta: TextDelta | ThinkingDelta | InputJSONDelta
 
 
 class ContentBlockStopEvent(BaseModel):

@@ -161,6 +161,15 @@ ToolChoice = Annotated[ToolChoiceAuto | ToolChoiceAny | ToolChoiceTool | ToolCho
                        Field(discriminator="type")]
 
 
+class ThinkingConfig(APIModel):
+    """A thinking model's switch: enabled (with a budget), adaptive (on, unbounded) or
+    disabled."""
+
+    type: Literal["enabled", "adaptive", "disabled"]
+    budget_tokens: int | None = Field(default=None, ge=0)  # with "enabled"
+    display: Literal["summarized", "omitted"] | None = None  # no effect: shown whole
+
+
 class CountTokensRequest(RequestBody):
     """What shapes the prompt: the body of /v1/messages/count_tokens."""
 
@@ -172,6 +181,7 @@ class CountTokensRequest(RequestBody):
     system: str | list[TextBlock] | None = None
     tools: list[ToolDefinition] | None = None
     tool_choice: ToolChoice | None = None
+    thinking: ThinkingConfig | None = None
 
 
 class MessagesRequest(CountTokensRequest):

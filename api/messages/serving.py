@@ -16,9 +16,11 @@ from pydantic import BaseModel
 from pydantic_core import from_json
 from starlette.concurrency import run_in_threadpool
 
+from api.answer import Answer
 from api.event_stream import named_sse
 from api.job import Job
 from api.messages.bodies import (
+    ContentBlock,
     ContentBlockDeltaEvent,
     ContentBlockStartEvent,
     ContentBlockStopEvent,
@@ -33,6 +35,8 @@ from api.messages.bodies import (
     StopReason,
     TextContent,
     TextDelta,
+    ThinkingContent,
+    ThinkingDelta,
     TokenCount,
     ToolUseContent,
     anthropic_error_body,
@@ -42,7 +46,9 @@ from api.messages.to_chat import to_chat
 from api.openai.chat import ChatServing
 from api.openai.protocol import ChatCompletionRequest
 from api.serving import failure
-from api.tools.calls import CallStream, is_call_text, scan
+from api.thinking import SplitStream
+from api.tools.calls import CallStream
+from api.tools.formats import CallFormat
 from engine.request import FinishReason, RequestOutput
 
 
@@ -100,18 +106,21 @@ class MessagesServing(ChatServing):
     def response(self, job: Job, body: ChatCompletionRequest) -> MessageResponse:
         sample = job.samples[0, 0]
         assert sample.last is not None
-        calls = self.tool_calls(body, sample.text)
-        content: list[TextContent | ToolUseContent]
-        if calls is not None:
-            content = [ToolUseContent(id=new_tool_use_id(), name=call.function.name,
-                                      input=partial_input(call.function.arguments))
-                       for call in calls.calls]
-        else:
-            content = [TextContent(text=sample.text)] if sample.text else []
+        reader = self.reader(body, job, 0)
+        answer = reader.read(sample.text, finished=True)
+        calls = self.tool_calls(reader, answer)
+        content: list[ContentBlock] = []
+        if answer.reasoning:
+            content.append(ThinkingContent(thinking=answer.reasoning))
+        if answer.content:
+            content.append(TextContent(text=answer.content))
+        for call in calls.calls if calls else []:
+            content.append(ToolUseContent(id=new_tool_use_id(), name=call.function.name,
+                                          input=partial_input(call.function.arguments)))
         reason, sequence = stop_reason(sample.last, calls is not None and calls.complete)
         return self.message(job, content, reason, sequence, sample.num_output_tokens)
 
-    def message(self, job: Job, content: list[TextContent | ToolUseContent],
+    def message(self, job: Job, content: list[ContentBlock],
                 reason: StopReason | None, sequence: str | None,
                 output_tokens: int) -> MessageResponse:
         return MessageResponse(id=self.message_id(job), content=content, model=job.model,
@@ -126,7 +135,8 @@ class MessagesServing(ChatServing):
 
         message_start waits for the first output, which says how much of the prompt the
         prefix cache held (its usage splits the prompt as the final counts do)."""
-        blocks = BlockStream(self.may_call(body))
+        reader = self.reader(body, job, 0)
+        blocks = BlockStream(reader.form.calls)
         async with aclosing(self.outputs(job, http_request)) as outputs:
             async for prompt_index, output in outputs:
                 if output.error:
@@ -140,7 +150,7 @@ class MessagesServing(ChatServing):
                 if not started:
                     message = self.message(job, [], None, None, 0)
                     yield named_sse(MessageStartEvent(message=message))
-                for block_event in blocks.advance(sample.text, output.text):
+                for block_event in blocks.advance(reader.read(sample.text, output.finished)):
                     yield named_sse(block_event)
         if not job.done:
             return  # the client left
@@ -148,8 +158,9 @@ class MessagesServing(ChatServing):
         assert sample.last is not None
         for block_event in blocks.close():
             yield named_sse(block_event)
-        calls = blocks.calling and scan(sample.text).complete
-        reason, sequence = stop_reason(sample.last, calls)
+        calls = reader.read(sample.text, finished=True).calls
+        reason, sequence = stop_reason(sample.last,
+                                       calls is not None and reader.scan(calls).complete)
         yield named_sse(MessageDeltaEvent(delta=MessageDelta(stop_reason=reason,
                                                          stop_sequence=sequence),
                                       usage=MessageDeltaUsage(
@@ -159,29 +170,37 @@ class MessagesServing(ChatServing):
 
 
 class BlockStream:
-    """One streamed answer's content blocks: a text block, or one tool_use block per call
-    (read from the calls' text by CallStream, as chat's streamed tool calls are)."""
+    """One streamed answer's content blocks: thinking, text, then a tool_use block per call
+    (read by CallStream, as chat's streamed tool calls are), each as its part comes."""
 
-    def __init__(self, may_call: bool) -> None:
-        self.may_call = may_call
-        self.calls = CallStream()
+    def __init__(self, form: CallFormat) -> None:
+        self.parts = SplitStream()
+        self.calls = CallStream(form)
         self.open: int | None = None  # the index of the block still open
+        self.open_type: str | None = None
         self.started = 0  # blocks started so far
-        self.calling = False  # the answer is calls
+        self.call_blocks: dict[int, int] = {}  # a call's index -> its block's
 
-    def advance(self, text: str, new_text: str) -> list[BaseModel]:
-        """The events that bring the client up to `text` (the answer so far; `new_text`
-        its newest piece)."""
-        if self.may_call and is_call_text(text) is not False:
-            self.calling = bool(text)
-            return self.call_events(text)
-        if not new_text:
-            return []
+    def advance(self, answer: Answer) -> list[BaseModel]:
+        """The events that bring the client up to `answer` (the answer so far)."""
+        reasoning, text = self.parts.deltas(answer.reasoning, answer.content)
         events: list[BaseModel] = []
-        if self.open is None:
-            events.append(self.start(TextContent(text="")))
-        events.append(ContentBlockDeltaEvent(index=self.open, delta=TextDelta(text=new_text)))
+        if reasoning:
+            events += self.open_block(ThinkingContent(thinking=""))
+            events.append(ContentBlockDeltaEvent(index=self.open,
+                                                 delta=ThinkingDelta(thinking=reasoning)))
+        if text:
+            events += self.open_block(TextContent(text=""))
+            events.append(ContentBlockDeltaEvent(index=self.open, delta=TextDelta(text=text)))
+        if answer.calls is not None:
+            events += self.call_events(answer.calls)
         return events
+
+    def open_block(self, block: ThinkingContent | TextContent) -> list[BaseModel]:
+        """The events that make a block of this type the open one, if it is not."""
+        if self.open is not None and self.open_type == block.type:
+            return []
+        return [*self.close(), self.start(block)]
 
     def call_events(self, text: str) -> list[BaseModel]:
         events: list[BaseModel] = []
@@ -190,13 +209,15 @@ class BlockStream:
                 events += self.close()
                 events.append(self.start(ToolUseContent(
                     id=new_tool_use_id(), name=entry["function"]["name"], input={})))
+                self.call_blocks[entry["index"]] = self.open  # type: ignore[assignment]
             else:
-                events.append(ContentBlockDeltaEvent(index=entry["index"], delta=InputJSONDelta(
-                    partial_json=entry["function"]["arguments"])))
+                events.append(ContentBlockDeltaEvent(
+                    index=self.call_blocks[entry["index"]],
+                    delta=InputJSONDelta(partial_json=entry["function"]["arguments"])))
         return events
 
-    def start(self, block: TextContent | ToolUseContent) -> ContentBlockStartEvent:
-        self.open = self.started
+    def start(self, block: ContentBlock) -> ContentBlockStartEvent:
+        self.open, self.open_type = self.started, block.type
         self.started += 1
         return ContentBlockStartEvent(index=self.open, content_block=block)
 
@@ -204,5 +225,5 @@ class BlockStream:
         """The open block's stop, if one is open."""
         if self.open is None:
             return []
-        index, self.open = self.open, None
+        index, self.open, self.open_type = self.open, None, None
         return [ContentBlockStopEvent(index=index)]

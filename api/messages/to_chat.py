@@ -25,6 +25,7 @@ from api.messages.protocol import (
     CountTokensRequest,
     MessagesRequest,
     TextBlock,
+    ThinkingConfig,
     ToolChoice,
     ToolChoiceAny,
     ToolChoiceNone,
@@ -37,7 +38,11 @@ from api.messages.protocol import (
 from api.openai.protocol import ChatCompletionRequest
 from api.tools.plan import read_functions
 
-READ_BLOCKS = "this server reads text, tool_use and tool_result blocks only"
+READ_BLOCKS = ("this server reads text, tool_use and tool_result blocks only (and an "
+               "assistant's thinking blocks)")
+# An earlier answer's thinking, sent back as the SDK keeps it: left out of the prompt, as
+# thinking models' chat templates leave out earlier turns' reasoning.
+THINKING_BLOCKS = ("thinking", "redacted_thinking")
 
 
 def to_chat(body: CountTokensRequest, accept_unknown: bool = False) -> ChatCompletionRequest:
@@ -50,6 +55,8 @@ def to_chat(body: CountTokensRequest, accept_unknown: bool = False) -> ChatCompl
         fields["tools"] = chat_tools(body.tools)
     fields["tool_choice"], fields["parallel_tool_calls"] = chat_tool_choice(body.tool_choice,
                                                                             body.tools or [])
+    if body.thinking is not None:
+        fields.update(thinking_fields(body.thinking))
     if isinstance(body, MessagesRequest):
         if body.max_tokens < 1:
             raise APIError("max_tokens must be at least 1.", "max_tokens")
@@ -63,6 +70,17 @@ def to_chat(body: CountTokensRequest, accept_unknown: bool = False) -> ChatCompl
                       temperature=body.temperature, top_p=body.top_p, top_k=body.top_k)
     return ChatCompletionRequest.model_validate({k: v for k, v in fields.items()
                                                  if v is not None})
+
+
+def thinking_fields(thinking: ThinkingConfig) -> dict[str, Any]:
+    """The chat fields for Anthropic's thinking switch: disabled is reasoning_effort none
+    (the template's enable_thinking: false), enabled's budget_tokens the thinking budget."""
+    if thinking.type == "disabled":
+        return {"reasoning_effort": "none"}
+    if thinking.type == "enabled" and thinking.budget_tokens is None:
+        raise APIError("thinking.budget_tokens is required with type 'enabled'.",
+                       "thinking.budget_tokens")
+    return {"thinking_token_budget": thinking.budget_tokens}
 
 
 def chat_messages(body: CountTokensRequest) -> list[dict[str, Any]]:
@@ -100,7 +118,8 @@ def chat_messages(body: CountTokensRequest) -> list[dict[str, Any]]:
 def check_block(block: Any, role: str, where: str, calls: set[str]) -> None:
     """A block this role may send, every tool_result answering an earlier tool_use (whose id
     `calls` collects)."""
-    if isinstance(block, UnreadBlock):
+    if isinstance(block, UnreadBlock) and not (
+            role == "assistant" and block.type in THINKING_BLOCKS):
         raise APIError(f"{where} is a block of type {block.type!r}; {READ_BLOCKS}.",
                        "messages")
     if isinstance(block, TextBlock) and not block.text:

@@ -25,17 +25,25 @@ class PromptTokensDetails(BaseModel):
     cached_tokens: int  # prompt tokens taken from the prefix cache
 
 
+class CompletionTokensDetails(BaseModel):
+    reasoning_tokens: int  # thinking tokens between the tags (the tags not counted)
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails
+    completion_tokens_details: CompletionTokensDetails
 
     @classmethod
-    def of(cls, prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> Usage:
+    def of(cls, prompt_tokens: int, completion_tokens: int, cached_tokens: int,
+           reasoning_tokens: int = 0) -> Usage:
         return cls(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
                    total_tokens=prompt_tokens + completion_tokens,
-                   prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens))
+                   prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens),
+                   completion_tokens_details=CompletionTokensDetails(
+                       reasoning_tokens=reasoning_tokens))
 
 
 class Timing(BaseModel):
@@ -122,6 +130,10 @@ class ChatCompletionMessage(BaseModel):
     content: str | None  # None when the answer is tool calls only
     refusal: None = None  # OpenAI's schema requires the key
     tool_calls: list[ToolCall] | None = omitted_if_none()
+    # A thinking model's reasoning (api/thinking.py), under both names clients read: vLLM's
+    # older reasoning_content and its newer reasoning.
+    reasoning_content: str | None = omitted_if_none()
+    reasoning: str | None = omitted_if_none()
 
 
 class ChatCompletionChoice(BaseModel):
@@ -157,6 +169,8 @@ class DeltaMessage(BaseModel):
     role: Literal["assistant"] | None = omitted_if_none()  # only in the first chunk
     content: str | None = omitted_if_none()
     tool_calls: list[DeltaToolCall] | None = omitted_if_none()
+    reasoning_content: str | None = omitted_if_none()  # the same piece under both names
+    reasoning: str | None = omitted_if_none()
 
 
 class ChatCompletionStreamChoice(BaseModel):

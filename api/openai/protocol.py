@@ -14,6 +14,7 @@ from api.field_policy import CHAT, COMPLETIONS
 from api.protocol import APIModel, NonEmptyText, NullFalse, TokenIds, needs, not_both
 from api.sampling import SamplingFields
 from api.structured import grammar_spec
+from api.tools.formats import GENERIC, CallFormat
 from api.tools.plan import ToolPlan, tool_plan
 from engine.logprobs import MAX_TOP_LOGPROBS
 from engine.structured.grammar import GrammarSpec
@@ -134,6 +135,9 @@ class ChatCompletionRequest(SamplingFields, ToolFields, TemplateFields):
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None
+    # A thinking model's switch and bound (api/thinking.py): OpenAI's effort, vLLM's budget.
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    thinking_token_budget: int | None = Field(default=None, ge=0)
     logprobs: NullFalse = False
     top_logprobs: int | None = None
     _tool_plan: tuple[ToolPlan | None] | None = PrivateAttr(default=None)
@@ -144,8 +148,9 @@ class ChatCompletionRequest(SamplingFields, ToolFields, TemplateFields):
             self._tool_plan = (tool_plan(self),)
         return self._tool_plan[0]
 
-    def grammar_spec(self) -> GrammarSpec | None:
-        """A tool call's grammar, or the structured output asked for; not both."""
+    def grammar_spec(self, form: CallFormat = GENERIC) -> GrammarSpec | None:
+        """A tool call's grammar (calls written in `form`), or the structured output asked
+        for; not both."""
         plan = self.tool_plan()
         spec = grammar_spec(self)
         if plan is None or not plan.may_call:
@@ -153,7 +158,15 @@ class ChatCompletionRequest(SamplingFields, ToolFields, TemplateFields):
         if spec is not None:
             raise APIError("A structured output cannot be combined with tools that may be "
                            "called; send tool_choice 'none' to use it.", spec.source)
-        return plan.grammar_spec()
+        return plan.grammar_spec(form)
+
+    def template_variables(self) -> dict[str, Any]:
+        """The template's variables; reasoning_effort none or minimal sets enable_thinking
+        false, unless chat_template_kwargs sets it itself."""
+        variables = super().template_variables()
+        if self.reasoning_effort in ("none", "minimal"):
+            variables = {"enable_thinking": False, **variables}
+        return variables
 
     def sampled_logprobs(self) -> int | None:
         check_top_logprobs(self.top_logprobs, "top_logprobs")

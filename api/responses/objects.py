@@ -41,7 +41,23 @@ class FunctionCallItem(BaseModel):
     status: ItemStatus
 
 
-OutputItem = Annotated[OutputMessage | FunctionCallItem, Field(discriminator="type")]
+class ReasoningText(BaseModel):
+    type: Literal["reasoning_text"] = "reasoning_text"
+    text: str
+
+
+class ReasoningItem(BaseModel):
+    """A thinking model's reasoning, whole (as `content`; no summary is made)."""
+
+    id: str
+    type: Literal["reasoning"] = "reasoning"
+    summary: list[Any] = Field(default_factory=list)
+    content: list[ReasoningText]
+    status: ItemStatus
+
+
+OutputItem = Annotated[ReasoningItem | OutputMessage | FunctionCallItem,
+                       Field(discriminator="type")]
 
 
 class InputTokensDetails(BaseModel):
@@ -50,7 +66,7 @@ class InputTokensDetails(BaseModel):
 
 
 class OutputTokensDetails(BaseModel):
-    reasoning_tokens: int = 0  # the model does not reason
+    reasoning_tokens: int = 0  # thinking tokens between the tags (the tags not counted)
 
 
 class ResponseUsage(BaseModel):
@@ -67,7 +83,8 @@ class ResponseUsage(BaseModel):
                    input_tokens_details=InputTokensDetails(
                        cached_tokens=cached, cache_write_tokens=usage.prompt_tokens - cached),
                    output_tokens=usage.completion_tokens,
-                   output_tokens_details=OutputTokensDetails(),
+                   output_tokens_details=OutputTokensDetails(
+                       reasoning_tokens=usage.completion_tokens_details.reasoning_tokens),
                    total_tokens=usage.total_tokens)
 
 
@@ -149,6 +166,22 @@ class TextDoneEvent(StreamEvent):
     logprobs: list[Any] = Field(default_factory=list)
 
 
+class ReasoningDeltaEvent(StreamEvent):
+    type: Literal["response.reasoning_text.delta"] = "response.reasoning_text.delta"
+    item_id: str
+    output_index: int
+    content_index: int
+    delta: str
+
+
+class ReasoningDoneEvent(StreamEvent):
+    type: Literal["response.reasoning_text.done"] = "response.reasoning_text.done"
+    item_id: str
+    output_index: int
+    content_index: int
+    text: str
+
+
 class ArgumentsDeltaEvent(StreamEvent):
     type: Literal["response.function_call_arguments.delta"] = (
         "response.function_call_arguments.delta")
@@ -177,4 +210,5 @@ class ErrorEvent(StreamEvent):
 
 STREAM_EVENTS: list[type[StreamEvent]] = [
     ResponseLifecycleEvent, OutputItemEvent, ContentPartEvent, TextDeltaEvent, TextDoneEvent,
+    ReasoningDeltaEvent, ReasoningDoneEvent,
     ArgumentsDeltaEvent, ArgumentsDoneEvent, ErrorEvent]

@@ -1,10 +1,11 @@
-"""A response's output items, built up from the answer's text as it comes, and the stream
-events that tell each step.
+"""A response's output items, built up from the answer as it comes, and the stream events
+that tell each step.
 
-Under tools that may be called, the answer is function calls if it starts like one (the call
-grammar of api/tools/plan.py lets free text start with anything but "<"), read by
-api/tools/calls.py as it grows; otherwise it is one message. A non-streamed response walks
-the whole text once, so both ways give the same items.
+The answer is read into its parts by api/answer.py (the same reading as chat's): a thinking
+model's reasoning becomes a reasoning item, the text a message, each tool call a
+function_call item, in that order, each opened when its part first comes and done when the
+next part starts (or the answer ends). A non-streamed response reads the whole answer once,
+so both ways give the same items.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import itertools
 import uuid
 from typing import Any, Literal, TypeVar
 
+from api.answer import Answer
 from api.responses.objects import (
     ArgumentsDeltaEvent,
     ArgumentsDoneEvent,
@@ -21,14 +23,20 @@ from api.responses.objects import (
     OutputItemEvent,
     OutputMessage,
     OutputText,
+    ReasoningDeltaEvent,
+    ReasoningDoneEvent,
+    ReasoningItem,
+    ReasoningText,
     StreamEvent,
     TextDeltaEvent,
     TextDoneEvent,
 )
-from api.tools.calls import CallStream, is_call_text, scan
+from api.thinking import SplitStream
+from api.tools.calls import CallStream
+from api.tools.formats import CallFormat
 
 Event = TypeVar("Event", bound=StreamEvent)
-Mode = Literal["text", "calls"]
+Item = ReasoningItem | OutputMessage | FunctionCallItem
 
 
 def item_id(prefix: str) -> str:
@@ -38,79 +46,108 @@ def item_id(prefix: str) -> str:
 class ResponseOutput:
     """One response's output items and the events sent so far (numbered from 0)."""
 
-    def __init__(self, may_call: bool) -> None:
-        self.may_call = may_call
-        self.items: list[OutputMessage | FunctionCallItem] = []
+    def __init__(self, form: CallFormat) -> None:
+        self.items: list[Item] = []
         self.done: set[int] = set()  # output indexes whose item is done
-        self.calls = CallStream()
+        self.parts = SplitStream()
+        self.calls = CallStream(form)
+        self.call_items: dict[int, int] = {}  # a call's index -> its item's output index
         self.sequence = itertools.count()
 
     def event(self, cls: type[Event], **fields: Any) -> Event:
         """The next event of the stream."""
         return cls(sequence_number=next(self.sequence), **fields)
 
-    def mode(self, text: str) -> Mode | None:
-        """Whether the answer is text or calls; None while it cannot be told yet."""
-        if not self.may_call:
-            return "text"
-        is_calls = is_call_text(text)
-        return None if is_calls is None else "calls" if is_calls else "text"
-
-    def advance(self, text: str, finished: bool = False,
+    def advance(self, answer: Answer, finished: bool = False,
                 incomplete: bool = False) -> list[StreamEvent]:
-        """The events that bring the output up to `text` (the whole answer so far); once
+        """The events that bring the output up to `answer` (the answer so far); once
         `finished`, every item is done (`incomplete`: cut off by the token limit)."""
-        mode = self.mode(text)
-        events = self._calls(text) if mode == "calls" else (
-            self._text(text) if mode == "text" else [])
+        reasoning, text = self.parts.deltas(answer.reasoning, answer.content)
+        events: list[StreamEvent] = []
+        if reasoning:
+            events += self._reasoning(reasoning)
+        if text:
+            events += self._text(text)
+        if answer.calls is not None:
+            events += self._calls(answer.calls)
         if finished:
-            if mode != "calls" and not self.items:
+            if not self.items:
                 events += self._open_message()  # nothing came: an empty message
             for index in range(len(self.items)):
                 if index not in self.done:
                     events += self._close(index, "incomplete" if incomplete else "completed")
         return events
 
-    def _open_message(self) -> list[StreamEvent]:
-        message = OutputMessage(id=item_id("msg"), status="in_progress", content=[])
-        self.items.append(message)
-        part = OutputText(text="")
-        message.content.append(part)
-        return [self.event(OutputItemEvent, type="response.output_item.added", output_index=0,
-                           item=message.model_copy(update={"content": []})),
-                self.event(ContentPartEvent, type="response.content_part.added",
-                           item_id=message.id, output_index=0, content_index=0,
-                           part=part.model_copy())]
+    def _open(self, item: Item) -> list[StreamEvent]:
+        """The events that close the item before (if still open) and open `item`."""
+        events: list[StreamEvent] = []
+        if self.items and len(self.items) - 1 not in self.done:
+            events += self._close(len(self.items) - 1, "completed")
+        self.items.append(item)
+        shown = item.model_copy(update={"content": []} if not isinstance(
+            item, FunctionCallItem) else {})
+        events.append(self.event(OutputItemEvent, type="response.output_item.added",
+                                 output_index=len(self.items) - 1, item=shown))
+        return events
 
-    def _text(self, text: str) -> list[StreamEvent]:
-        events = [] if self.items else self._open_message()
-        part = self.items[0].content[0]  # type: ignore[union-attr]
-        delta = text[len(part.text):]
-        if delta:
-            part.text = text
-            events.append(self.event(TextDeltaEvent, item_id=self.items[0].id, output_index=0,
-                                     content_index=0, delta=delta))
+    def _latest(self, kind: type[Item]) -> int | None:
+        """The output index of the last item if it is open and of `kind`."""
+        index = len(self.items) - 1
+        if index < 0 or index in self.done or not isinstance(self.items[index], kind):
+            return None
+        return index
+
+    def _reasoning(self, delta: str) -> list[StreamEvent]:
+        index = self._latest(ReasoningItem)
+        events: list[StreamEvent] = []
+        if index is None:
+            events += self._open(ReasoningItem(id=item_id("rs"), status="in_progress",
+                                               content=[ReasoningText(text="")]))
+            index = len(self.items) - 1
+        item = self.items[index]
+        item.content[0].text += delta  # type: ignore[union-attr]
+        events.append(self.event(ReasoningDeltaEvent, item_id=item.id, output_index=index,
+                                 content_index=0, delta=delta))
+        return events
+
+    def _open_message(self) -> list[StreamEvent]:
+        message = OutputMessage(id=item_id("msg"), status="in_progress",
+                                content=[OutputText(text="")])
+        events = self._open(message)
+        events.append(self.event(ContentPartEvent, type="response.content_part.added",
+                                 item_id=message.id, output_index=len(self.items) - 1,
+                                 content_index=0, part=OutputText(text="")))
+        return events
+
+    def _text(self, delta: str) -> list[StreamEvent]:
+        index = self._latest(OutputMessage)
+        events = [] if index is not None else self._open_message()
+        index = len(self.items) - 1
+        message = self.items[index]
+        message.content[0].text += delta  # type: ignore[union-attr]
+        events.append(self.event(TextDeltaEvent, item_id=message.id, output_index=index,
+                                 content_index=0, delta=delta))
         return events
 
     def _calls(self, text: str) -> list[StreamEvent]:
         events: list[StreamEvent] = []
         for entry in self.calls.deltas(text):
-            index = entry["index"]
             if "id" in entry:  # a call's name has come: its item opens
                 call = FunctionCallItem(id=item_id("fc"), call_id=entry["id"],
                                         name=entry["function"]["name"], arguments="",
                                         status="in_progress")
-                self.items.append(call)
-                events.append(self.event(OutputItemEvent, type="response.output_item.added",
-                                         output_index=index, item=call.model_copy()))
+                events += self._open(call)
+                self.call_items[entry["index"]] = len(self.items) - 1
                 continue
+            index = self.call_items[entry["index"]]
             call = self.items[index]  # type: ignore[assignment]
             piece = entry["function"]["arguments"]
             call.arguments += piece
             events.append(self.event(ArgumentsDeltaEvent, item_id=call.id, output_index=index,
                                      delta=piece))
-        for index, scanned in enumerate(scan(text).calls[:len(self.items)]):
-            if scanned.complete and index not in self.done:
+        for number, scanned in enumerate(self.calls.scanned(text)):
+            index = self.call_items.get(number)
+            if scanned.complete and index is not None and index not in self.done:
                 events += self._close(index, "completed")
         return events
 
@@ -123,6 +160,9 @@ class ResponseOutput:
         if isinstance(item, FunctionCallItem):
             events.append(self.event(ArgumentsDoneEvent, item_id=item.id, output_index=index,
                                      name=item.name, arguments=item.arguments))
+        elif isinstance(item, ReasoningItem):
+            events.append(self.event(ReasoningDoneEvent, item_id=item.id, output_index=index,
+                                     content_index=0, text=item.content[0].text))
         else:
             part = item.content[0]
             events += [self.event(TextDoneEvent, item_id=item.id, output_index=index,

@@ -11,7 +11,7 @@ call_id matches no call, an item type it does not know) is checked here, naming 
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from pydantic import ConfigDict, Field, PrivateAttr
 
@@ -26,6 +26,15 @@ TEXT_PARTS = ("input_text", "output_text")
 
 class ResponsesStreamOptions(APIModel):
     include_obfuscation: bool | None = None  # no padding is sent either way
+
+
+class Reasoning(APIModel):
+    """A reasoning model's settings: effort none or minimal turns thinking off; summary is
+    accepted and has no effect (the reasoning is given whole)."""
+
+    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    summary: Literal["auto", "concise", "detailed"] | None = None
+    generate_summary: Literal["auto", "concise", "detailed"] | None = None  # its older name
 
 
 class ResponsesRequest(RequestBody):
@@ -48,6 +57,7 @@ class ResponsesRequest(RequestBody):
     stream: NullFalse = False
     stream_options: ResponsesStreamOptions | None = None
     metadata: dict[str, str] | None = None
+    reasoning: Reasoning | None = None
     store: bool | None = None
     user: str | None = None
     request_timeout: float | None = Field(default=None, ge=MIN_REQUEST_TIMEOUT,
@@ -65,6 +75,7 @@ class ResponsesRequest(RequestBody):
             "tool_choice": chat_tool_choice(self.tool_choice),
             "parallel_tool_calls": self.parallel_tool_calls,
             "response_format": response_format(self.text),
+            "reasoning_effort": self.reasoning.effort if self.reasoning else None,
             "user": self.user, "request_timeout": self.request_timeout,
         }
         chat = ResponsesChat(**{k: v for k, v in fields.items() if v is not None})
@@ -114,9 +125,10 @@ def input_messages(value: str | list[dict[str, Any]],
                                 "earlier in input.")
             messages.append({"role": "tool", "tool_call_id": call_id,
                              "content": text_of(item.get("output"), where)})
-        else:
-            raise bad_input(f"{where} is of type {kind!r}; only message, function_call and "
-                            "function_call_output items are offered.")
+        elif kind != "reasoning":  # an earlier answer's reasoning, sent back: left out, as
+            # thinking models' chat templates leave out earlier turns' reasoning
+            raise bad_input(f"{where} is of type {kind!r}; only message, function_call, "
+                            "function_call_output and reasoning items are offered.")
     return [ChatMessage(**message) for message in messages]
 
 

@@ -25,14 +25,12 @@ from api.openai.chat import ChatServing
 from api.openai.protocol import ChatCompletionRequest
 from api.responses.objects import (
     ErrorEvent,
-    FunctionCallItem,
     IncompleteDetails,
-    OutputMessage,
     ResponseLifecycleEvent,
     ResponseObject,
     ResponseUsage,
 )
-from api.responses.output import ResponseOutput
+from api.responses.output import Item, ResponseOutput
 from api.responses.protocol import ResponsesChat, ResponsesRequest
 from api.serving import failure
 from engine.request import FinishReason
@@ -81,13 +79,13 @@ class ResponsesServing(ChatServing):
 
     def response(self, job: Job, body: ChatCompletionRequest) -> ResponseObject:
         status = final_status(job)
-        output = ResponseOutput(self.may_call(body))
-        output.advance(job.samples[0, 0].text, finished=True,
-                       incomplete=status == "incomplete")
+        output = ResponseOutput(self.chat_format.calls)
+        output.advance(self.reader(body, job, 0).read(job.samples[0, 0].text, finished=True),
+                       finished=True, incomplete=status == "incomplete")
         return self.response_object(job, body, output.items, status)
 
     def response_object(self, job: Job, body: ChatCompletionRequest,
-                        items: list[OutputMessage | FunctionCallItem],
+                        items: list[Item],
                         status: Status) -> ResponseObject:
         """The response with `items` so far, and the request's settings echoed back."""
         request = source_of(body)
@@ -112,7 +110,8 @@ class ResponsesServing(ChatServing):
                      http_request: Request) -> AsyncIterator[bytes]:
         """response.created and .in_progress, each item's events as the answer grows, then
         response.completed or .incomplete; an error event if the request fails."""
-        output = ResponseOutput(self.may_call(body))
+        output = ResponseOutput(self.chat_format.calls)
+        reader = self.reader(body, job, 0)
         for kind in ("response.created", "response.in_progress"):
             yield named_sse(output.event(ResponseLifecycleEvent, type=kind,
                                          response=self.response_object(job, body, [],
@@ -126,7 +125,8 @@ class ResponsesServing(ChatServing):
                     return
                 sample = job.record(prompt_index, engine_output)
                 incomplete = engine_output.finish_reason is FinishReason.LENGTH
-                for event in output.advance(sample.text, engine_output.finished, incomplete):
+                answer = reader.read(sample.text, engine_output.finished)
+                for event in output.advance(answer, engine_output.finished, incomplete):
                     yield named_sse(event)
         if job.done:
             status = final_status(job)
