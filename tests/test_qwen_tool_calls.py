@@ -5,7 +5,7 @@ Its `<tool_call>` is one added token that llguidance counts as special. Before t
 grammar accepted it as that token (engine/structured/grammar.py), `required` answered with
 that one token, no call and finish_reason "stop". Here 20 requests at temperature 0.8 under
 `required`, and one naming the function, must each answer with calls whose arguments
-validate.
+validate; under `auto`, its own way of calling is read as the call.
 
 It needs the 469 MiB file in the cache (`python3 -m model.gguf.source
 qwen2.5-coder-0.5b-instruct`, which .ci/run runs); elsewhere it skips, and under CI it fails.
@@ -71,3 +71,28 @@ def test_enforced_calls_are_calls_whose_arguments_validate(qwen, tool_choice):
         for call in calls:
             assert call["function"]["name"] == "get_weather"
             jsonschema.validate(json.loads(call["function"]["arguments"]), PARAMS)
+
+
+def test_under_auto_the_model_calls_in_its_own_way_or_answers(qwen):
+    """Its template shows Hermes-style calls (<tool_call> tags, spaced JSON), the format
+    picked for it; this 0.5B model answers a weather question with the call's JSON object
+    alone, untagged, which under `auto` is taken as the call when its arguments validate
+    (docs/api.md says when); otherwise it stays text. A question no tool answers gets
+    text."""
+    r = httpx.post(qwen + "/v1/chat/completions", timeout=300, json={
+        "messages": ASK, "tools": TOOLS, "temperature": 0, "max_tokens": 60})
+    choice = r.json()["choices"][0]
+    assert choice["finish_reason"] == "tool_calls", choice
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"]))
+            for c in choice["message"]["tool_calls"]] == [("get_weather", {"city": "Paris"})]
+    for seed in range(4):  # sampled: a call whose arguments validate, or text
+        finish, calls = calls_of(qwen, "auto", seed)
+        print(seed, finish, calls)
+        for call in calls:
+            jsonschema.validate(json.loads(call["function"]["arguments"]), PARAMS)
+    r = httpx.post(qwen + "/v1/chat/completions", timeout=300, json={
+        "messages": [{"role": "user", "content": "Write a haiku about the sea."}],
+        "tools": TOOLS, "temperature": 0, "max_tokens": 40})
+    message = r.json()["choices"][0]["message"]
+    assert message["content"] and "tool_calls" not in message
+    assert "<tool_call>" not in message["content"] and '"name"' not in message["content"]

@@ -259,7 +259,7 @@ BAD_SCHEMA = {"name": "f", "input_schema": {"type": "object", "properties": {
      "image"),
     ({"messages": [*ASK, {"role": "assistant", "content": "The weather"}]}, 400, "prefill"),
     ({"stop_sequences": [""]}, 400, "stop_sequences"),
-    ({"thinking": {"type": "enabled", "budget_tokens": 2048}}, 400, "thinking"),
+    ({"thinking": {"type": "enabled"}}, 400, "budget_tokens"),  # enabled needs a budget
     ({"model": "no-such-model"}, 404, "model"),
     ({"tool_choice": "auto"}, 400, "tool_choice"),  # OpenAI's spelling, not an object
     ({"messages": ["Hi"]}, 400, "messages.0"),

@@ -15,9 +15,11 @@ import openai
 import pytest
 from pydantic import Field
 
+from api.answer import AnswerReader, ChatFormat
 from api.field_policy import POLICIES, RESPONSES, Status
 from api.responses.output import ResponseOutput
 from api.responses.protocol import ResponsesRequest
+from api.tools.formats import GENERIC
 from tests.api.conftest import MODEL_NAME, RunningServer
 from tests.api.test_field_policy import schema_properties
 from tests.api.test_openapi_schema import OpenAISchemas, find_openapi_document
@@ -305,17 +307,20 @@ def test_output_walk_without_a_server():
     """Text split anywhere gives the same items as the whole text at once."""
     text = ('<tool_call>{"name":"f","arguments":{"a":"x}"}}</tool_call>\n'
             '<tool_call>{"name":"g","arguments":{}}</tool_call>')
-    whole = ResponseOutput(may_call=True)
-    whole.advance(text, finished=True)
-    pieces = ResponseOutput(may_call=True)
+    reader = AnswerReader(ChatFormat(), may_call=True, thinking="free")
+    whole = ResponseOutput(GENERIC)
+    whole.advance(reader.read(text, True), finished=True)
+    pieces = ResponseOutput(GENERIC)
     events = [e for i in range(1, len(text) + 1)
-              for e in pieces.advance(text[:i], finished=i == len(text))]
+              for e in pieces.advance(reader.read(text[:i], i == len(text)),
+                                      finished=i == len(text))]
     assert [(c.name, c.arguments) for c in whole.items] == [("f", '{"a":"x}"}'), ("g", "{}")]
     assert [c.model_dump(exclude={"id", "call_id"}) for c in pieces.items] == [
         c.model_dump(exclude={"id", "call_id"}) for c in whole.items]
     assert sum(e.type == "response.output_item.done" for e in events) == 2
-    assert ResponseOutput(may_call=False).advance("<b>", finished=True)[0].item.type == \
-        "message"
+    text_only = AnswerReader(ChatFormat(), may_call=False, thinking="free")
+    assert ResponseOutput(GENERIC).advance(text_only.read("<b>", True),
+                                           finished=True)[0].item.type == "message"
 
 
 def test_openapi_documents_the_route(server: RunningServer):
@@ -446,7 +451,8 @@ def test_table_agrees_with_the_request_body():
     ("store", True), ("store", False), ("user", "someone"), ("service_tier", "auto"),
     ("include", []), ("truncation", "disabled"), ("top_logprobs", 0),
     ("text", {"verbosity": "low"}),
-    ("prompt_cache_key", "k"), ("max_tool_calls", 3), ("reasoning", None)])
+    ("prompt_cache_key", "k"), ("max_tool_calls", 3), ("reasoning", None),
+    ("reasoning", {"effort": "low", "summary": "auto"})])  # a model that does not think
 def test_no_effect_and_inert_fields_are_accepted(server: RunningServer, field, value):
     raw = create(server, input="Hi", max_output_tokens=2, **{field: value})
     assert raw["usage"]["output_tokens"] >= 1
@@ -454,7 +460,7 @@ def test_no_effect_and_inert_fields_are_accepted(server: RunningServer, field, v
 
 @pytest.mark.parametrize("field, value", [
     ("background", True), ("conversation", "conv_1"), ("prompt", {"id": "pmpt_1"}),
-    ("truncation", "auto"), ("reasoning", {"effort": "low"}), ("top_logprobs", 2),
+    ("truncation", "auto"), ("top_logprobs", 2),
     ("context_management", [{"type": "compaction"}])])
 def test_refused_fields_name_themselves(server: RunningServer, field, value):
     r = httpx.post(server.url + "/v1/responses", timeout=30,
