@@ -114,7 +114,11 @@ def test_inert_and_no_effect_fields_are_accepted(server, endpoint, field, value)
     answers = [answer(endpoint, x.json()) for x in (without, r)]
     print(f"{field}={value!r}: {answers[1]!r}; without it: {answers[0]!r}")
     assert answers[0] == answers[1]
-    assert r.json()["usage"] == without.json()["usage"]
+    # (The second may find the first's prompt in the prefix cache: the counts, not where
+    # the prompt's tokens came from, must be the same.)
+    counts = [{k: v for k, v in x.json()["usage"].items() if k != "prompt_tokens_details"}
+              for x in (without, r)]
+    assert counts[0] == counts[1]
 
 
 def answer(endpoint: str, body: dict) -> str:

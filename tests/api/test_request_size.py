@@ -9,6 +9,7 @@ thread) arrive. Each answer must come within REFUSAL_S, the stream must keep its
 
 from __future__ import annotations
 
+import gc
 import itertools
 import json
 import threading
@@ -22,6 +23,7 @@ import pytest
 from api.limits import MAX_JSON_BYTES_PER_CHAR, PromptBound, default_max_request_bytes
 from engine.batch_engine import BatchEngine
 from engine.config import EngineConfig
+from model.memory import give_back_freed_memory
 from tests.api.conftest import RunningServer, serve
 from tests.api.test_hardening import envelope
 
@@ -40,7 +42,11 @@ def limited_server(model, tokenizer) -> Iterator[RunningServer]:
 
 
 def rss_bytes() -> int:
-    """This process's resident memory (the server runs in it, on a thread)."""
+    """This process's resident memory (the server runs in it, on a thread), once the heap's
+    freed pages are handed back: what earlier tests in this process left freed but mapped
+    would otherwise come and go with the allocator's reuse, and blur the growth measured."""
+    gc.collect()
+    give_back_freed_memory()
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
