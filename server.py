@@ -12,11 +12,13 @@ from dataclasses import replace
 from typing import Any
 
 import uvicorn
+from fastapi import FastAPI
 
 from api import answer, lifecycle, limits
 from api.answer import ChatFormat
 from api.app import create_app
 from api.engine_client import ServedEngine
+from api.model_router import EngineGroup, ModelRouter, ServedModel
 from api.security import AccessConfig
 from engine.config import EngineConfig
 from engine.heap import freeze_startup_heap
@@ -55,15 +57,33 @@ def build_parser(description: str | None) -> argparse.ArgumentParser:
 RESPONSE_GRACE_SECONDS = 10
 
 
+def model_app(engine: ServedEngine, args: argparse.Namespace, model_name: str,
+              access: AccessConfig, chat_format: ChatFormat | None = None) -> FastAPI:
+    return create_app(engine, model_name, access, engine.config.grammar_compile_timeout,
+                      args.max_request_bytes, engine.config.accept_unknown_fields, chat_format)
+
+
 def serve(engine: ServedEngine, args: argparse.Namespace, model_name: str,
           access: AccessConfig, chat_format: ChatFormat | None = None) -> int:
     """Serve until SIGTERM/SIGINT (drained, then 0) or an engine failure; the exit status."""
-    app = create_app(engine, model_name, access, engine.config.grammar_compile_timeout,
-                     args.max_request_bytes, engine.config.accept_unknown_fields, chat_format)
+    app = model_app(engine, args, model_name, access, chat_format)
+    return run_until_stopped(app, engine, args, args.exit_on_engine_failure)
+
+
+def serve_several(models: list[ServedModel], args: argparse.Namespace) -> int:
+    """Serve several models behind one address (api/model_router.py) until SIGTERM/SIGINT;
+    one model's engine failing fails its requests only."""
+    router = ModelRouter(models, models[0].app.state.max_request_bytes)
+    return run_until_stopped(router, EngineGroup(models), args, exit_on_engine_failure=False)
+
+
+def run_until_stopped(app: Any, engine: Any, args: argparse.Namespace,
+                      exit_on_engine_failure: bool) -> int:
+    """uvicorn over `app` with the drain and failure handling of api/lifecycle.py."""
     server = lifecycle.ServingProcess(
         uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
                        timeout_graceful_shutdown=RESPONSE_GRACE_SECONDS),
-        engine, args.shutdown_timeout, args.exit_on_engine_failure)
+        engine, args.shutdown_timeout, exit_on_engine_failure)
     engine.start()
     freeze_startup_heap()  # what start-up made is never garbage: no collection walks it
     try:
@@ -78,9 +98,29 @@ def serve(engine: ServedEngine, args: argparse.Namespace, model_name: str,
 
 
 def served_name(args: argparse.Namespace) -> str:
-    if args.served_model_name:
-        return args.served_model_name
-    return args.model.rstrip("/").split("/")[-1] if args.model else MODEL_NAME
+    """The first (or only) model's name, as clients send it."""
+    return model_entries(args)[0][0]
+
+
+def model_entries(args: argparse.Namespace) -> list[tuple[str, str | None]]:
+    """(name clients use, what --model names) for each --model: NAME=PATH sets the name,
+    else --served-model-name (one model only) or the folder's or file's name. ValueError
+    for two models of one name."""
+    entries: list[tuple[str, str | None]] = []
+    for given in args.model or [None]:
+        name, path = None, given
+        if given and "=" in given and "/" not in given.split("=", 1)[0]:
+            name, path = given.split("=", 1)
+        if name is None and args.served_model_name and len(args.model or []) <= 1:
+            name = args.served_model_name
+        if name is None:
+            name = path.rstrip("/").split("/")[-1] if path else MODEL_NAME
+        if path == MODEL_NAME:
+            path = None  # the default model, prepared on first use
+        if any(name == seen for seen, _ in entries):
+            raise ValueError(f"two models are named {name!r}; name them with NAME=PATH")
+        entries.append((name, path))
+    return entries
 
 
 def given_flags(description: str | None, argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -101,23 +141,42 @@ def run_server(description: str | None, title: str = "nano-vLLM", core: str = PA
         args = build_parser(description).parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     stopped_by: dict[str, int] = {}
+    started: list[ServedModel] = []
     try:
-        config = replace(EngineConfig.from_args(args), **(fixed or {}))
+        entries = model_entries(args)
+        config = replace(EngineConfig.from_args(argparse.Namespace(
+            **{**vars(args), "model": entries[0][1]})), **(fixed or {}))
         access = AccessConfig.from_args(args)
         limits.check_max_request_bytes(args.max_request_bytes)
         if args.thinking_token_budget is not None and args.thinking_token_budget < 0:
             raise ValueError("--thinking-token-budget cannot be negative")
-        with stop_signals_interrupt(stopped_by):
-            engine = build_engine(config, args, core)
-        chat_format = answer.chat_format_from_args(args, engine.tokenizer)
+        if len(entries) > 1:
+            with stop_signals_interrupt(stopped_by):
+                for name, path in entries:
+                    engine = build_engine(replace(config, model=path), args, core)
+                    chat_format = answer.chat_format_from_args(args, engine.tokenizer)
+                    started.append(ServedModel(name, engine, model_app(
+                        engine, args, name, access, chat_format)))
+                    print(f"{title}: {name} on {engine.describe()}; {chat_format.describe()}",
+                          flush=True)
+        else:
+            with stop_signals_interrupt(stopped_by):
+                engine = build_engine(config, args, core)
+            chat_format = answer.chat_format_from_args(args, engine.tokenizer)
     except (ModelPreparationError, ValueError, QuantizedKernelUnavailable,
             EngineStartError, MemoryError) as exc:
+        EngineGroup(started).shutdown()
         print(f"error: {describe_start_error(exc)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:  # SIGINT or SIGTERM before the server was up
+        EngineGroup(started).shutdown()
         signum = stopped_by.get("signal", signal.SIGINT)
         print(f"stopped while starting ({signal.Signals(signum).name})", file=sys.stderr)
         return 0 if signum == signal.SIGTERM else 128 + signum
+    if started:
+        print(f"{title}: {len(started)} models ({', '.join(m.name for m in started)}); "
+              f"serving on http://{args.host}:{args.port}/v1", flush=True)
+        return serve_several(started, args)
     print(f"{title}: {served_name(args)} on {engine.describe()}; {chat_format.describe()}; "
           f"serving on http://{args.host}:{args.port}/v1", flush=True)
     return serve(engine, args, served_name(args), access, chat_format)

@@ -53,10 +53,11 @@ class EngineConfig:
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> None:
         d = EngineConfig()
-        parser.add_argument("--model", default=None,
+        parser.add_argument("--model", default=None, action="append",
                             help="a local Hugging Face folder, a GGUF file, or gemma-3-270m "
                                  "(fetched on first use); default: SmolLM2-135M-Instruct, "
-                                 "prepared on first use")
+                                 "prepared on first use. server.py takes it several times, "
+                                 "each optionally NAME=PATH, to serve several models")
         parser.add_argument("--device", default=None, help="cuda, mps or cpu (default: best)")
         parser.add_argument("--dtype", default=d.dtype, choices=["float32", "bfloat16", "float16"])
         parser.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs)
@@ -170,7 +171,13 @@ class EngineConfig:
     def from_args(cls, args: argparse.Namespace) -> EngineConfig:
         """The config the CLI's flags describe."""
         prefix_cache = not args.no_prefix_cache and os.environ.get("NANO_PREFIX_CACHE", "1") != "0"
-        config = cls(model=args.model, device=args.device, dtype=args.dtype,
+        model = args.model
+        if isinstance(model, list):  # --model given several times: server.py splits them
+            if len(model) > 1:
+                raise ValueError("--model is given several times; only server.py serves "
+                                 "several models")
+            model = model[0]
+        config = cls(model=model, device=args.device, dtype=args.dtype,
                      max_num_seqs=args.max_num_seqs, num_blocks=args.num_blocks,
                      kv_cache_memory=args.kv_cache_memory, enable_prefix_cache=prefix_cache,
                      hybrid_kv_cache=not args.disable_hybrid_kv_cache,
