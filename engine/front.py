@@ -76,7 +76,11 @@ class EngineFront:
                 raise EngineUnavailableError(self._unavailable)
             self._check_line(request)
             self.texts.add(request)  # first: the loop's first outputs may be back at once
-            self._hand_over(request)
+            try:
+                self._hand_over(request)
+            except EngineUnavailableError:  # the loop is gone (its process exited)
+                self.texts.forget(request.request_id)
+                raise
         self._handed_over()
 
     def _check_line(self, request: Request) -> None:

@@ -56,6 +56,11 @@ class TextOutputs:
         with self._lock:
             self._requests[request.request_id] = _InFlight(request, request.on_output, texts)
 
+    def forget(self, request_id: str) -> None:
+        """Stop tracking a request that was never handed over (its client is told why)."""
+        with self._lock:
+            self._requests.pop(request_id, None)
+
     def __contains__(self, request_id: str) -> bool:
         """Whether a sample of this request (the id it was added with) is still to end."""
         return request_id in self._requests

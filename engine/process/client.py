@@ -39,7 +39,7 @@ from dataclasses import replace
 import msgspec
 import zmq
 
-from engine.admission import check_line, retry_seconds
+from engine.admission import EngineUnavailableError, check_line, retry_seconds
 from engine.config import EngineConfig
 from engine.core import EngineStats
 from engine.front import EngineFront, ModelLimits
@@ -84,6 +84,7 @@ log = logging.getLogger("nano_vllm.engine")
 START_TIMEOUT = 600.0  # seconds for the core to load the model (a first start compiles kernels)
 STOP_TIMEOUT = 10.0  # seconds for the core to stop when told, before it is killed
 METRICS_TIMEOUT = 2.0  # seconds for the core to answer a metrics query
+SEND_RETRY_SECONDS = 0.001  # while the core's line of messages is full
 
 
 class EngineProcessClient(EngineFront):
@@ -187,10 +188,12 @@ class EngineProcessClient(EngineFront):
         grammar = (None if params.grammar is None
                    else GrammarMsg(params.grammar.spec.kind, params.grammar.spec.value))
         self._seq += 1
-        self._send_encoded(self._encoder.encode(AddRequest(
-            self._seq, request.request_id, request.prompt_token_ids,
-            replace(params, grammar=None), grammar, time.monotonic() - request.arrival_time,
-            request.priority, request.timeout, request.arrivals_behind)))
+        if not self._send_encoded(self._encoder.encode(AddRequest(
+                self._seq, request.request_id, request.prompt_token_ids,
+                replace(params, grammar=None), grammar, time.monotonic() - request.arrival_time,
+                request.priority, request.timeout, request.arrivals_behind))):
+            raise EngineUnavailableError("The engine failed and takes no more requests: its "
+                                         "engine core process has exited.")
         self._unacked.append((self._seq, request.num_prompt_tokens))
 
     def _retry_after(self, excess_requests: int = 0, excess_tokens: int = 0) -> int:
@@ -230,9 +233,20 @@ class EngineProcessClient(EngineFront):
     def _send(self, message: ToCore) -> None:  # with _lock held
         self._send_encoded(self._encoder.encode(message))
 
-    def _send_encoded(self, message: bytes) -> None:  # with _lock held
-        if not self._requests.closed:  # (after shutdown, an abort has nothing left to end)
-            self._requests.send(message)
+    def _send_encoded(self, message: bytes) -> bool:  # with _lock held
+        """Send to the core; False if it has exited. zmq's send would wait for as long as no
+        core is connected, on the caller's thread (the event loop): so it is tried without
+        waiting, and while the core's line is full (it is alive but busy) tried again."""
+        if self._requests.closed:  # (after shutdown, an abort has nothing left to end)
+            return False
+        while True:
+            try:
+                self._requests.send(message, zmq.NOBLOCK)
+                return True
+            except zmq.Again:
+                if self._process.poll() is not None:
+                    return False
+                time.sleep(SEND_RETRY_SECONDS)
 
     def render_metrics(self) -> bytes:
         """The core's Prometheus text; if it does not answer within METRICS_TIMEOUT (it is
@@ -240,8 +254,7 @@ class EngineProcessClient(EngineFront):
         with self._metrics_lock:
             self._metrics_query += 1
             query = str(self._metrics_query).encode()
-            if self.is_alive:
-                self._metrics.send(query)
+            if self.is_alive and self._send_query(query):
                 deadline = time.monotonic() + METRICS_TIMEOUT
                 while (left := deadline - time.monotonic()) > 0:
                     if not self._metrics.poll(int(left * 1000) + 1):
@@ -252,6 +265,15 @@ class EngineProcessClient(EngineFront):
                         return text
             return b"# the engine core process did not answer; its last metrics:\n" + (
                 self._last_metrics)
+
+    def _send_query(self, query: bytes) -> bool:
+        """A metrics query to the core, without waiting (a core gone has no peer to take
+        it, and zmq's send would wait for one)."""
+        try:
+            self._metrics.send(query, zmq.NOBLOCK)
+            return True
+        except zmq.Again:
+            return False
 
     def shutdown(self) -> None:
         """Tell the core to stop, wait for it (killing it after STOP_TIMEOUT), clean up; a

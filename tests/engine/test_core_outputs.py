@@ -13,6 +13,7 @@ string found here and the core's own end of the sample happen every time:
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 
 import msgspec
@@ -181,7 +182,7 @@ class AnsweringSocket:
         self.client = client
         self.decoder = msgspec.msgpack.Decoder(AddRequest)
 
-    def send(self, raw: bytes) -> None:
+    def send(self, raw: bytes, flags: int = 0) -> None:
         request_id = self.decoder.decode(raw).request_id
         output = RequestOutput(request_id, "", [9], finished=True,
                                finish_reason=FinishReason.LENGTH, num_output_tokens=1)
@@ -206,3 +207,33 @@ def test_a_report_that_comes_back_at_once_reaches_its_request(tokenizer):
     print("received:", received)
     assert [(o.token_ids, o.finish_reason) for o in received] == [([9], FinishReason.LENGTH)]
     assert client.num_in_flight == 0 and "r" not in client.texts
+
+
+def test_a_request_sent_as_the_core_dies_is_refused_at_once(tokenizer):
+    """A core that has just exited has no peer on the requests socket, where zmq's send
+    would wait for one on the event loop's thread: the request is refused instead (503),
+    untracked, and nothing waits."""
+    import zmq
+
+    from engine.admission import EngineUnavailableError
+
+    client = EngineProcessClient.__new__(EngineProcessClient)
+    client.config = EngineConfig()
+    client.texts = TextOutputs(tokenizer, lambda sample_id: None)
+    stats = {"running": 0, "waiting": 0, "blocks_total": 0, "blocks_used": 0,
+             "blocks_free": 0, "blocks_cached_free": 0}
+    client._state = CoreState(stats, 0, 0, Rates())  # type: ignore[arg-type]
+    client._lock, client._unavailable, client._failure = threading.Lock(), None, None
+    client._unacked, client._seq = deque(), 0
+    client._encoder = msgspec.msgpack.Encoder()
+    context = zmq.Context()
+    client._requests = context.socket(zmq.PUSH)  # bound, no peer: the core is gone
+    client._requests.bind("inproc://nobody")
+    client._process = type("Exited", (), {"poll": lambda self: -9})()  # type: ignore[assignment]
+    started = time.monotonic()
+    with pytest.raises(EngineUnavailableError, match="exited"):
+        client.add_request(Request("r", tokenizer("Hi").input_ids,
+                                   SamplingParams(max_tokens=1), on_output=print))
+    assert time.monotonic() - started < 1 and "r" not in client.texts
+    client._requests.close(linger=0)
+    context.term()
