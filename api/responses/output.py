@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import uuid
+from collections.abc import Callable
 from typing import Any, Literal, TypeVar
 
 from api.answer import Answer
@@ -98,17 +99,9 @@ class ResponseOutput:
         return index
 
     def _reasoning(self, delta: str) -> list[StreamEvent]:
-        index = self._latest(ReasoningItem)
-        events: list[StreamEvent] = []
-        if index is None:
-            events += self._open(ReasoningItem(id=item_id("rs"), status="in_progress",
-                                               content=[ReasoningText(text="")]))
-            index = len(self.items) - 1
-        item = self.items[index]
-        item.content[0].text += delta  # type: ignore[union-attr]
-        events.append(self.event(ReasoningDeltaEvent, item_id=item.id, output_index=index,
-                                 content_index=0, delta=delta))
-        return events
+        return self._grow(ReasoningItem, lambda: self._open(ReasoningItem(
+            id=item_id("rs"), status="in_progress", content=[ReasoningText(text="")])),
+            ReasoningDeltaEvent, delta)
 
     def _open_message(self) -> list[StreamEvent]:
         message = OutputMessage(id=item_id("msg"), status="in_progress",
@@ -120,12 +113,17 @@ class ResponseOutput:
         return events
 
     def _text(self, delta: str) -> list[StreamEvent]:
-        index = self._latest(OutputMessage)
-        events = [] if index is not None else self._open_message()
+        return self._grow(OutputMessage, self._open_message, TextDeltaEvent, delta)
+
+    def _grow(self, kind: type[Item], opening: Callable[[], list[StreamEvent]],
+              told_by: type[StreamEvent], delta: str) -> list[StreamEvent]:
+        """`delta` added to the open item of `kind` (opened first, unless the last item is
+        one), and the event that tells it."""
+        events = [] if self._latest(kind) is not None else opening()
         index = len(self.items) - 1
-        message = self.items[index]
-        message.content[0].text += delta  # type: ignore[union-attr]
-        events.append(self.event(TextDeltaEvent, item_id=message.id, output_index=index,
+        item = self.items[index]
+        item.content[0].text += delta  # type: ignore[union-attr]
+        events.append(self.event(told_by, item_id=item.id, output_index=index,
                                  content_index=0, delta=delta))
         return events
 

@@ -189,8 +189,8 @@ class AnsweringSocket:
         self.client.texts.deliver([(request_id, output)])
 
 
-def test_a_report_that_comes_back_at_once_reaches_its_request(tokenizer):
-    """No process: the client's admission and send, with a socket that answers at once."""
+def processless_client(tokenizer) -> EngineProcessClient:
+    """A client with its admission and send, and no core process or sockets."""
     client = EngineProcessClient.__new__(EngineProcessClient)
     client.config = EngineConfig()
     client.texts = TextOutputs(tokenizer, lambda sample_id: None)
@@ -200,6 +200,12 @@ def test_a_report_that_comes_back_at_once_reaches_its_request(tokenizer):
     client._lock, client._unavailable, client._failure = threading.Lock(), None, None
     client._unacked, client._seq = deque(), 0
     client._encoder = msgspec.msgpack.Encoder()
+    return client
+
+
+def test_a_report_that_comes_back_at_once_reaches_its_request(tokenizer):
+    """No process: the client's admission and send, with a socket that answers at once."""
+    client = processless_client(tokenizer)
     client._requests = AnsweringSocket(client)  # type: ignore[assignment]
     received: list[RequestOutput] = []
     client.add_request(Request("r", tokenizer("Hi").input_ids, SamplingParams(max_tokens=1),
@@ -217,15 +223,7 @@ def test_a_request_sent_as_the_core_dies_is_refused_at_once(tokenizer):
 
     from engine.admission import EngineUnavailableError
 
-    client = EngineProcessClient.__new__(EngineProcessClient)
-    client.config = EngineConfig()
-    client.texts = TextOutputs(tokenizer, lambda sample_id: None)
-    stats = {"running": 0, "waiting": 0, "blocks_total": 0, "blocks_used": 0,
-             "blocks_free": 0, "blocks_cached_free": 0}
-    client._state = CoreState(stats, 0, 0, Rates())  # type: ignore[arg-type]
-    client._lock, client._unavailable, client._failure = threading.Lock(), None, None
-    client._unacked, client._seq = deque(), 0
-    client._encoder = msgspec.msgpack.Encoder()
+    client = processless_client(tokenizer)
     context = zmq.Context()
     client._requests = context.socket(zmq.PUSH)  # bound, no peer: the core is gone
     client._requests.bind("inproc://nobody")
