@@ -148,8 +148,7 @@ def run_server(description: str | None, title: str = "nano-vLLM", core: str = PA
             **{**vars(args), "model": entries[0][1]})), **(fixed or {}))
         access = AccessConfig.from_args(args)
         limits.check_max_request_bytes(args.max_request_bytes)
-        if args.thinking_token_budget is not None and args.thinking_token_budget < 0:
-            raise ValueError("--thinking-token-budget cannot be negative")
+        answer.check_budget(args.thinking_token_budget)
         if len(entries) > 1:
             with stop_signals_interrupt(stopped_by):
                 for name, path in entries:

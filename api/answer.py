@@ -34,8 +34,7 @@ class ChatFormat:
            tool_call_parser: str = "auto", thinking_budget: int | None = None) -> ChatFormat:
         """The conventions named, or read from the tokenizer's chat template (`auto`).
         ValueError for an unknown name or a negative budget."""
-        if thinking_budget is not None and thinking_budget < 0:
-            raise ValueError("--thinking-token-budget cannot be negative")
+        check_budget(thinking_budget)
         template = getattr(tokenizer, "chat_template", None)
         return cls(resolve_parser(reasoning_parser, template),
                    resolve_format(tool_call_parser, template), thinking_budget)
@@ -47,6 +46,12 @@ class ChatFormat:
                     + (f" (budget {self.thinking_budget} tokens)"
                        if self.thinking_budget is not None else ""))
         return f"{thinking}; tool calls in {self.calls.name} syntax"
+
+
+def check_budget(thinking_budget: int | None) -> None:
+    """ValueError for a negative --thinking-token-budget (checked before a model loads)."""
+    if thinking_budget is not None and thinking_budget < 0:
+        raise ValueError("--thinking-token-budget cannot be negative")
 
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:

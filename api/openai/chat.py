@@ -42,8 +42,10 @@ class Calls:
 
 @dataclass
 class ChoiceStream:
-    """What one streamed choice has sent: of its reasoning and content, and of its calls."""
+    """How one streamed choice is read, and what it has sent: of its reasoning and
+    content, and of its calls."""
 
+    reader: AnswerReader
     parts: SplitStream
     calls: CallStream
 
@@ -139,14 +141,18 @@ class ChatServing(OpenAIServing[ChatCompletionRequest]):
         markup, a character or a tag not yet whole), no logprobs and no finish_reason."""
         index = job.choice_index(prompt_index, output.sample_index)
         logprobs = self.logprobs(body, output.logprobs)
-        reader = self.reader(body, job, prompt_index)
-        stream = job.streams.setdefault(index, ChoiceStream(
-            SplitStream(), CallStream(self.chat_format.calls)))
+        stream = job.streams.get(index)
+        if stream is None:  # the choice's first output: its reader is made once
+            stream = job.streams[index] = ChoiceStream(
+                self.reader(body, job, prompt_index), SplitStream(),
+                CallStream(self.chat_format.calls))
+        reader = stream.reader
         answer = reader.read(sample.text, output.finished)
         reasoning, content = stream.parts.deltas(answer.reasoning, answer.content)
         entries = [] if answer.calls is None else stream.calls.deltas(answer.calls)
         calls = [DeltaToolCall.model_validate(e) for e in entries] or None
-        done = answer.calls is not None and reader.scan(answer.calls).complete
+        done = (output.finish_reason is not None and answer.calls is not None
+                and reader.scan(answer.calls).complete)  # (only the last chunk asks)
         if (not reasoning and not content and calls is None and logprobs is None
                 and output.finish_reason is None):
             return None
