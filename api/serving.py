@@ -84,10 +84,77 @@ async def remind(queue: asyncio.Queue[Any], seconds: float) -> None:
         queue.put_nowait(None)
 
 
-class OpenAIServing(ABC, Generic[Body]):
-    """One generating endpoint; subclasses fill in the prompts and the response shapes."""
+class EngineRequests:
+    """A job's prompts handed to the engine, one request each, and their outputs read back
+    until every one has finished; what every endpoint that runs the engine shares."""
 
     request_id_prefix: ClassVar[str]
+    engine: EngineClient
+
+    def submit(self, job: Job, params: list[SamplingParams], timeout: float | None = None,
+               priority: int = 0, behind: int = 0) -> None:
+        """One engine request per prompt (unique ids, whatever the client's id); outputs go
+        to job.queue tagged with their prompt's index. `timeout`: the request's own deadline,
+        seconds from now; `behind`: other requests taken in and not yet submitted. All or none
+        are submitted: a full line is a 429 with the engine's Retry-After, an engine that
+        takes no requests (it is shutting down, or dead) a 503."""
+        loop, loop_thread = asyncio.get_running_loop(), threading.get_ident()
+        engine_id = f"{self.request_id_prefix}-{uuid.uuid4().hex}"
+        for i, (prompt, prompt_params) in enumerate(zip(job.prompts, params, strict=True)):
+            def deliver(output: RequestOutput, i: int = i) -> None:
+                if threading.get_ident() == loop_thread:  # read on the loop (outputs_on)
+                    job.queue.put_nowait((i, output))
+                else:  # on the engine's thread
+                    loop.call_soon_threadsafe(job.queue.put_nowait, (i, output))
+
+            request_id = f"{engine_id}-{i}"
+            try:
+                self.engine.add_request(EngineRequest(
+                    request_id, prompt.token_ids, prompt_params, deliver, timeout=timeout,
+                    priority=priority, arrivals_behind=behind + len(job.prompts) - 1 - i))
+            except QueueFullError as exc:
+                for submitted in job.request_ids:
+                    self.engine.abort(submitted)
+                raise APIError(f"{exc}; retry after {exc.retry_after} s.", status=429,
+                               code="rate_limit_exceeded", err_type="rate_limit_error",
+                               retry_after=exc.retry_after) from exc
+            except EngineUnavailableError as exc:
+                for submitted in job.request_ids:
+                    self.engine.abort(submitted)
+                raise APIError(str(exc), status=503, code="service_unavailable",
+                               err_type="server_error") from exc
+            job.request_ids.append(request_id)
+
+    async def outputs(self, job: Job,
+                      http_request: Request) -> AsyncIterator[tuple[int, RequestOutput]]:
+        """(prompt index, output) until every sample has finished or one failed; aborts
+        every request if the client leaves (or the caller stops early).
+
+        The client is checked every DISCONNECT_CHECK_SECONDS, also while outputs keep coming
+        (a non-streaming handler would otherwise notice only at the end): a reminder task
+        puts None in the queue that often, which costs nothing per output (a timeout on
+        each wait for the queue would cost a timer, or a task, per token)."""
+        remaining = len(job.prompts) * job.num_samples
+        reminder = asyncio.create_task(remind(job.queue, DISCONNECT_CHECK_SECONDS))
+        try:
+            while remaining:
+                item = await job.queue.get()
+                if item is None:
+                    if await http_request.is_disconnected():
+                        return
+                else:
+                    remaining -= item[1].finished
+                    yield item
+        finally:
+            reminder.cancel()
+            if remaining:
+                for request_id in job.request_ids:
+                    self.engine.abort(request_id)
+
+
+class OpenAIServing(EngineRequests, ABC, Generic[Body]):
+    """One generating endpoint; subclasses fill in the prompts and the response shapes."""
+
     request_id_separator: ClassVar[str] = "-"  # between the prefix and the request's id
 
     def __init__(self, engine: EngineClient, model_name: str,
@@ -162,66 +229,6 @@ class OpenAIServing(ABC, Generic[Body]):
         if name not in self.accepted_model_names:
             raise APIError(f"The model '{name}' does not exist; this server serves "
                            f"'{self.model_name}'.", "model", status=404, code="model_not_found")
-
-    def submit(self, job: Job, params: list[SamplingParams], timeout: float | None = None,
-               priority: int = 0, behind: int = 0) -> None:
-        """One engine request per prompt (unique ids, whatever the client's id); outputs go
-        to job.queue tagged with their prompt's index. `timeout`: the request's own deadline,
-        seconds from now; `behind`: other requests taken in and not yet submitted. All or none
-        are submitted: a full line is a 429 with the engine's Retry-After, an engine that
-        takes no requests (it is shutting down, or dead) a 503."""
-        loop, loop_thread = asyncio.get_running_loop(), threading.get_ident()
-        engine_id = f"{self.request_id_prefix}-{uuid.uuid4().hex}"
-        for i, (prompt, prompt_params) in enumerate(zip(job.prompts, params, strict=True)):
-            def deliver(output: RequestOutput, i: int = i) -> None:
-                if threading.get_ident() == loop_thread:  # read on the loop (outputs_on)
-                    job.queue.put_nowait((i, output))
-                else:  # on the engine's thread
-                    loop.call_soon_threadsafe(job.queue.put_nowait, (i, output))
-
-            request_id = f"{engine_id}-{i}"
-            try:
-                self.engine.add_request(EngineRequest(
-                    request_id, prompt.token_ids, prompt_params, deliver, timeout=timeout,
-                    priority=priority, arrivals_behind=behind + len(job.prompts) - 1 - i))
-            except QueueFullError as exc:
-                for submitted in job.request_ids:
-                    self.engine.abort(submitted)
-                raise APIError(f"{exc}; retry after {exc.retry_after} s.", status=429,
-                               code="rate_limit_exceeded", err_type="rate_limit_error",
-                               retry_after=exc.retry_after) from exc
-            except EngineUnavailableError as exc:
-                for submitted in job.request_ids:
-                    self.engine.abort(submitted)
-                raise APIError(str(exc), status=503, code="service_unavailable",
-                               err_type="server_error") from exc
-            job.request_ids.append(request_id)
-
-    async def outputs(self, job: Job,
-                      http_request: Request) -> AsyncIterator[tuple[int, RequestOutput]]:
-        """(prompt index, output) until every sample has finished or one failed; aborts
-        every request if the client leaves (or the caller stops early).
-
-        The client is checked every DISCONNECT_CHECK_SECONDS, also while outputs keep coming
-        (a non-streaming handler would otherwise notice only at the end): a reminder task
-        puts None in the queue that often, which costs nothing per output (a timeout on
-        each wait for the queue would cost a timer, or a task, per token)."""
-        remaining = len(job.prompts) * job.num_samples
-        reminder = asyncio.create_task(remind(job.queue, DISCONNECT_CHECK_SECONDS))
-        try:
-            while remaining:
-                item = await job.queue.get()
-                if item is None:
-                    if await http_request.is_disconnected():
-                        return
-                else:
-                    remaining -= item[1].finished
-                    yield item
-        finally:
-            reminder.cancel()
-            if remaining:
-                for request_id in job.request_ids:
-                    self.engine.abort(request_id)
 
     async def collect(self, job: Job, body: Body, http_request: Request,
                       headers: dict[str, str]) -> Response:
