@@ -29,7 +29,7 @@ from torch import Tensor, nn
 
 from model.config import ModelConfig
 from model.layers import BiasedLinear, Linear
-from model.registry import Architecture
+from model.registry import CHECKPOINT_PREFIX, Architecture
 from model.weights.blocks import BlockTensor
 
 CheckpointTensor = Tensor | BlockTensor  # dense, or a GGUF file's own codes
@@ -82,8 +82,16 @@ def read_checkpoint(model_path: Path) -> Checkpoint:
 
         gguf = read_gguf_checkpoint(model_path)
         return Checkpoint(gguf.config, gguf.hf_weights, model_path)
-    return Checkpoint(ModelConfig.from_dir(model_path), dict(read_hf_weights(model_path)),
+    return Checkpoint(ModelConfig.from_dir(model_path), with_prefix(read_hf_weights(model_path)),
                       model_path)
+
+
+def with_prefix(weights: dict[str, Tensor]) -> dict[str, Tensor]:
+    """A bare backbone's tensors (a sentence-transformers folder's `Gemma3TextModel` saves
+    `embed_tokens.weight`, not `model.embed_tokens.weight`) under the names of a whole model."""
+    if any(name.startswith(CHECKPOINT_PREFIX) for name in weights):
+        return weights
+    return {f"{CHECKPOINT_PREFIX}{name}": t for name, t in weights.items()}
 
 
 def weight_units(module: nn.Module, prefix: str = "") -> Iterator[tuple[str, nn.Module]]:
@@ -115,7 +123,9 @@ def load_weights(model: nn.Module, arch: Architecture, checkpoint: Checkpoint,
     embedding_name = f"{arch.checkpoint_modules(EMBEDDING, cfg)[0]}.weight"
     head_name = f"{arch.checkpoint_modules(LM_HEAD, cfg)[0]}.weight"
     embedding = take(embedding_name, keep=True)
-    head = None if cfg.tie_word_embeddings else take(head_name, keep=True)
+    # An encoder has no head (model/gemma3.py); a tied head is the embedding.
+    needs_head = getattr(model, LM_HEAD, None) is not None and not cfg.tie_word_embeddings
+    head = take(head_name, keep=True) if needs_head else None
     fmt.embedding_and_head(model, embedding, head)
     tensors.pop(embedding_name, None)
     tensors.pop("lm_head.weight", None)  # the head's, or a tied folder's unused copy

@@ -64,6 +64,9 @@ class ModelConfig:
     rope_local_theta: float | None = None
     query_pre_attn_scalar: float | None = None
     final_logit_softcapping: float | None = None
+    # An encoder (EmbeddingGemma): every token attends to every other in its sequence, a
+    # sliding layer to those within window // 2 either side; no LM head (model/embedding.py).
+    bidirectional: bool = False
 
     def layer_window(self, layer_idx: int) -> int | None:
         """The window of this layer's attention, None where it sees the whole context."""
@@ -162,7 +165,6 @@ def check_gemma3(raw: dict[str, Any]) -> None:
     refused = {
         "attention_bias": "biases on q, k, v and o",
         "attn_logit_softcapping": "a tanh cap on the attention scores",
-        "use_bidirectional_attention": "bidirectional attention",
     }
     for key, what in refused.items():
         if raw.get(key):
@@ -207,4 +209,5 @@ def read_gemma3(raw: dict[str, Any]) -> dict[str, Any]:
         "sliding_layers": sliding,
         "query_pre_attn_scalar": float(raw.get("query_pre_attn_scalar", 256)),
         "final_logit_softcapping": raw.get("final_logit_softcapping"),
+        "bidirectional": bool(raw.get("use_bidirectional_attention")),
     }

@@ -119,7 +119,8 @@ class Gemma3Model(nn.Module):
                              persistent=False)
         self.layers = nn.ModuleList(Gemma3DecoderLayer(cfg, i) for i in range(cfg.num_layers))
         self.norm = GemmaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size)  # tied: a transposed copy
+        # Tied: a transposed copy. An encoder's output is its hidden states: no head.
+        self.lm_head = None if cfg.bidirectional else Linear(cfg.hidden_size, cfg.vocab_size)
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.max_position_embeddings)
         local_theta = cfg.rope_local_theta or cfg.rope_theta
         self.local_rotary = RotaryEmbedding(cfg.head_dim, local_theta,
@@ -128,10 +129,7 @@ class Gemma3Model(nn.Module):
     def forward(self, input_ids: Tensor, positions: Tensor, attention: AttentionFn,
                 logits_indices: Tensor | None = None) -> Tensor:
         """Logits for the given tokens; the same contract as LlamaModel.forward."""
-        x = self.embed_tokens(input_ids) * self.embed_scale
-        ropes = {False: self.rotary.table(positions), True: self.local_rotary.table(positions)}
-        for layer in self.layers:
-            x = layer(x, ropes[layer.sliding], attention)
+        x = self.layer_stack(input_ids, positions, attention)
         if logits_indices is not None:
             x = x[logits_indices]
         logits = self.lm_head(self.norm(x))
@@ -139,6 +137,19 @@ class Gemma3Model(nn.Module):
         if cap:
             logits = torch.tanh(logits / cap) * cap
         return logits
+
+    def hidden_states(self, input_ids: Tensor, positions: Tensor,
+                      attention: AttentionFn) -> Tensor:
+        """The last layer's output, normed: what an encoder hands its pooling."""
+        return self.norm(self.layer_stack(input_ids, positions, attention))
+
+    def layer_stack(self, input_ids: Tensor, positions: Tensor, attention: AttentionFn,
+                    ) -> Tensor:
+        x = self.embed_tokens(input_ids) * self.embed_scale
+        ropes = {False: self.rotary.table(positions), True: self.local_rotary.table(positions)}
+        for layer in self.layers:
+            x = layer(x, ropes[layer.sliding], attention)
+        return x
 
 
 # Qwen3's mapping: q/k/v and gate/up fused, the query and key head norms as one QKNorm; the

@@ -63,7 +63,15 @@ def load_path(path: Path, fmt: WeightFormat) -> nn.Module:
     checkpoint = fmt.read(path)
     arch = architecture(checkpoint.config.model_type)
     fmt.check(checkpoint.config)
-    return fmt.finish(build_model(checkpoint, arch, fmt))
+    model = fmt.finish(build_model(checkpoint, arch, fmt))
+    if not checkpoint.config.bidirectional:
+        return model
+    from model.embedding import is_sentence_transformers, wrap_encoder
+
+    if not is_sentence_transformers(path):
+        raise ValueError(f"{path}: a bidirectional encoder is served as an embedding model, "
+                         "from a sentence-transformers folder (modules.json names its pooling)")
+    return wrap_encoder(model, path)
 
 
 @dataclass

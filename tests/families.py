@@ -49,3 +49,59 @@ def save_family(family: str, folder: Path, model_dir: Path) -> Path:
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+EMBEDDING_WINDOW = 8  # the tiny encoder's sliding window: a token sees 4 either side
+
+
+def save_embedding_model(folder: Path, model_dir: Path, pooling: str = "mean") -> Path:
+    """A tiny random bidirectional Gemma 3 as a sentence-transformers folder, shaped like
+    EmbeddingGemma (sliding and full layers, one K/V head, a Dense pair, Normalize), with the
+    default model's tokenizer; `pooling` is "mean", "cls" or "lasttoken"."""
+    import json
+
+    from safetensors.torch import save_file
+    from transformers import AutoTokenizer, Gemma3TextConfig, Gemma3TextModel
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    config = Gemma3TextConfig(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=32, sliding_window=EMBEDDING_WINDOW,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+        max_position_embeddings=512, use_bidirectional_attention=True, query_pre_attn_scalar=32,
+        pad_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id)
+    torch.manual_seed(0)
+    model = Gemma3TextModel(config)
+    with torch.no_grad():  # Gemma's norms start at zero gain offsets: make them matter
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.normal_(0.0, 0.3)
+    if folder.exists():
+        shutil.rmtree(folder)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    modules = [("0", "", "Transformer"), ("1", "1_Pooling", "Pooling"),
+               ("2", "2_Dense", "Dense"), ("3", "3_Dense", "Dense"),
+               ("4", "4_Normalize", "Normalize")]
+    (folder / "modules.json").write_text(json.dumps([
+        {"idx": i, "name": name, "path": path, "type": f"sentence_transformers.models.{kind}"}
+        for i, (name, path, kind) in enumerate(modules)]))
+    (folder / "1_Pooling").mkdir()
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps({
+        "word_embedding_dimension": 64, "include_prompt": True,
+        "pooling_mode_mean_tokens": pooling == "mean", "pooling_mode_cls_token": pooling == "cls",
+        "pooling_mode_lasttoken": pooling == "lasttoken"}))
+    for path, (n_in, n_out) in (("2_Dense", (64, 96)), ("3_Dense", (96, 48))):
+        (folder / path).mkdir()
+        (folder / path / "config.json").write_text(json.dumps({
+            "in_features": n_in, "out_features": n_out, "bias": False,
+            "activation_function": "torch.nn.modules.linear.Identity"}))
+        save_file({"linear.weight": torch.randn(n_out, n_in) / n_in ** 0.5},
+                  folder / path / "model.safetensors")
+    (folder / "4_Normalize").mkdir()
+    (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 256}))
+    (folder / "config_sentence_transformers.json").write_text(json.dumps({
+        "prompts": {"query": "task: search result | query: ", "document": "title: none | text: "},
+        "default_prompt_name": None, "similarity_fn_name": "cosine"}))
+    return folder

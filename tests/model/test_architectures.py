@@ -345,8 +345,6 @@ def base_config(**changes) -> dict:
     ({"model_type": "gemma3"}, "'gemma3' is not supported"),
     ({"model_type": "gemma3_text", "attn_logit_softcapping": 50.0}, "attn_logit_softcapping"),
     ({"model_type": "gemma3_text", "hidden_activation": "gelu"}, "hidden_activation 'gelu'"),
-    ({"model_type": "gemma3_text", "use_bidirectional_attention": True},
-     "bidirectional attention"),
     ({"model_type": "gemma3_text", "sliding_window": 512,
       "rope_scaling": {"rope_type": "linear", "factor": 8.0}}, "full_attention rope type 'linear'"),
     ({"model_type": "gemma3_text", "layer_types": ["full_attention", "chunked_attention"]},
@@ -385,3 +383,15 @@ def test_int8_refuses_a_model_with_qkv_biases(tmp_path):
     save_tiny("qwen2", tmp_path)
     with pytest.raises(ValueError, match="--weights int8 does not quantize qwen2"):
         load_int8_model(tmp_path)
+
+
+def test_a_bidirectional_gemma3_is_an_encoder_without_a_head():
+    cfg = ModelConfig.from_dict(base_config(model_type="gemma3_text", sliding_window=512,
+                                            use_bidirectional_attention=True))
+    assert cfg.bidirectional
+    assert not ModelConfig.from_dict(base_config(model_type="gemma3_text",
+                                                 sliding_window=512)).bidirectional
+    from model.gemma3 import Gemma3Model
+
+    with torch.device("meta"):
+        assert Gemma3Model(cfg).lm_head is None
