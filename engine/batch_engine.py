@@ -56,7 +56,7 @@ class BatchEngine(EngineFront):
                                wake=self._wakeup.set, totals=self._dashboard_totals)
         self.core = self.loop.core
         self.limits = ModelLimits(self.loop.max_tokens_per_request, self.loop.model_type,
-                                  self.loop.max_position_embeddings)
+                                  self.loop.max_position_embeddings, self.loop.embedding_info)
         self.metrics = FrontMetrics(self.loop.metrics.render, self.texts.finishes)
         self.snapshots = self.loop.snapshots
         self._stop = threading.Event()

@@ -55,6 +55,7 @@ class StepResult:
     drafts: list[tuple[int, int]] = field(default_factory=list)
     failed: list[Request] = field(default_factory=list)  # the model run failed for these
     error: str | None = None
+    embedded_inputs: int = 0  # an embedding model's inputs done (engine/embedding_core.py)
 
 
 class EngineCore(Protocol):

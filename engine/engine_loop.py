@@ -31,11 +31,13 @@ from contextlib import AbstractContextManager, nullcontext
 from engine.admission import DrainRate, LineSize, LineTracker
 from engine.config import EngineConfig
 from engine.core import EngineCore, EngineStats, PagedEngineCore, StepResult
+from engine.embedding_core import EmbeddingEngineCore
 from engine.in_flight import InFlight
 from engine.metrics import EngineMetrics
 from engine.output_processor import OutputProcessor
 from engine.request import ENGINE_FAILED, SHUTDOWN, FinishReason, Request, RequestOutput
 from engine.snapshot import CachedBlock, StepRecorder
+from model.embedding import EmbeddingInfo, EmbeddingModel
 from model.llama import LlamaModel
 
 log = logging.getLogger("nano_vllm.engine")
@@ -55,6 +57,8 @@ class EngineLoop:
         eos = set(model.cfg.eos_token_ids)
         if tokenizer.eos_token_id is not None:
             eos.add(tokenizer.eos_token_id)
+        if isinstance(model, EmbeddingModel):  # it generates nothing: a core of its own
+            core_class = EmbeddingEngineCore
         self.core: EngineCore = core_class(config, model, eos)
         self.metrics = EngineMetrics()
         self.metrics.add_gauges(self.stats)
@@ -122,6 +126,10 @@ class EngineLoop:
     @property
     def max_position_embeddings(self) -> int:
         return self.model.cfg.max_position_embeddings
+
+    @property
+    def embedding_info(self) -> EmbeddingInfo | None:
+        return self.model.info if isinstance(self.model, EmbeddingModel) else None
 
     @property
     def num_in_flight(self) -> int:

@@ -15,6 +15,7 @@ from engine.admission import EngineUnavailableError, check_samples
 from engine.config import EngineConfig
 from engine.request import Request
 from engine.text_outputs import TextOutputs
+from model.embedding import EmbeddingInfo
 
 log = logging.getLogger("nano_vllm.engine")
 
@@ -26,6 +27,7 @@ class ModelLimits:
     max_tokens_per_request: int  # prompt + completion tokens one request may hold
     model_type: str  # config.json's model_type ("llama", "qwen2", ...)
     max_position_embeddings: int  # the model's own context length
+    embedding: EmbeddingInfo | None = None  # an embedding model's (model/embedding.py)
 
 
 class EngineFront:
@@ -52,6 +54,11 @@ class EngineFront:
     @property
     def max_position_embeddings(self) -> int:
         return self.limits.max_position_embeddings
+
+    @property
+    def embedding_info(self) -> EmbeddingInfo | None:
+        """An embedding model's sizes and prompts; None for a model that generates."""
+        return self.limits.embedding
 
     @property
     def max_num_seqs(self) -> int:

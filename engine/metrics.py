@@ -61,6 +61,10 @@ class EngineMetrics:
             P + "prefix_cache_hits", "Prompt tokens found in the prefix cache (or copied "
             "from a seated request's partly matching block).", registry=r)
         self.preemptions = Counter(P + "num_preemptions", "Requests preempted.", registry=r)
+        self.embedding_inputs = Counter(P + "embedding_inputs", "Inputs embedded (each text "
+                                        "of an embedding, rerank or score request).", registry=r)
+        self.embedding_tokens = Counter(P + "embedding_tokens", "Tokens of the inputs embedded.",
+                                        registry=r)
         self.spec_decode = SpecDecodeMetrics(r)
         self.ttft = Histogram(P + "time_to_first_token_seconds", "Time to first token.",
                               buckets=LATENCY_BUCKETS, registry=r)
@@ -120,6 +124,9 @@ class EngineMetrics:
         self.prefix_cache_hits.inc(step.prefix_hit_tokens)
         self.prompt_tokens.inc(step.num_prompt_tokens)
         self.spec_decode.observe(step.drafts)
+        if step.embedded_inputs:
+            self.embedding_inputs.inc(step.embedded_inputs)
+            self.embedding_tokens.inc(step.num_prompt_tokens)
 
     def on_token(self, request: Request, now: float) -> None:
         self.generation_tokens.inc()

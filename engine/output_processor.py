@@ -28,7 +28,7 @@ class OutputProcessor:
         request = update.request
         output = RequestOutput(request.request_id, "", list(update.new_token_ids),
                                finished=update.finish_reason is not None,
-                               finish_reason=update.finish_reason)
+                               finish_reason=update.finish_reason, embedding=update.embedding)
         # One entry per token sent, the stop token included (as vLLM and OpenAI send it).
         if request.params.logprobs is not None:
             output.logprobs = list(update.logprobs)

@@ -115,6 +115,7 @@ class RequestOutput:
     timing: RequestTiming | None = None  # final output (a core process sends it with each: so far)
     stop_string: str | None = None  # final output: the stop string that ended it, if one did
     reasoning_tokens: int = 0  # thinking tokens so far (engine/thinking.py), tags not counted
+    embedding: list[float] | None = None  # an embedding model's vector, with the last output
 
 
 @dataclass(eq=False)

@@ -136,6 +136,7 @@ class RequestUpdate:
     new_token_ids: list[int]
     finish_reason: FinishReason | None = None  # set by a stop token or by length
     logprobs: list[TokenLogprobs] = field(default_factory=list)  # beside new_token_ids, if asked
+    embedding: list[float] | None = None  # an embedding model's vector (it ends the request)
 
     @property
     def ended_by_stop_token(self) -> bool:

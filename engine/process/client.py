@@ -128,7 +128,7 @@ class EngineProcessClient(EngineFront):
             raise
         self.core_pid = ready.pid
         self.limits = ModelLimits(ready.max_tokens_per_request, ready.model_type,
-                                  ready.max_position_embeddings)
+                                  ready.max_position_embeddings, ready.embedding)
         self._description = ready.description
         self._state = ready.state
         # The dashboard's view; None for a core with no pool to show (the baseline's).

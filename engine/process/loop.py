@@ -124,7 +124,7 @@ class CoreProcess:
         engine = self.engine
         self.send(Ready(os.getpid(), engine.max_tokens_per_request, engine.model_type,
                         engine.max_position_embeddings, engine.describe(), self.state(),
-                        engine.snapshots is not None))
+                        engine.snapshots is not None, engine.embedding_info))
         try:
             while not self._stopping:
                 self._take_messages()

@@ -29,6 +29,7 @@ from engine.config import EngineConfig
 from engine.core import EngineStats
 from engine.request import RequestOutput, SamplingParams
 from engine.structured.grammar import GrammarKind, GrammarSpec
+from model.embedding import EmbeddingInfo
 
 # --- API -> core ------------------------------------------------------------------------------
 
@@ -116,6 +117,7 @@ class Ready(msgspec.Struct, tag=True):
     description: str
     state: CoreState
     dashboard: bool  # the core has a pool to show (not the baseline's)
+    embedding: EmbeddingInfo | None = None  # an embedding model's sizes and prompts
 
 
 class Report(msgspec.Struct, tag=True):
