@@ -5,6 +5,7 @@ the serving objects every surface shares, and a router per surface:
 - api/openai/routes.py: OpenAI's completions and chat completions, /tokenize, /detokenize;
 - api/responses/routes.py: OpenAI's Responses API;
 - api/messages/routes.py: Anthropic's Messages API (errors in Anthropic's shape);
+- api/embeddings/routes.py: embeddings, rerank and score (an embedding model's);
 - api/dashboard/routes.py: the dashboard, not part of the document.
 
 What the generating endpoints share is api/serving.py's; every error leaves as the route's
@@ -25,6 +26,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api.answer import ChatFormat
 from api.dashboard.routes import dashboard_router
+from api.embeddings.routes import embeddings_router
+from api.embeddings.serving import EmbeddingServing
 from api.engine_client import EngineClient
 from api.errors import APIError, describe_validation_error, error_response
 from api.limits import BodySizeLimit, PromptBound, default_max_request_bytes
@@ -137,6 +140,8 @@ def create_app(engine: EngineClient, model_name: str, access: AccessConfig | Non
                                      auth))
     app.include_router(responses_router(responses_serving, guarded, auth))
     app.include_router(messages_router(messages_serving, guarded, auth))
+    app.include_router(embeddings_router(EmbeddingServing(engine, model_name, arrivals,
+                                                          accept_unknown_fields), guarded, auth))
     # Read-only, behind the key like the API; not part of the OpenAI-compatible document.
     app.include_router(dashboard_router(engine, guard(app, browser=True)),
                        include_in_schema=False)

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
     from engine.config import EngineConfig
     from engine.core import EngineStats
+    from model.embedding import EmbeddingInfo
 
 
 class MetricsRenderer(Protocol):
@@ -48,6 +49,11 @@ class EngineClient(DashboardSource, Protocol):
     @property
     def max_position_embeddings(self) -> int:
         """The model's own context length, from its config.json."""
+        ...
+
+    @property
+    def embedding_info(self) -> EmbeddingInfo | None:
+        """An embedding model's sizes and task prompts; None for a model that generates."""
         ...
 
     @property

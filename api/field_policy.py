@@ -31,6 +31,9 @@ CHAT = "/v1/chat/completions"
 RESPONSES = "/v1/responses"
 MESSAGES = "/v1/messages"
 COUNT_TOKENS = "/v1/messages/count_tokens"
+EMBEDDINGS = "/v1/embeddings"
+RERANK = "/v1/rerank"
+SCORE = "/v1/score"
 
 
 class Status(StrEnum):
@@ -299,11 +302,55 @@ MESSAGES_FIELDS: dict[str, FieldRule] = {
                                   "400.", A),
 }
 
+# What every embedding endpoint reads besides its inputs.
+EMBEDDING_SHARED: dict[str, FieldRule] = {
+    "model": SHARED["model"],
+    "truncate_prompt_tokens": done("Cut a longer input to this many tokens (-1: the model's "
+                                   "most), as sentence-transformers does; without it a longer "
+                                   "input is a 400.", V),
+    "priority": SHARED["priority"],
+    "request_timeout": SHARED["request_timeout"],
+}
+
+EMBEDDING_FIELDS: dict[str, FieldRule] = {
+    **EMBEDDING_SHARED,
+    "input": done("Text, token ids, or a list of either (up to 2048 inputs)."),
+    "prompt_name": done("One of the model's task prompts (its config_sentence_transformers."
+                        "json, e.g. query or document), put before each text; default: the "
+                        "model's default_prompt_name, if any.", OURS),
+    "encoding_format": done("float, or base64 (little-endian float32)."),
+    "dimensions": done("A Matryoshka size the model was trained for: the embedding is cut "
+                       "to it, then normalized again."),
+    "user": SHARED["user"],
+}
+
+RERANK_FIELDS: dict[str, FieldRule] = {
+    **EMBEDDING_SHARED,
+    "query": done("The query, embedded with the model's query prompt.", V),
+    "documents": done("Texts (or {text} objects), embedded with the model's document "
+                      "prompt; each scored by its cosine with the query.", V),
+    "top_n": done("Only the n best documents.", V),
+    "return_documents": done("Each result carries its document's text.", V),
+    "prompt_name": refused("The query and the documents take the model's query and "
+                           "document prompts.", OURS),
+}
+
+SCORE_FIELDS: dict[str, FieldRule] = {
+    **EMBEDDING_SHARED,
+    "text_1": done("One text, or a list: the queries (query prompt).", V),
+    "text_2": done("One text, or a list: the documents (document prompt); each scored by "
+                   "its cosine with its query.", V),
+    "prompt_name": RERANK_FIELDS["prompt_name"],
+}
+
 POLICIES: dict[str, dict[str, FieldRule]] = {COMPLETIONS: COMPLETION_FIELDS,
                                              CHAT: CHAT_FIELDS,
                                              RESPONSES: RESPONSE_FIELDS,
                                              MESSAGES: MESSAGES_FIELDS,
-                                             COUNT_TOKENS: MESSAGES_PROMPT}
+                                             COUNT_TOKENS: MESSAGES_PROMPT,
+                                             EMBEDDINGS: EMBEDDING_FIELDS,
+                                             RERANK: RERANK_FIELDS,
+                                             SCORE: SCORE_FIELDS}
 
 _warned: set[str] = set()
 _warned_lock = threading.Lock()

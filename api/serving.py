@@ -224,6 +224,10 @@ class OpenAIServing(EngineRequests, ABC, Generic[Body]):
     def check_model(self, body: Body) -> None:
         if body.model is not None:
             self.check_model_name(body.model)
+        if self.engine.embedding_info is not None:
+            raise APIError(f"The model '{self.model_name}' is an embedding model: it generates "
+                           "no text. Ask it on /v1/embeddings, /v1/rerank or /v1/score.",
+                           "model", code="model_not_generative")
 
     def check_model_name(self, name: str) -> None:
         if name not in self.accepted_model_names:

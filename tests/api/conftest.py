@@ -36,9 +36,10 @@ class RunningServer:
 
 
 def serve(engine: BatchEngine, access: AccessConfig | None = None,
-          max_request_bytes: int | None = None) -> Iterator[RunningServer]:
+          max_request_bytes: int | None = None,
+          model_name: str = MODEL_NAME) -> Iterator[RunningServer]:
     """Start the engine and uvicorn on a free port; stop both afterwards."""
-    app = create_app(engine, MODEL_NAME, access, max_request_bytes=max_request_bytes)
+    app = create_app(engine, model_name, access, max_request_bytes=max_request_bytes)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))  # bound here, handed to uvicorn: no race for the port

@@ -34,6 +34,7 @@ class FakeEngine:
         self.unavailable_reason = None
         self.scheduling_policy = "fcfs"
         self.snapshots = None  # no dashboard to show
+        self.embedding_info = None  # a model that generates
 
     def add_request(self, request) -> None:
         raise AssertionError("an unauthenticated request reached the engine")
