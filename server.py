@@ -18,7 +18,10 @@ from api import answer, lifecycle, limits
 from api.answer import ChatFormat
 from api.app import create_app
 from api.engine_client import ServedEngine
-from api.model_router import EngineGroup, ModelRouter, ServedModel
+from api.model_budget import LoadPolicy
+from api.model_pool import ModelPool
+from api.model_router import ModelRouter
+from api.model_slot import ServedModel, start_slots
 from api.security import AccessConfig
 from engine.config import EngineConfig
 from engine.heap import freeze_startup_heap
@@ -50,6 +53,7 @@ def build_parser(description: str | None) -> argparse.ArgumentParser:
     limits.add_cli_args(parser)
     answer.add_cli_args(parser)
     lifecycle.add_cli_args(parser)
+    LoadPolicy.add_cli_args(parser)
     return parser
 
 
@@ -70,11 +74,12 @@ def serve(engine: ServedEngine, args: argparse.Namespace, model_name: str,
     return run_until_stopped(app, engine, args, args.exit_on_engine_failure)
 
 
-def serve_several(models: list[ServedModel], args: argparse.Namespace) -> int:
-    """Serve several models behind one address (api/model_router.py) until SIGTERM/SIGINT;
-    one model's engine failing fails its requests only."""
-    router = ModelRouter(models, models[0].app.state.max_request_bytes)
-    return run_until_stopped(router, EngineGroup(models), args, exit_on_engine_failure=False)
+def serve_several(pool: ModelPool, args: argparse.Namespace, access: AccessConfig) -> int:
+    """Serve several models behind one address (api/model_router.py), loaded and unloaded as
+    api/model_pool.py says, until SIGTERM/SIGINT; one model's engine failing fails its
+    requests only."""
+    router = ModelRouter(pool, pool.loaded()[0].app.state.max_request_bytes, access)
+    return run_until_stopped(router, pool, args, exit_on_engine_failure=False)
 
 
 def run_until_stopped(app: Any, engine: Any, args: argparse.Namespace,
@@ -149,36 +154,45 @@ def run_server(description: str | None, title: str = "nano-vLLM", core: str = PA
         access = AccessConfig.from_args(args)
         limits.check_max_request_bytes(args.max_request_bytes)
         answer.check_budget(args.thinking_token_budget)
-        if len(entries) > 1:
+        policy = LoadPolicy.from_args(args)
+        if len(entries) > 1 or policy.limits_lifetime:
+            def build(name: str, path: str | None) -> ServedModel:
+                engine = build_engine(replace(config, model=path), args, core)
+                chat_format = answer.chat_format_from_args(args, engine.tokenizer)
+                print(f"{title}: {name} on {engine.describe()}; {chat_format.describe()}",
+                      flush=True)
+                return ServedModel(name, engine, model_app(engine, args, name, access,
+                                                           chat_format))
+
             with stop_signals_interrupt(stopped_by):
-                for name, path in entries:
-                    engine = build_engine(replace(config, model=path), args, core)
-                    chat_format = answer.chat_format_from_args(args, engine.tokenizer)
-                    started.append(ServedModel(name, engine, model_app(
-                        engine, args, name, access, chat_format)))
-                    print(f"{title}: {name} on {engine.describe()}; {chat_format.describe()}",
-                          flush=True)
+                slots, budget = start_slots(entries, config, policy, build, started)
+            pool = ModelPool(slots, build, policy, budget)
         else:
             with stop_signals_interrupt(stopped_by):
                 engine = build_engine(config, args, core)
             chat_format = answer.chat_format_from_args(args, engine.tokenizer)
     except (ModelPreparationError, ValueError, QuantizedKernelUnavailable,
             EngineStartError, MemoryError) as exc:
-        EngineGroup(started).shutdown()
+        shut_down(started)
         print(f"error: {describe_start_error(exc)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:  # SIGINT or SIGTERM before the server was up
-        EngineGroup(started).shutdown()
+        shut_down(started)
         signum = stopped_by.get("signal", signal.SIGINT)
         print(f"stopped while starting ({signal.Signals(signum).name})", file=sys.stderr)
         return 0 if signum == signal.SIGTERM else 128 + signum
     if started:
-        print(f"{title}: {len(started)} models ({', '.join(m.name for m in started)}); "
+        print(f"{title}: {len(entries)} models ({', '.join(n for n, _ in entries)}); "
               f"serving on http://{args.host}:{args.port}/v1", flush=True)
-        return serve_several(started, args)
+        return serve_several(pool, args, access)
     print(f"{title}: {served_name(args)} on {engine.describe()}; {chat_format.describe()}; "
           f"serving on http://{args.host}:{args.port}/v1", flush=True)
     return serve(engine, args, served_name(args), access, chat_format)
+
+
+def shut_down(models: list[ServedModel]) -> None:
+    for model in models:
+        model.engine.shutdown()
 
 
 @contextmanager

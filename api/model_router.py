@@ -1,88 +1,141 @@
 """Several models behind one address: each model has its own engine (an engine core process
 of its own) and its own app (api/app.py's, unchanged); the router in front sends each
-request to the app of the model it names.
+request to the app of the model it names, through api/model_pool.py, which loads it first if
+it is not loaded.
 
 - A generating or tokenizing request (a POST with a JSON body) goes by its `model` field;
   with none, or "default", to the first model. A name no model has is a 404 in the route's
-  error shape, naming the models served.
-- `/v1/models` lists every model; `/v1/models/{id}` answers from that model's app.
-- `/health` says each model's state; it is 200 while at least one model serves.
-- `/metrics` is every model's metrics, each sample labelled with `model`.
+  error shape, naming the models served; a model that cannot be loaded in time, a 503 with
+  Retry-After.
+- `/v1/models` lists every model, each with its `state` (loaded, loading, unloading,
+  unloaded, failed); `/v1/models/{id}` answers one.
+- `POST /v1/models/{id}/load` and `/unload` load or unload a model (behind the API key when
+  keys are set); an unload of a model with requests in flight, or loading, is a 409.
+- `/health` says each model's state; it is 200 unless the server is draining or every
+  model failed.
+- `/metrics` is every loaded model's metrics, each sample labelled with `model`, and
+  `nano_vllm:model_loaded` for every model.
 - The dashboard shows the first model.
-
-A model whose engine dies fails only its own requests; the others keep serving, and its
-requests get 503 until the server is restarted (no restart policy). A drain (SIGTERM) drains
-every model.
 """
 
 from __future__ import annotations
 
 import json
-import logging
+import time
 from collections.abc import Callable, Iterable
-from contextlib import AsyncExitStack
-from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
-from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 from starlette.types import Message, Receive, Scope, Send
 
-from api.engine_client import ServedEngine
 from api.errors import APIError, error_response
-
-log = logging.getLogger("nano_vllm.api")
+from api.model_pool import FAILED, LOADED, ModelPool
+from api.security import AccessConfig, APIKeyCheck, AuthenticationError
 
 SERVER_ROUTES = ("/health", "/metrics", "/v1/models")
-
-
-@dataclass
-class ServedModel:
-    name: str
-    engine: ServedEngine
-    app: FastAPI
+OPERATIONS = ("load", "unload")
+LOADED_METRIC = ("# HELP nano_vllm:model_loaded Whether the model is loaded (1) or not (0).\n"
+                 "# TYPE nano_vllm:model_loaded gauge\nnano_vllm:model_loaded {}\n")
 
 
 class ModelRouter:
     """The ASGI app in front of every model's app."""
 
-    def __init__(self, models: list[ServedModel], max_request_bytes: int) -> None:
-        self.models = {m.name: m for m in models}
-        self.default = models[0]
+    def __init__(self, pool: ModelPool, max_request_bytes: int,
+                 access: AccessConfig | None = None) -> None:
+        self.pool = pool
         self.max_request_bytes = max_request_bytes  # beyond it, the model's app answers 413
+        access = access or AccessConfig()
+        self.keys = APIKeyCheck(access.api_keys)
+        self.protect_probes = access.protect_health_metrics
+        self.created = int(time.time())
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
             await self.lifespan(receive, send)
             return
         if scope["type"] != "http":
-            await self.default.app(scope, receive, send)
+            await self.through(self.pool.default, scope, receive, send)
             return
         path = scope["path"]
-        if path in SERVER_ROUTES:
-            await self.server_route(scope, receive, send)
-        elif path.startswith("/v1/models/"):
-            try:
-                model = self.pick(path.removeprefix("/v1/models/"))
-            except APIError as exc:
-                await error_response(exc, path)(scope, receive, send)
-                return
-            await model.app(scope, receive, send)
-        elif scope["method"] == "POST":
-            await self.by_body(scope, receive, send)
-        else:
-            await self.default.app(scope, receive, send)
+        try:
+            if path in SERVER_ROUTES:
+                await self.server_route(scope, receive, send)
+            elif path.startswith("/v1/models/"):
+                await self.model_route(path.removeprefix("/v1/models/"), scope, receive, send)
+            elif scope["method"] == "POST":
+                await self.by_body(scope, receive, send)
+            else:
+                await self.through(self.pool.default, scope, receive, send)
+        except APIError as exc:
+            await error_response(exc, path, exc.headers)(scope, receive, send)
 
-    def pick(self, name: str | None) -> ServedModel:
+    def pick(self, name: str | None) -> str:
         """The model a request names; APIError 404 for a name no model has."""
         if name in (None, "", "default"):
-            return self.default
-        found = self.models.get(name)
-        if found is None:
+            return self.pool.default
+        if name not in self.pool.slots:
             raise APIError(f"The model '{name}' does not exist; this server serves "
-                           f"{', '.join(repr(n) for n in self.models)}.", "model", status=404,
+                           f"{', '.join(repr(n) for n in self.pool.slots)}.", "model", status=404,
                            code="model_not_found")
-        return found
+        return name
+
+    async def through(self, name: str, scope: Scope, receive: Receive, send: Send) -> None:
+        """The request to the model's app, once the model is loaded (APIError if it is not
+        in time); the model counts as busy until the app has answered."""
+        model = await self.pool.acquire(name)
+        try:
+            await model.app(scope, receive, send)
+        finally:
+            self.pool.release(model)
+
+    def check_key(self, scope: Scope, probe: bool = False) -> None:
+        """api/security.py's check where the router answers itself: AuthenticationError
+        without a valid key, when keys are set (on /health and /metrics only with
+        --protect-health-metrics)."""
+        if not self.keys.enabled or (probe and not self.protect_probes):
+            return
+        headers = {k.decode().lower(): v.decode() for k, v in scope.get("headers", [])}
+        authorization, api_key = headers.get("authorization"), headers.get("x-api-key")
+        if (authorization is not None and self.keys.allows(authorization)) or (
+                api_key is not None and self.keys.allows_key(api_key)):
+            return
+        if authorization is None and api_key is None:
+            raise AuthenticationError("No API key provided: send 'Authorization: Bearer KEY' "
+                                      "or 'x-api-key: KEY'.")
+        raise AuthenticationError("Incorrect API key provided.")
+
+    async def model_route(self, rest: str, scope: Scope, receive: Receive, send: Send) -> None:
+        """/v1/models/{id}, and an operator's POST /v1/models/{id}/load or /unload."""
+        name, _, operation = rest.rpartition("/")
+        if scope["method"] == "POST" and operation in OPERATIONS and name:
+            self.check_key(scope)
+            name = self.pick(name)
+            state = await (self.pool.load(name) if operation == "load"
+                           else self.pool.unload(name))
+            await JSONResponse({"id": name, "object": "model", "state": state})(
+                scope, receive, send)
+            return
+        name = self.pick(rest)
+        slot = self.pool.slots[name]
+        if slot.state != LOADED or slot.model is None:
+            self.check_key(scope)
+            await JSONResponse(self.card(name))(scope, receive, send)
+            return
+        status, headers, body = await call(slot.model.app, scope)
+        if status == 200 and scope["method"] == "GET":
+            body = json.dumps({**json.loads(body), "state": self.pool.state(name)}).encode()
+            headers = [(k, v) for k, v in headers if k.lower() != b"content-length"]
+            headers.append((b"content-length", str(len(body)).encode()))
+        await send_whole(status, headers, body, send)
+
+    def card(self, name: str) -> dict[str, Any]:
+        """A model's object while it is not loaded (what its engine would add is unknown)."""
+        return {"id": name, "object": "model", "created": self.created, "owned_by": "nano-vllm",
+                "type": "model", "display_name": name,
+                "created_at": datetime.fromtimestamp(self.created, UTC).isoformat(),
+                "state": self.pool.state(name)}
 
     async def by_body(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Read the body (up to the size limit), pick the app by its `model`, and hand the
@@ -92,66 +145,78 @@ class ModelRouter:
         while more and size <= self.max_request_bytes:
             message = await receive()
             if message["type"] != "http.request":
-                await self.default.app(scope, replay([message], receive), send)
+                await self.through(self.pool.default, scope, replay([message], receive), send)
                 return
             chunks.append(message.get("body", b""))
             size += len(chunks[-1])
             more = message.get("more_body", False)
         body = b"".join(chunks)
-        target = self.default
+        self.check_key(scope)  # before a model is loaded for it: every POST route asks one
+        target = self.pool.default
         if not more:
             try:
                 name = json.loads(body).get("model") if body else None
                 target = self.pick(name if isinstance(name, str) else None)
-            except APIError as exc:
-                await error_response(exc, scope["path"])(scope, receive, send)
-                return
             except (ValueError, AttributeError):
                 pass  # not a JSON object: the app says so
-        await target.app(scope, replay([{"type": "http.request", "body": body,
-                                          "more_body": more}], receive), send)
+        await self.through(target, scope, replay([{"type": "http.request", "body": body,
+                                                    "more_body": more}], receive), send)
 
     async def server_route(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope["path"]
-        answers = {name: await call(m.app, scope) for name, m in self.models.items()}
-        refused = answers[self.default.name]
-        if refused[0] == 401:  # a key is asked for here, and the request has none
-            await send_whole(*refused, send)
-            return
+        self.check_key(scope, probe=path != "/v1/models")
+        answers = {m.name: await call(m.app, scope) for m in self.pool.loaded()}
         if path == "/v1/models":
             await self.model_list(answers, scope, receive, send)
         elif path == "/health":
-            states = {name: "ok" if status == 200 else json.loads(body)["error"]["message"]
-                      for name, (status, _, body) in answers.items()}
-            serving = any(state == "ok" for state in states.values())
-            await JSONResponse({"status": "ok" if serving else "unavailable", "models": states},
-                               status_code=200 if serving else 503)(scope, receive, send)
+            states = {name: self.pool.state(name) for name in self.pool.slots}
+            errors = {name: slot.error for name, slot in self.pool.slots.items()
+                      if states[name] == FAILED and slot.error}
+            closing = self.pool.closing
+            serving = closing is None and any(s != FAILED for s in states.values())
+            body: dict[str, Any] = {"status": "ok" if serving else "unavailable",
+                                    "models": states}
+            if errors:
+                body["errors"] = errors
+            if closing is not None:
+                body["reason"] = closing
+            await JSONResponse(body, status_code=200 if serving else 503)(scope, receive, send)
         else:
-            texts = {name: body for name, (_, _, body) in answers.items()}
+            texts = {name: answers[name][2] if name in answers else b""
+                     for name in self.pool.slots}
+            for name in texts:
+                loaded = int(self.pool.state(name) == LOADED)
+                texts[name] += LOADED_METRIC.format(loaded).encode()
             await send_plain(merge_metrics(texts), scope, receive, send)
 
     async def model_list(self, answers: dict[str, tuple[int, list, bytes]], scope: Scope,
                          receive: Receive, send: Send) -> None:
-        status, headers, first = answers[self.default.name]
-        if status != 200:  # a refused key or a bad query: the first app's answer
-            await send_whole(status, headers, first, send)
+        refused = [answer for answer in answers.values() if answer[0] != 200]
+        if refused:  # a bad query: the first app's answer
+            await send_whole(*refused[0], send)
             return
-        data = [card for _, (_, _, body) in answers.items()
-                for card in json.loads(body)["data"]]
-        listing = {**json.loads(first), "data": data,
+        paging = b"after_id=" in scope.get("query_string", b"") or (
+            b"before_id=" in scope.get("query_string", b""))
+        data = []
+        for name in self.pool.slots:
+            if name in answers:
+                data += [{**card, "state": self.pool.state(name)}
+                         for card in json.loads(answers[name][2])["data"]]
+            elif not paging:  # (a page after or before the one model is empty)
+                data.append(self.card(name))
+        listing = {"object": "list", "data": data, "has_more": False,
                    "first_id": data[0]["id"] if data else None,
                    "last_id": data[-1]["id"] if data else None}
         await JSONResponse(listing)(scope, receive, send)
 
     async def lifespan(self, receive: Receive, send: Send) -> None:
-        """Every model's app's own start-up and shut-down, around the server's."""
-        async with AsyncExitStack() as stack:
-            message = await receive()
-            assert message["type"] == "lifespan.startup"
-            for model in self.models.values():
-                await stack.enter_async_context(model.app.router.lifespan_context(model.app))
-            await send({"type": "lifespan.startup.complete"})
-            message = await receive()
+        """Every loaded model's app's own start-up and shut-down, around the server's."""
+        message = await receive()
+        assert message["type"] == "lifespan.startup"
+        await self.pool.open()
+        await send({"type": "lifespan.startup.complete"})
+        message = await receive()
+        await self.pool.close()
         await send({"type": "lifespan.shutdown.complete"})
 
 
@@ -219,46 +284,3 @@ def labelled(sample: str, model: str) -> str:
         name, _, labels = metric.partition("{")
         return f"{name}{{{label},{labels} {rest}" if labels != "}" else f"{name}{{{label}}} {rest}"
     return f"{metric}{{{label}}} {rest}"
-
-
-class EngineGroup:
-    """Every model's engine as the server's lifecycle sees one (api/lifecycle.py): started,
-    drained and stopped together. A failure of one is that model's alone: it is logged, and
-    the server keeps serving the others (the failure callback is never called)."""
-
-    def __init__(self, models: list[ServedModel]) -> None:
-        self.models = models
-        for model in models:
-            model.engine.on_failure(lambda name=model.name: log.error(
-                "the engine of %s failed: its requests get 503; the other models serve on",
-                name))
-
-    @property
-    def num_in_flight(self) -> int:
-        return sum(m.engine.num_in_flight for m in self.models)
-
-    def start(self) -> None:
-        for model in self.models:
-            model.engine.start()
-
-    def shutdown(self) -> None:
-        for model in self.models:
-            model.engine.shutdown()
-
-    def stop_accepting(self, reason: str) -> None:
-        for model in self.models:
-            model.engine.stop_accepting(reason)
-
-    def abort_all(self, error: str) -> None:
-        for model in self.models:
-            model.engine.abort_all(error)
-
-    def on_failure(self, callback: Callable[[], None]) -> None:
-        """The server does not exit for one model's failure."""
-
-    def stats(self) -> dict[str, int]:
-        totals: dict[str, int] = {}
-        for model in self.models:
-            for key, value in model.engine.stats().items():
-                totals[key] = totals.get(key, 0) + value
-        return totals

@@ -1,6 +1,8 @@
 """Several models behind one address (api/model_router.py), as `python3 server.py --model A
 --model NAME=B` serves them: each in an engine core process of its own, each request routed
-by its `model`, one model's failure its own, a drain that stops them all."""
+by its `model`, one model's failure its own (and the model reloaded after it), a drain that
+stops them all; loaded on demand, one at a time under --max-loaded-models 1, unloaded when
+idle or by an operator (api/model_pool.py)."""
 
 from __future__ import annotations
 
@@ -25,9 +27,14 @@ ROOT = Path(__file__).resolve().parents[2]
 HI = [{"role": "user", "content": "Hi"}]
 
 
-def ask(url: str, model: str | None, tokens: int = 8) -> httpx.Response:
+KEY = "operator-key"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+
+
+def ask(url: str, model: str | None, tokens: int = 8, key: str | None = None) -> httpx.Response:
     body = {"messages": HI, "max_tokens": tokens, "temperature": 0}
     return httpx.post(f"{url}/v1/chat/completions", timeout=120,
+                      headers={"Authorization": f"Bearer {key}"} if key else None,
                       json=body if model is None else {**body, "model": model})
 
 
@@ -53,8 +60,9 @@ def test_every_model_is_listed_and_healthy(two):
     assert [card["id"] for card in listing["data"]] == ["tiny-qwen3", "smol"]
     assert (listing["first_id"], listing["last_id"]) == ("tiny-qwen3", "smol")
     assert httpx.get(f"{two.url}/v1/models/smol").json()["id"] == "smol"
+    assert {card["state"] for card in listing["data"]} == {"loaded"}
     health = httpx.get(f"{two.url}/health").json()
-    assert health == {"status": "ok", "models": {"tiny-qwen3": "ok", "smol": "ok"}}
+    assert health == {"status": "ok", "models": {"tiny-qwen3": "loaded", "smol": "loaded"}}
 
 
 def test_each_request_goes_to_its_model_and_answers_as_alone(two, server):
@@ -93,22 +101,157 @@ def test_metrics_are_labelled_by_model():
     assert labelled("y{} 3", "m") == 'y{model="m"} 3'
 
 
-def test_one_model_failing_leaves_the_others_serving(two):
-    """Its engine core killed: its requests get 503, the other model serves on, and the
-    server stays up (it exits only when asked). Runs last in this module: it kills one."""
+def test_one_model_failing_leaves_the_others_serving_and_reloads(two):
+    """Its engine core killed: its requests get 503 with Retry-After, the other model serves
+    on, and the server stays up (it exits only when asked); after the backoff the next
+    request loads it again in a new process. Runs last for `two`: it stops the server."""
     pids = core_pids(two.log)
     assert set(pids) == {"tiny-qwen3", "smol"}
+    before = ask(two.url, "tiny-qwen3").json()["choices"][0]["message"]["content"]
     os.kill(pids["tiny-qwen3"], signal.SIGKILL)
     deadline = time.monotonic() + 30
-    while ask(two.url, "tiny-qwen3").status_code != 503:
+    while (refused := ask(two.url, "tiny-qwen3")).status_code != 503:
         assert time.monotonic() < deadline
         time.sleep(0.2)
+    assert int(refused.headers["Retry-After"]) >= 1
     assert ask(two.url, "smol").status_code == 200
     health = httpx.get(f"{two.url}/health")
-    assert health.status_code == 200 and health.json()["models"]["smol"] == "ok"
-    assert health.json()["models"]["tiny-qwen3"] != "ok"
-    assert two.proc.poll() is None
-    assert two.stop() == 0  # SIGTERM drains what is left, then exits 0
-    time.sleep(0.5)
-    assert not Path(f"/proc/{pids['smol']}").exists()  # no engine process left behind
     print(json.dumps(health.json()))
+    assert health.status_code == 200 and health.json()["models"]["smol"] == "loaded"
+    assert health.json()["models"]["tiny-qwen3"] == "failed"
+    assert "SIGKILL" in health.json()["errors"]["tiny-qwen3"]
+    assert two.proc.poll() is None
+    time.sleep(int(refused.headers["Retry-After"]))  # the restart policy: reloaded on demand
+    again = ask(two.url, "tiny-qwen3")
+    assert again.status_code == 200
+    assert again.json()["choices"][0]["message"]["content"] == before
+    restarted = core_pids(two.log)["tiny-qwen3"]
+    assert restarted != pids["tiny-qwen3"]
+    assert two.stop() == 0  # SIGTERM drains what is left, then exits 0
+    assert no_process_left([pids["smol"], restarted])
+
+
+@pytest.fixture(scope="module")
+def lazy(tmp_path_factory, model_dir):
+    """tiny loaded at start; smol on demand; one loaded at a time; idle ones unloaded; keys."""
+    folder = save_family("qwen3", tmp_path_factory.mktemp("tiny") / "tiny-qwen3", model_dir)
+    log = tmp_path_factory.mktemp("lazy") / "server.log"
+    server = LiveServer([sys.executable, "server.py", "--model", f"tiny={folder}",
+                         "--model", "smol=SmolLM2-135M-Instruct", "--port", "{port}",
+                         "--num-blocks", "64", "--max-loaded-models", "1",
+                         "--idle-unload", "8", "--api-key", KEY,
+                         "--single-thread-below", "0"], log, cwd=ROOT)  # (loads measure none)
+    with server:
+        yield server
+
+
+def states(server: LiveServer) -> dict[str, str]:
+    return httpx.get(f"{server.url}/health").json()["models"]
+
+
+def no_process_left(pids: list[int], within: float = 15.0) -> bool:
+    deadline = time.monotonic() + within
+    while any(Path(f"/proc/{pid}").exists() for pid in pids):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+def tree_rss_kib(pid: int) -> int:
+    """VmRSS of a process and its children, in KiB."""
+    total = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if stat.parent.name == str(pid) or int(fields[1]) == pid:
+                status = (stat.parent / "status").read_text()
+                total += int(re.search(r"VmRSS:\s+(\d+)", status).group(1))
+        except (OSError, AttributeError):
+            continue  # gone meanwhile
+    return total
+
+
+def streaming(url: str, model: str):
+    """A long stream held open (its model busy) until the context closes."""
+    return httpx.stream("POST", f"{url}/v1/chat/completions", headers=AUTH, timeout=120,
+                        json={"model": model, "messages": HI, "max_tokens": 900,
+                              "ignore_eos": True, "stream": True})
+
+
+def test_a_request_for_an_unloaded_model_loads_it_once(lazy, server):
+    """Three concurrent requests for the unloaded smol: one load, answers as smol served
+    alone; tiny, the least recently used idle model, is unloaded to make room."""
+    assert states(lazy) == {"tiny": "loaded", "smol": "unloaded"}
+    cards = httpx.get(f"{lazy.url}/v1/models", headers=AUTH).json()["data"]
+    assert {c["id"]: c["state"] for c in cards} == {"tiny": "loaded", "smol": "unloaded"}
+    assert ask(lazy.url, "smol").status_code == 401  # keys still asked for
+    tiny_pid = core_pids(lazy.log)["tiny"]
+    alone = ask(server.url, None).json()["choices"][0]["message"]["content"]
+    with ThreadPoolExecutor(3) as pool:
+        answers = list(pool.map(lambda _: ask(lazy.url, "smol", key=KEY), range(3)))
+    texts = [a.json()["choices"][0]["message"]["content"] for a in answers]
+    print(texts, "alone:", alone)
+    assert texts == [alone] * 3
+    assert lazy.log.read_text().count("nano-vLLM: smol on") == 1  # one process start
+    assert states(lazy) == {"tiny": "unloaded", "smol": "loaded"}
+    assert no_process_left([tiny_pid])
+
+
+def test_a_busy_model_is_never_unloaded(lazy):
+    """Under --max-loaded-models 1, a request for tiny waits while smol has a request in
+    flight, and loads tiny once that request is gone."""
+    with ThreadPoolExecutor(1) as pool, streaming(lazy.url, "smol") as stream:
+        assert next(stream.iter_lines()).startswith("data:")
+        waiting = pool.submit(ask, lazy.url, "tiny", 8, KEY)
+        time.sleep(2)
+        assert not waiting.done() and states(lazy) == {"tiny": "unloaded", "smol": "loaded"}
+        stream.close()
+        assert waiting.result(timeout=60).status_code == 200
+    assert states(lazy) == {"tiny": "loaded", "smol": "unloaded"}
+
+
+def test_an_idle_model_is_unloaded_and_its_memory_given_back(lazy):
+    pid = core_pids(lazy.log)["tiny"]
+    before = tree_rss_kib(lazy.proc.pid)
+    deadline = time.monotonic() + 30  # --idle-unload 8
+    while states(lazy)["tiny"] != "unloaded":
+        assert time.monotonic() < deadline
+        time.sleep(0.5)
+    assert no_process_left([pid])
+    after = tree_rss_kib(lazy.proc.pid)
+    print(f"server and engine processes: {before} KiB loaded, {after} KiB unloaded")
+    assert after < before - 50 * 1024  # the engine process's memory, given back
+
+
+def test_operators_load_and_unload(lazy):
+    url = f"{lazy.url}/v1/models"
+    refused = httpx.post(f"{url}/smol/load")
+    assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key"
+    assert httpx.post(f"{url}/gpt-5/load", headers=AUTH).status_code == 404
+    loaded = httpx.post(f"{url}/smol/load", headers=AUTH, timeout=120)
+    assert loaded.json() == {"id": "smol", "object": "model", "state": "loaded"}
+    with streaming(lazy.url, "smol") as stream:
+        first = next(stream.iter_lines())
+        print(stream.status_code, first[:200], states(lazy))
+        busy = httpx.post(f"{url}/smol/unload", headers=AUTH)
+        print(busy.json())
+        assert busy.status_code == 409 and busy.json()["error"]["code"] == "model_busy"
+    pid = core_pids(lazy.log)["smol"]
+    time.sleep(0.5)  # (the stream's end reaches the engine)
+    unloaded = httpx.post(f"{url}/smol/unload", headers=AUTH, timeout=30)
+    assert unloaded.json()["state"] == "unloaded" and no_process_left([pid])
+    assert httpx.get(f"{url}/smol", headers=AUTH).json()["state"] == "unloaded"
+
+
+def test_sigterm_drains_every_model_and_leaves_no_process(lazy):
+    with ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(ask, lazy.url, "tiny", 16, KEY)
+        deadline = time.monotonic() + 60
+        while states(lazy)["tiny"] != "loaded":
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        pids = list(core_pids(lazy.log).values())
+        assert lazy.stop() == 0
+        assert answer.result().status_code == 200
+    assert no_process_left(pids)
