@@ -159,8 +159,8 @@ def run_server(description: str | None, title: str = "nano-vLLM", core: str = PA
             def build(name: str, path: str | None) -> ServedModel:
                 engine = build_engine(replace(config, model=path), args, core)
                 chat_format = answer.chat_format_from_args(args, engine.tokenizer)
-                print(f"{title}: {name} on {engine.describe()}; {chat_format.describe()}",
-                      flush=True)
+                print(f"{title}: {name} on {engine.describe()}; "
+                      f"{conventions(engine, chat_format)}", flush=True)
                 return ServedModel(name, engine, model_app(engine, args, name, access,
                                                            chat_format))
 
@@ -185,7 +185,8 @@ def run_server(description: str | None, title: str = "nano-vLLM", core: str = PA
         print(f"{title}: {len(entries)} models ({', '.join(n for n, _ in entries)}); "
               f"serving on http://{args.host}:{args.port}/v1", flush=True)
         return serve_several(pool, args, access)
-    print(f"{title}: {served_name(args)} on {engine.describe()}; {chat_format.describe()}; "
+    print(f"{title}: {served_name(args)} on {engine.describe()}; "
+          f"{conventions(engine, chat_format)}; "
           f"serving on http://{args.host}:{args.port}/v1", flush=True)
     return serve(engine, args, served_name(args), access, chat_format)
 
@@ -211,6 +212,14 @@ def stop_signals_interrupt(came: dict[str, int]) -> Iterator[None]:
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+
+
+def conventions(engine: ServedEngine, chat_format: ChatFormat) -> str:
+    """The start-up line's word on what the model answers: its thinking and call syntax, or,
+    for an embedding model, where its vectors are served."""
+    if engine.embedding_info is not None:
+        return "embeddings at /v1/embeddings, /v1/rerank and /v1/score"
+    return chat_format.describe()
 
 
 def build_engine(config: EngineConfig, args: argparse.Namespace, core: str) -> ServedEngine:

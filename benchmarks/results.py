@@ -394,6 +394,38 @@ class NeighbourRun(JsonFile):
 
 
 @dataclass
+class EmbeddingWorkload:
+    """One workload of embeddings.py: texts per second, ours and sentence-transformers' best."""
+
+    name: str
+    texts: int
+    tokens_per_text: float
+    ours_per_second: float
+    st_per_second: float
+    st_batch: int  # the batch size of sentence-transformers' best
+    lowest_cosine: float  # of our vectors against sentence-transformers'
+
+
+@dataclass
+class EmbeddingRun(JsonFile):
+    """embeddings.py: our server (CLIENTS concurrent clients) against sentence-transformers
+    in one process, on the same texts."""
+
+    machine: Machine
+    started_at: str
+    command: str
+    model: str
+    clients: int
+    server_args: str
+    workloads: list[EmbeddingWorkload]
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> EmbeddingRun:
+        return cls(**{**raw, "machine": Machine(**raw["machine"]),
+                      "workloads": [EmbeddingWorkload(**w) for w in raw["workloads"]]})
+
+
+@dataclass
 class ServedFileRun(JsonFile):
     """gguf_served.py: one server on one GGUF file in one turn, everything but bench.py's
     figures."""

@@ -11,6 +11,7 @@ from functools import partial
 from pathlib import Path
 
 from benchmarks.results import InterleavedRun
+from benchmarks.results_embeddings import embedding_sections
 from benchmarks.results_engine_loop import engine_loop_sections
 from benchmarks.results_neighbour import neighbour_sections
 from benchmarks.results_page import Section, level, level_by_order, pairs, ratio, startups
@@ -469,5 +470,5 @@ def new_sections(folder: Path) -> list[Section]:
 def present_sections(folder: Path) -> list[Section]:
     """The sections whose runs are all in `folder` (a run not yet made is left out)."""
     return [s for s in new_sections(folder) + neighbour_sections(folder)
-            + engine_loop_sections(folder)
+            + engine_loop_sections(folder) + embedding_sections(folder)
             if all((folder / f).exists() for f in s.files)]
