@@ -136,12 +136,18 @@ def create_app(engine: EngineClient, model_name: str, access: AccessConfig | Non
     auth = (401,) if guarded else ()  # documented only where a key is asked for
     app.include_router(server_router(engine, model_name, completion_serving.check_model_name,
                                      guarded, probe))
+    # The document lists what this model does: an embedding model's routes, or the
+    # generating surfaces (each kind answers the other's routes with a 400 all the same).
+    embeds = engine.embedding_info is not None
     app.include_router(openai_router(completion_serving, chat_serving, tokenization, guarded,
                                      auth))
-    app.include_router(responses_router(responses_serving, guarded, auth))
-    app.include_router(messages_router(messages_serving, guarded, auth))
+    app.include_router(responses_router(responses_serving, guarded, auth),
+                       include_in_schema=not embeds)
+    app.include_router(messages_router(messages_serving, guarded, auth),
+                       include_in_schema=not embeds)
     app.include_router(embeddings_router(EmbeddingServing(engine, model_name, arrivals,
-                                                          accept_unknown_fields), guarded, auth))
+                                                          accept_unknown_fields), guarded, auth),
+                       include_in_schema=embeds)
     # Read-only, behind the key like the API; not part of the OpenAI-compatible document.
     app.include_router(dashboard_router(engine, guard(app, browser=True)),
                        include_in_schema=False)

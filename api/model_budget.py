@@ -7,6 +7,7 @@ A model's estimate is its weights' files plus its KV cache plus one engine proce
     kv_cache = --num-blocks x 2 (K and V) x layers x 16 tokens x KV heads x head dim x dtype
                bytes (config.json says the shapes), or --kv-cache-memory's size, or its share
                of what is free once the weights are in (auto: 40% of it, at most 2 GiB)
+               (0 for an embedding model, which keeps none)
     estimate = weights + kv_cache + PROCESS_BYTES
 
 A model is loaded only while the estimates of those loaded, with its own, stay within
@@ -104,8 +105,20 @@ def kv_block_bytes(model_dir: Path, dtype: str) -> int | None:
             * cfg.get("num_key_value_heads", heads) * head_dim * DTYPE_BYTES.get(dtype, 4))
 
 
+def is_encoder(model_dir: Path) -> bool:
+    """An embedding model (a bidirectional encoder): it keeps no KV cache."""
+    try:
+        return bool(json.loads((model_dir / "config.json").read_text())
+                    .get("use_bidirectional_attention"))
+    except (OSError, ValueError):
+        return False
+
+
 def kv_cache_bytes(config: EngineConfig, model_dir: Path, weights: int, free: int | None) -> int:
-    """The KV cache the engine will size for this model (engine/core.py's arithmetic)."""
+    """The KV cache the engine will size for this model (engine/core.py's arithmetic); none
+    for an embedding model."""
+    if is_encoder(model_dir):
+        return 0
     if config.num_blocks:
         block = kv_block_bytes(model_dir, config.dtype)
         if block is not None:

@@ -15,6 +15,7 @@ from benchmarks.results_embeddings import embedding_sections
 from benchmarks.results_engine_loop import engine_loop_sections
 from benchmarks.results_neighbour import neighbour_sections
 from benchmarks.results_page import Section, level, level_by_order, pairs, ratio, startups
+from benchmarks.results_several_models import several_models_sections
 from benchmarks.tables import markdown_table
 
 LIVE = "python3 -m benchmarks.live_server python3 server.py --port {port} --"
@@ -471,4 +472,5 @@ def present_sections(folder: Path) -> list[Section]:
     """The sections whose runs are all in `folder` (a run not yet made is left out)."""
     return [s for s in new_sections(folder) + neighbour_sections(folder)
             + engine_loop_sections(folder) + embedding_sections(folder)
+            + several_models_sections(folder)
             if all((folder / f).exists() for f in s.files)]

@@ -9,9 +9,10 @@ machine (no other process busy), after a first start of each model (its thread c
 cached).
 
 1. `server.py --model A`: USERS streamed completions at once, all to A (bench.py's
-   throughput, TTFT and inter-token latency).
+   throughput, TTFT and inter-token latency); then half of USERS on A alone, and half on B
+   alone (`server.py --model B`): each model's figures served alone.
 2. `server.py --model A --model B`: USERS at once, half to A and half to B; each model's
-   figures and both together.
+   figures and both together, to set beside each one's alone.
 3. `server.py --model A --model B --max-loaded-models 1`: B is not loaded at start; one
    request to B (TTFT includes its load: the engine process's start and the weights), then
    a second one (TTFT with B loaded).
@@ -22,8 +23,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -47,8 +50,10 @@ class SeveralModelsRun(JsonFile):
     models: list[str]  # NAME=PATH, the first alone in the first server
     users: int
     tokens: int
+    started_at: str
     alone: LevelResult  # every user on the first model, served alone
-    split: dict[str, LevelResult]  # each model's half, and "both"
+    halves_alone: dict[str, LevelResult]  # half the users on each model, served alone
+    split: dict[str, LevelResult]  # each model's half with both served at once, and "both"
     cold_ttft_ms: float | None  # the first request to a model not loaded
     warm_ttft_ms: float | None  # the next one, loaded
 
@@ -56,6 +61,8 @@ class SeveralModelsRun(JsonFile):
     def from_dict(cls, raw: dict[str, Any]) -> SeveralModelsRun:
         return cls(**{**raw, "machine": Machine(**raw["machine"]),
                       "alone": LevelResult(**raw["alone"]),
+                      "halves_alone": {k: LevelResult(**v)
+                                       for k, v in raw["halves_alone"].items()},
                       "split": {k: LevelResult(**v) for k, v in raw["split"].items()}})
 
 
@@ -100,14 +107,23 @@ def main() -> int:
     parser.add_argument("--out-dir", type=Path, default=ROOT / "results" / "several_models")
     args = parser.parse_args()
     names = [m.split("=", 1)[0] for m in args.models]
-    log_dir = args.out_dir / "logs"
-    log_dir.mkdir(parents=True, exist_ok=True)
+    started_at = datetime.now().astimezone().isoformat(timespec="seconds")
+    log_dir = Path(tempfile.mkdtemp(prefix="several-models-"))
+    print(f"server logs in {log_dir}", flush=True)
 
-    with server(args.models[:1], args.server_args, log_dir / "alone.log") as one:
-        results, wall = asyncio.run(users_on(one.url, [None] * args.users, args.tokens,
-                                             args.timeout))
-    alone = summarize(args.users, results, wall)
-    print(f"alone ({names[0]}): {alone}", flush=True)
+    half = args.users // 2
+    halves_alone = {}
+    for i, model in enumerate(args.models):
+        with server([model], args.server_args, log_dir / f"alone-{i}.log") as one:
+            if i == 0:
+                results, wall = asyncio.run(users_on(one.url, [None] * args.users,
+                                                     args.tokens, args.timeout))
+                alone = summarize(args.users, results, wall)
+                print(f"alone ({names[0]}, {args.users} users): {alone}", flush=True)
+            results, wall = asyncio.run(users_on(one.url, [None] * half, args.tokens,
+                                                 args.timeout))
+            halves_alone[names[i]] = summarize(half, results, wall)
+            print(f"alone ({names[i]}, {half} users): {halves_alone[names[i]]}", flush=True)
 
     split_names = [names[k % 2] for k in range(args.users)]
     with server(args.models, args.server_args, log_dir / "split.log") as two:
@@ -127,7 +143,8 @@ def main() -> int:
     print(f"TTFT of {names[1]}: {cold_ms} ms loading it first, {warm_ms} ms loaded", flush=True)
 
     run = SeveralModelsRun(Machine.this_one(), " ".join(["python3", *sys.argv]), args.models,
-                           args.users, args.tokens, alone, split, cold_ms, warm_ms)
+                           args.users, args.tokens, started_at, alone, halves_alone, split,
+                           cold_ms, warm_ms)
     run.save(out := args.out_dir / f"{cpu_slug()}.json")
     print(f"saved {out}")
     return 0

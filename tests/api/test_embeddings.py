@@ -204,3 +204,11 @@ def test_the_float_answer_validates_against_openais_document(embedding_server,
     body = httpx.post(f"{embedding_server.url}/v1/embeddings", timeout=60,
                       json={"input": SHORT[:2], "model": NAME, "dimensions": 128}).json()
     schemas.check("CreateEmbeddingResponse", body)
+
+
+def test_the_document_lists_what_each_kind_of_model_serves(embedding_server, server):
+    mine = httpx.get(f"{embedding_server.url}/openapi.json", timeout=30).json()["paths"]
+    theirs = httpx.get(f"{server.url}/openapi.json", timeout=30).json()["paths"]
+    assert {"/v1/embeddings", "/v1/rerank", "/v1/score"} <= set(mine)
+    assert "/v1/responses" not in mine and "/v1/messages" not in mine
+    assert "/v1/embeddings" not in theirs and "/v1/responses" in theirs

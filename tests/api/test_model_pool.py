@@ -106,6 +106,10 @@ def test_the_estimate_is_weights_plus_kv_cache_plus_process(tmp_path: Path):
     auto = EngineConfig()  # 40% of what is free once the weights are in, at most 2 GiB
     assert estimate_bytes(auto, tmp_path, free=1000 + 1000 * MIB) == (
         1000 + 400 * MIB + 400 * MIB)
+    encoder = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**encoder,
+                                                      "use_bidirectional_attention": True}))
+    assert estimate_bytes(auto, tmp_path, free=None) == 1000 + 400 * MIB  # no KV cache
 
 
 def test_concurrent_requests_share_one_load_and_lru_unloads_the_idle_one():

@@ -21,7 +21,7 @@ import pytest
 
 from api.model_router import labelled, merge_metrics
 from benchmarks.live_server import LiveServer
-from tests.families import save_family
+from tests.families import save_embedding_model, save_family
 
 ROOT = Path(__file__).resolve().parents[2]
 HI = [{"role": "user", "content": "Hi"}]
@@ -40,11 +40,13 @@ def ask(url: str, model: str | None, tokens: int = 8, key: str | None = None) ->
 
 @pytest.fixture(scope="module")
 def two(tmp_path_factory, model_dir):
+    """A chat model, a second generating model and an embedding model side by side."""
     folder = save_family("qwen3", tmp_path_factory.mktemp("tiny") / "tiny-qwen3", model_dir)
+    encoder = save_embedding_model(tmp_path_factory.mktemp("emb") / "emb", model_dir)
     log = tmp_path_factory.mktemp("several") / "server.log"
     server = LiveServer([sys.executable, "server.py", "--model", str(folder),
-                         "--model", "smol=SmolLM2-135M-Instruct", "--port", "{port}",
-                         "--num-blocks", "64"], log, cwd=ROOT)
+                         "--model", "smol=SmolLM2-135M-Instruct", "--model", f"emb={encoder}",
+                         "--port", "{port}", "--num-blocks", "64"], log, cwd=ROOT)
     with server:
         yield server
 
@@ -57,12 +59,31 @@ def core_pids(log: Path) -> dict[str, int]:
 
 def test_every_model_is_listed_and_healthy(two):
     listing = httpx.get(f"{two.url}/v1/models").json()
-    assert [card["id"] for card in listing["data"]] == ["tiny-qwen3", "smol"]
-    assert (listing["first_id"], listing["last_id"]) == ("tiny-qwen3", "smol")
+    assert [card["id"] for card in listing["data"]] == ["tiny-qwen3", "smol", "emb"]
+    assert (listing["first_id"], listing["last_id"]) == ("tiny-qwen3", "emb")
     assert httpx.get(f"{two.url}/v1/models/smol").json()["id"] == "smol"
     assert {card["state"] for card in listing["data"]} == {"loaded"}
     health = httpx.get(f"{two.url}/health").json()
-    assert health == {"status": "ok", "models": {"tiny-qwen3": "loaded", "smol": "loaded"}}
+    assert health == {"status": "ok",
+                      "models": {"tiny-qwen3": "loaded", "smol": "loaded", "emb": "loaded"}}
+
+
+def test_the_embedding_model_serves_beside_the_chat_models(two):
+    def embed(model: str) -> httpx.Response:
+        return httpx.post(f"{two.url}/v1/embeddings", timeout=120,
+                          json={"model": model, "input": ["Hi", "Hello there"]})
+
+    with ThreadPoolExecutor(3) as pool:
+        vectors, chat, _ = pool.map(lambda f: f(), [lambda: embed("emb"),
+                                                    lambda: ask(two.url, "smol"),
+                                                    lambda: embed("emb")])
+    assert vectors.status_code == 200 and chat.status_code == 200
+    assert [len(d["embedding"]) for d in vectors.json()["data"]] == [48, 48]
+    assert vectors.json()["model"] == "emb"
+    assert ask(two.url, "emb").json()["error"]["code"] == "model_not_generative"
+    assert embed("smol").json()["error"]["code"] == "model_not_embedding"
+    metrics = httpx.get(f"{two.url}/metrics").text
+    assert re.search(r'nano_vllm:embedding_inputs_total\{model="emb"\} [4-9]', metrics)
 
 
 def test_each_request_goes_to_its_model_and_answers_as_alone(two, server):
@@ -85,7 +106,7 @@ def test_each_request_goes_to_its_model_and_answers_as_alone(two, server):
 def test_an_unknown_model_is_a_404_naming_the_models(two):
     r = ask(two.url, "gpt-5")
     assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
-    assert "'tiny-qwen3', 'smol'" in r.json()["error"]["message"]
+    assert "'tiny-qwen3', 'smol', 'emb'" in r.json()["error"]["message"]
     with pytest.raises(anthropic.NotFoundError, match="smol"):
         anthropic.Anthropic(base_url=two.url, api_key="x").messages.create(
             model="claude", max_tokens=4, messages=HI)
@@ -106,7 +127,7 @@ def test_one_model_failing_leaves_the_others_serving_and_reloads(two):
     on, and the server stays up (it exits only when asked); after the backoff the next
     request loads it again in a new process. Runs last for `two`: it stops the server."""
     pids = core_pids(two.log)
-    assert set(pids) == {"tiny-qwen3", "smol"}
+    assert set(pids) == {"tiny-qwen3", "smol", "emb"}
     before = ask(two.url, "tiny-qwen3").json()["choices"][0]["message"]["content"]
     os.kill(pids["tiny-qwen3"], signal.SIGKILL)
     deadline = time.monotonic() + 30
@@ -128,7 +149,7 @@ def test_one_model_failing_leaves_the_others_serving_and_reloads(two):
     restarted = core_pids(two.log)["tiny-qwen3"]
     assert restarted != pids["tiny-qwen3"]
     assert two.stop() == 0  # SIGTERM drains what is left, then exits 0
-    assert no_process_left([pids["smol"], restarted])
+    assert no_process_left([pids["smol"], pids["emb"], restarted])
 
 
 @pytest.fixture(scope="module")
