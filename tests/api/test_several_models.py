@@ -131,9 +131,12 @@ def test_one_model_failing_leaves_the_others_serving_and_reloads(two):
     before = ask(two.url, "tiny-qwen3").json()["choices"][0]["message"]["content"]
     os.kill(pids["tiny-qwen3"], signal.SIGKILL)
     deadline = time.monotonic() + 30
-    while (refused := ask(two.url, "tiny-qwen3")).status_code != 503:
-        assert time.monotonic() < deadline
+    # Until the server has noticed, the dead engine's own app refuses (503, no Retry-After);
+    # then the model is failed, and its requests get 503 with the restart's Retry-After.
+    while "Retry-After" not in (refused := ask(two.url, "tiny-qwen3")).headers:
+        assert refused.status_code == 503 and time.monotonic() < deadline, refused.text
         time.sleep(0.2)
+    assert refused.status_code == 503
     assert int(refused.headers["Retry-After"]) >= 1
     assert ask(two.url, "smol").status_code == 200
     health = httpx.get(f"{two.url}/health")
