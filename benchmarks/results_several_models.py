@@ -20,7 +20,8 @@ def cells(level: LevelResult) -> list[str]:
         return "-" if value is None else f"{value:.0f}"
 
     rate = "-" if level.throughput_tok_s is None else f"{level.throughput_tok_s:.0f}"
-    return [str(level.users), rate, ms(level.ttft_p50_ms), ms(level.itl_p50_ms),
+    e2e = "-" if level.e2e_p50_ms is None else f"{level.e2e_p50_ms / 1000:.1f}"
+    return [str(level.users), rate, ms(level.ttft_p50_ms), ms(level.itl_p50_ms), e2e,
             str(level.errors)]
 
 
@@ -32,7 +33,7 @@ def table(run: SeveralModelsRun) -> list[str]:
             (f"{b} beside {a}", cells(run.split[b])),
             (f"both at once ({a} and {b})", cells(run.split["both"])),
             (f"{run.users} users on {a} alone", cells(run.alone))]
-    heads = ["users", "tok/s", "TTFT p50 ms", "ITL p50 ms", "errors"]
+    heads = ["users", "tok/s", "TTFT p50 ms", "ITL p50 ms", "request p50 s", "errors"]
     lines = [f"{', '.join(run.models)}; {run.tokens} tokens a user", "",
              *markdown_table("served", heads, rows)]
     if run.cold_ttft_ms is not None and run.warm_ttft_ms is not None:
@@ -55,8 +56,10 @@ def several_models_section(files: list[str]) -> Section:
         "Several models behind one address",
         "Each model served alone to half the users, then both in one server (each in its own "
         "engine process) with the users split between them, then all the users on the first "
-        "model alone. Two busy engines share the two cores: each runs its steps on the cores "
-        "the other leaves free ([operations.md](operations.md#a-busy-machine)).",
+        "model alone. A model's tok/s beside the other is its tokens over the whole run's "
+        "time (the two finish apart: its median request time says more). Two busy engines "
+        "share the two cores: each runs its steps on the cores the other leaves free "
+        "([operations.md](operations.md#a-busy-machine)).",
         ["python3 benchmarks/several_models.py   # results/several_models/CPU.json"],
         files, body)
 
