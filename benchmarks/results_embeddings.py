@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from benchmarks.results import EmbeddingRun
-from benchmarks.results_page import Section
+from benchmarks.results_page import Section, per_cpu
 from benchmarks.tables import markdown_table
 
 FOLDER = "embeddings"
@@ -28,13 +28,6 @@ def table(run: EmbeddingRun) -> list[str]:
 
 
 def embeddings_section(files: list[str]) -> Section:
-    def body(folder: Path) -> list[str]:
-        lines: list[str] = []
-        for name in files:
-            run = EmbeddingRun.load(folder / name)
-            lines += [f"**{run.machine.cpu}**", "", *table(run), ""]
-        return lines[:-1]
-
     return Section(
         "Embeddings against sentence-transformers",
         "The same texts embedded by sentence-transformers in one process at each of a few batch "
@@ -44,7 +37,7 @@ def embeddings_section(files: list[str]) -> Section:
         "compute the same matmuls in fp32 ([api.md](api.md#embeddings-rerank-and-score) says "
         "where the time goes).",
         ["python3 benchmarks/embeddings.py   # results/embeddings/CPU.json"],
-        files, body)
+        files, per_cpu(files, EmbeddingRun.load, table))
 
 
 def embedding_sections(folder: Path) -> list[Section]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from benchmarks.results import NeighbourRun
-from benchmarks.results_page import Section
+from benchmarks.results_page import Section, per_cpu
 from benchmarks.tables import markdown_table
 
 FOLDER = "neighbour"
@@ -29,13 +29,6 @@ def table(run: NeighbourRun) -> list[str]:
 
 
 def busy_neighbour(files: list[str]) -> Section:
-    def body(folder: Path) -> list[str]:
-        lines: list[str] = []
-        for name in files:
-            run = NeighbourRun.load(folder / name)
-            lines += [f"**{run.machine.cpu}**", "", *table(run), ""]
-        return lines[:-1]
-
     return Section(
         "A busy neighbour",
         "One engine, no HTTP, its decode steps timed in turns on every thread "
@@ -44,7 +37,7 @@ def busy_neighbour(files: list[str]) -> Section:
         "machine, then beside one process spinning per core but one. The last column is the "
         "default's cost when nothing else runs (its /proc reading every 0.25 s).",
         ["python3 benchmarks/neighbour.py --batches 1 30   # results/neighbour/CPU.json"],
-        files, body)
+        files, per_cpu(files, NeighbourRun.load, table))
 
 
 def neighbour_sections(folder: Path) -> list[Section]:

@@ -11,6 +11,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from benchmarks.results import (
     BenchRun,
@@ -118,6 +119,19 @@ def run_all_text(all_sections: list[Section]) -> str:
 def machine_of(path: Path) -> Machine | None:
     raw = json.loads(path.read_text()).get("machine")
     return Machine(**raw) if raw else None
+
+
+def per_cpu(files: list[str], load: Callable[[Path], Any],
+            table: Callable[[Any], list[str]]) -> Callable[[Path], list[str]]:
+    """A section's body of one run per CPU: each file loaded, its CPU named, its table."""
+    def body(folder: Path) -> list[str]:
+        lines: list[str] = []
+        for name in files:
+            run = load(folder / name)
+            lines += [f"**{run.machine.cpu}**", "", *table(run), ""]
+        return lines[:-1]
+
+    return body
 
 
 def run(folder: Path, name: str) -> BenchRun:

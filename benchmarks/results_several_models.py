@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from benchmarks.results import LevelResult
-from benchmarks.results_page import Section
+from benchmarks.results_page import Section, per_cpu
 from benchmarks.several_models import SeveralModelsRun
 from benchmarks.tables import markdown_table
 
@@ -45,13 +45,6 @@ def table(run: SeveralModelsRun) -> list[str]:
 
 
 def several_models_section(files: list[str]) -> Section:
-    def body(folder: Path) -> list[str]:
-        lines: list[str] = []
-        for name in files:
-            run = SeveralModelsRun.load(folder / name)
-            lines += [f"**{run.machine.cpu}**", "", *table(run), ""]
-        return lines[:-1]
-
     return Section(
         "Several models behind one address",
         "Each model served alone to half the users, then both in one server (each in its own "
@@ -61,7 +54,7 @@ def several_models_section(files: list[str]) -> Section:
         "share the two cores: each runs its steps on the cores the other leaves free "
         "([operations.md](operations.md#a-busy-machine)).",
         ["python3 benchmarks/several_models.py   # results/several_models/CPU.json"],
-        files, body)
+        files, per_cpu(files, SeveralModelsRun.load, table))
 
 
 def several_models_sections(folder: Path) -> list[Section]:
