@@ -22,6 +22,7 @@ from benchmarks.profile_decode import (
 from benchmarks.results import (
     BenchRun,
     DashboardOverheadRun,
+    EmbeddingRun,
     InterleavedRun,
     NeighbourRun,
     ProfileRun,
@@ -34,6 +35,7 @@ from benchmarks.results import (
 )
 from benchmarks.results_blocks import write_or_check
 from benchmarks.results_book import build_page
+from benchmarks.several_models import SeveralModelsRun
 from benchmarks.tables import profile_table, side_by_side
 from model.config import ModelConfig
 from model.llama import LlamaModel, causal_attention
@@ -64,6 +66,10 @@ def result_kind(path: Path) -> type | None:
         return ServedFileRun
     if path.parent.name == "neighbour":
         return NeighbourRun
+    if path.parent.name == "embeddings":
+        return EmbeddingRun
+    if path.parent.name == "several_models":
+        return SeveralModelsRun
     return DashboardOverheadRun if path.parent.name == "dashboard" else BenchRun
 
 
