@@ -135,14 +135,7 @@ class SamplingFields(RequestBody):
             raise APIError("n and best_of above 1 need max_tokens of at least 1.", field)
 
     def check_priority(self, scheduling_policy: str) -> None:
-        """priority is honoured only under --scheduling-policy priority: refused otherwise."""
-        if not -PRIORITY_BOUND <= self.priority < PRIORITY_BOUND:
-            raise APIError(f"priority must be in [-{PRIORITY_BOUND}, {PRIORITY_BOUND}).",
-                           "priority")
-        if self.priority != 0 and scheduling_policy != "priority":
-            raise APIError("priority is honoured only by a server started with "
-                           "--scheduling-policy priority; this one serves first come first "
-                           "served.", "priority")
+        check_priority(self.priority, scheduling_policy)
 
     def to_sampling_params(self, num_prompt_tokens: int, max_model_len: int,
                            vocab_size: int) -> SamplingParams:
@@ -275,3 +268,14 @@ class SamplingFields(RequestBody):
             raise APIError(f"stop_token_ids must be token ids in [0, {vocab_size}).",
                            "stop_token_ids")
         return ids
+
+
+def check_priority(priority: int, scheduling_policy: str) -> None:
+    """priority is honoured only under --scheduling-policy priority: refused otherwise."""
+    if not -PRIORITY_BOUND <= priority < PRIORITY_BOUND:
+        raise APIError(f"priority must be in [-{PRIORITY_BOUND}, {PRIORITY_BOUND}).",
+                       "priority")
+    if priority != 0 and scheduling_policy != "priority":
+        raise APIError("priority is honoured only by a server started with "
+                       "--scheduling-policy priority; this one serves first come first "
+                       "served.", "priority")

@@ -90,6 +90,13 @@ class EngineRequests:
 
     request_id_prefix: ClassVar[str]
     engine: EngineClient
+    model_name: str
+    accepted_model_names: set[str]
+
+    def check_model_name(self, name: str) -> None:
+        if name not in self.accepted_model_names:
+            raise APIError(f"The model '{name}' does not exist; this server serves "
+                           f"'{self.model_name}'.", "model", status=404, code="model_not_found")
 
     def submit(self, job: Job, params: list[SamplingParams], timeout: float | None = None,
                priority: int = 0, behind: int = 0) -> None:
@@ -228,11 +235,6 @@ class OpenAIServing(EngineRequests, ABC, Generic[Body]):
             raise APIError(f"The model '{self.model_name}' is an embedding model: it generates "
                            "no text. Ask it on /v1/embeddings, /v1/rerank or /v1/score.",
                            "model", code="model_not_generative")
-
-    def check_model_name(self, name: str) -> None:
-        if name not in self.accepted_model_names:
-            raise APIError(f"The model '{name}' does not exist; this server serves "
-                           f"'{self.model_name}'.", "model", status=404, code="model_not_found")
 
     async def collect(self, job: Job, body: Body, http_request: Request,
                       headers: dict[str, str]) -> Response:

@@ -40,7 +40,7 @@ from api.embeddings.protocol import (
 from api.engine_client import EngineClient
 from api.errors import APIError
 from api.job import Job, Prompt
-from api.sampling import SamplingFields
+from api.sampling import check_priority
 from api.serving import REQUEST_ID_HEADER, Arrivals, EngineRequests, failure
 from engine.request import SamplingParams
 
@@ -148,12 +148,10 @@ class EmbeddingServing(EngineRequests):
     def check(self, body: EmbeddingFields):
         """The model's embedding info, once the body is one this server takes."""
         with self.arrivals.taken_in():
-            if body.model is not None and body.model not in self.accepted_model_names:
-                raise APIError(f"The model '{body.model}' does not exist; this server serves "
-                               f"'{self.model_name}'.", "model", status=404,
-                               code="model_not_found")
+            if body.model is not None:
+                self.check_model_name(body.model)
             body.check_supported(self.accept_unknown_fields)
-            SamplingFields.check_priority(body, self.engine.scheduling_policy)  # type: ignore[arg-type]
+            check_priority(body.priority, self.engine.scheduling_policy)
             return self.info
 
     def task_prompt(self, name: str | None, param: str) -> str:
