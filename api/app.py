@@ -149,6 +149,6 @@ def create_app(engine: EngineClient, model_name: str, access: AccessConfig | Non
                                                           accept_unknown_fields), guarded, auth),
                        include_in_schema=embeds)
     # Read-only, behind the key like the API; not part of the OpenAI-compatible document.
-    app.include_router(dashboard_router(engine, guard(app, browser=True)),
+    app.include_router(dashboard_router(engine, model_name, guard(app, browser=True)),
                        include_in_schema=False)
     return app

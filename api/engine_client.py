@@ -62,11 +62,6 @@ class EngineClient(DashboardSource, Protocol):
         ...
 
     @property
-    def is_alive(self) -> bool:
-        """False once the engine thread has stopped."""
-        ...
-
-    @property
     def unavailable_reason(self) -> str | None:
         """Why new requests are refused (shutting down, engine dead); None when serving."""
         ...

@@ -15,7 +15,8 @@ it is not loaded.
   model failed.
 - `/metrics` is every loaded model's metrics, each sample labelled with `model`, and
   `nano_vllm:model_loaded` for every model.
-- The dashboard shows the first model.
+- `/dashboard` shows the model its `?model=` names (the first by default), with a picker of
+  every model; watching neither loads a model nor keeps it busy (api/dashboard/routes.py).
 """
 
 from __future__ import annotations
@@ -25,12 +26,15 @@ import time
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import parse_qs
 
 from fastapi.responses import JSONResponse
 from starlette.types import Message, Receive, Scope, Send
 
+from api.dashboard.routes import model_card, model_list, page_response, static_response
 from api.errors import APIError, error_response
 from api.model_pool import FAILED, LOADED, ModelPool
+from api.model_slot import unavailable
 from api.security import AccessConfig, APIKeyCheck, AuthenticationError
 
 SERVER_ROUTES = ("/health", "/metrics", "/v1/models")
@@ -62,6 +66,8 @@ class ModelRouter:
         try:
             if path in SERVER_ROUTES:
                 await self.server_route(scope, receive, send)
+            elif path == "/dashboard" or path.startswith("/dashboard/"):
+                await self.dashboard(path, scope, receive, send)
             elif path.startswith("/v1/models/"):
                 await self.model_route(path.removeprefix("/v1/models/"), scope, receive, send)
             elif scope["method"] == "POST":
@@ -90,11 +96,14 @@ class ModelRouter:
         finally:
             self.pool.release(model)
 
-    def check_key(self, scope: Scope, probe: bool = False) -> None:
+    def check_key(self, scope: Scope, probe: bool = False, browser: bool = False) -> None:
         """api/security.py's check where the router answers itself: AuthenticationError
         without a valid key, when keys are set (on /health and /metrics only with
-        --protect-health-metrics)."""
+        --protect-health-metrics; `browser`: an `api_key` query parameter will do)."""
         if not self.keys.enabled or (probe and not self.protect_probes):
+            return
+        if browser and any(self.keys.allows_key(key) for key in
+                           query(scope).get("api_key", [])):
             return
         headers = {k.decode().lower(): v.decode() for k, v in scope.get("headers", [])}
         authorization, api_key = headers.get("authorization"), headers.get("x-api-key")
@@ -129,6 +138,30 @@ class ModelRouter:
             headers = [(k, v) for k, v in headers if k.lower() != b"content-length"]
             headers.append((b"content-length", str(len(body)).encode()))
         await send_whole(status, headers, body, send)
+
+    async def dashboard(self, path: str, scope: Scope, receive: Receive, send: Send) -> None:
+        """The page and its files (the same for every model) and the list of models are
+        answered here; the snapshot stream and the tooltips by the named model's app, only
+        while it is loaded: watching neither loads a model nor counts as using it."""
+        if path.startswith("/dashboard/static/"):
+            await static_response(path.removeprefix("/dashboard/static/"))(scope, receive, send)
+            return
+        self.check_key(scope, browser=True)
+        name = self.pick(query(scope).get("model", [None])[0])
+        slot = self.pool.slots[name]
+        if path == "/dashboard":
+            await page_response()(scope, receive, send)
+        elif path == "/dashboard/models":
+            cards = [model_card(n, self.pool.state(n), s.model.engine if s.model else None)
+                     for n, s in self.pool.slots.items()]
+            await JSONResponse(model_list(cards, name))(scope, receive, send)
+        elif slot.state == LOADED and slot.model is not None:
+            await slot.model.app(scope, receive, send)
+        else:
+            raise unavailable(f"The model '{name}' is {self.pool.state(name)}: its dashboard "
+                              "shows once it is loaded (by a request to it, or POST "
+                              f"/v1/models/{name}/load); watching does not load it.",
+                              retry_after=5)
 
     def card(self, name: str) -> dict[str, Any]:
         """A model's object while it is not loaded (what its engine would add is unknown)."""
@@ -218,6 +251,11 @@ class ModelRouter:
         message = await receive()
         await self.pool.close()
         await send({"type": "lifespan.shutdown.complete"})
+
+
+def query(scope: Scope) -> dict[str, list[str]]:
+    """A request's query parameters."""
+    return parse_qs(scope.get("query_string", b"").decode("latin-1"))
 
 
 def replay(messages: list[Message], receive: Receive) -> Receive:

@@ -1,5 +1,11 @@
-"""GET /dashboard and what the page fetches: its static files, an SSE stream of engine
-snapshots (at most ~10 a second) and one block's details for a tooltip. Read-only.
+"""GET /dashboard and what the page fetches: its static files, the models it can show, an
+SSE stream of engine snapshots (at most ~10 a second) and one block's details for a tooltip.
+Read-only.
+
+`?model=NAME` picks the model the page shows; on one model's server it may only name that
+model (or "default"). Where a server serves several, api/model_router.py answers
+/dashboard/models and the page itself, and passes the stream and the tooltips to the named
+model's app without loading the model or keeping it busy (watching is not using).
 
 With keys set, the page, its stream and its tooltips need a key (api/security.py's
 browser guard): `Authorization: Bearer KEY`, or `?api_key=KEY` in the page's URL, since a
@@ -13,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Sequence
+from functools import cache
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -48,7 +55,12 @@ class DashboardSource(Protocol):
     EngineProcessClient (a core in its own process) both are one."""
 
     tokenizer: PreTrainedTokenizerBase
-    snapshots: Board | None  # None: no paged KV cache to show (a baseline core)
+    snapshots: Board | None  # None: no paged KV cache to show (a baseline core, an encoder)
+
+    @property
+    def is_alive(self) -> bool:
+        """False once the engine has stopped (the stream then ends)."""
+        ...
 
     def cached_block(self, block_id: int) -> CachedBlock | None:
         """A cached-free block's content (None: not cached-free); TimeoutError if the
@@ -56,47 +68,84 @@ class DashboardSource(Protocol):
         ...
 
 
-def dashboard_router(engine: DashboardSource, guarded: Sequence[Any] = ()) -> APIRouter:
-    """The routes over `engine`. `guarded`: the dependencies that check a key (all but the
-    static files)."""
+def dashboard_router(engine: DashboardSource, model_name: str,
+                     guarded: Sequence[Any] = ()) -> APIRouter:
+    """The routes over `engine`, which serves `model_name`. `guarded`: the dependencies that
+    check a key (all but the static files)."""
     router = APIRouter(tags=["dashboard"])
     board = engine.snapshots
     cache = FrameCache()
-    page = (STATIC / "index.html").read_text()
-    static = {name: (STATIC / name).read_text() for name in MEDIA_TYPES}
 
-    def need_board() -> Board:
-        if board is None:  # a baseline core
-            raise APIError("This engine has no paged KV cache to show.", status=404,
-                           err_type="not_found_error")
+    def need_board(model: str | None = None) -> Board:
+        if model not in (None, "default", model_name):
+            raise APIError(f"The model '{model}' does not exist; this server serves "
+                           f"'{model_name}'.", "model", status=404, code="model_not_found")
+        if board is None:  # a baseline core, an encoder
+            raise APIError(f"The model '{model_name}' has no paged KV cache to show.",
+                           status=404, err_type="not_found_error")
         return board
 
     @router.get("/dashboard", response_class=HTMLResponse, dependencies=list(guarded))
     async def dashboard() -> HTMLResponse:
-        return HTMLResponse(page)
+        return page_response()
 
     @router.get("/dashboard/static/{name}")
     async def static_file(name: str) -> Response:
-        if name not in static:
-            raise APIError(f"No dashboard file named {name!r}.", "name", status=404,
-                           err_type="not_found_error")
-        return Response(static[name], media_type=MEDIA_TYPES[name])
+        return static_response(name)
+
+    @router.get("/dashboard/models", dependencies=list(guarded))
+    async def models(model: str | None = None) -> JSONResponse:
+        if model not in (None, "default", model_name):
+            need_board(model)  # the 404 naming the model served
+        return JSONResponse(model_list([model_card(model_name, "loaded", engine)], model_name))
 
     @router.get("/dashboard/events", dependencies=list(guarded))
-    async def events() -> EventSourceResponse:
-        return EventSourceResponse(frames(need_board(), cache))
+    async def events(model: str | None = None) -> EventSourceResponse:
+        return EventSourceResponse(frames(engine, need_board(model), cache))
 
     @router.get("/dashboard/blocks/{block_id}", dependencies=list(guarded))
-    async def block(block_id: int) -> JSONResponse:
-        return JSONResponse(await block_view(engine, need_board(), block_id))
+    async def block(block_id: int, model: str | None = None) -> JSONResponse:
+        return JSONResponse(await block_view(engine, need_board(model), block_id))
 
     return router
 
 
-async def frames(board: Board, cache: FrameCache) -> AsyncIterator[dict[str, str]]:
-    """The event stream: a frame for each new snapshot, and one at least every HEARTBEAT."""
+def page_response() -> HTMLResponse:
+    """The page: the same for every model (it reads which one from its own URL)."""
+    return HTMLResponse(read_static("index.html"))
+
+
+def static_response(name: str) -> Response:
+    """One of the page's static files (the same for every model)."""
+    if name not in MEDIA_TYPES:
+        raise APIError(f"No dashboard file named {name!r}.", "name", status=404,
+                       err_type="not_found_error")
+    return Response(read_static(name), media_type=MEDIA_TYPES[name])
+
+
+@cache
+def read_static(name: str) -> str:
+    return (STATIC / name).read_text()
+
+
+def model_card(name: str, state: str, engine: DashboardSource | None) -> dict[str, Any]:
+    """A model as the page's picker lists it; `kv_cache` is None while it is not loaded (an
+    embedding model keeps none: nothing to draw)."""
+    return {"id": name, "state": state,
+            "kv_cache": None if engine is None else engine.snapshots is not None}
+
+
+def model_list(cards: list[dict[str, Any]], current: str) -> dict[str, Any]:
+    """GET /dashboard/models: every model the server serves, and the one the page shows."""
+    return {"object": "list", "data": cards, "current": current}
+
+
+async def frames(engine: DashboardSource, board: Board,
+                 cache: FrameCache) -> AsyncIterator[dict[str, str]]:
+    """The event stream: a frame for each new snapshot, and one at least every HEARTBEAT,
+    until the engine stops (a model unloaded: the page then asks again)."""
     last_seq, last_sent = None, 0.0
-    while True:
+    while engine.is_alive:
         board.want()  # snapshots are only taken while someone watches
         snapshot, now = board.latest, time.monotonic()
         if snapshot is not None and (snapshot.seq != last_seq or now - last_sent >= HEARTBEAT):

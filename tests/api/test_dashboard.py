@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 
 from benchmarks.live_server import sse_events
-from tests.api.conftest import RunningServer
+from tests.api.conftest import MODEL_NAME, RunningServer
 from tests.api.dashboard_load import PREFIX, QUESTIONS, shared_prefix_streams
 
 
@@ -41,6 +41,17 @@ def test_dashboard_page_and_its_files(server):
     missing = httpx.get(f"{server.url}/dashboard/static/secret.py")
     print("missing file:", missing.json())
     assert missing.status_code == 404 and missing.json()["error"]["param"] == "name"
+
+
+def test_the_model_list_and_a_model_the_server_does_not_serve(server):
+    listing = httpx.get(f"{server.url}/dashboard/models").json()
+    print(listing)
+    assert listing == {"object": "list", "current": MODEL_NAME, "data": [
+        {"id": MODEL_NAME, "state": "loaded", "kv_cache": True}]}
+    for path in ("models", "events", "blocks/1"):
+        refused = httpx.get(f"{server.url}/dashboard/{path}?model=gpt-5")
+        assert refused.status_code == 404, path
+        assert refused.json()["error"]["code"] == "model_not_found"
 
 
 def shared_by_all(message: dict[str, Any]) -> bool:

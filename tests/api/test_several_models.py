@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import sys
 import time
@@ -20,7 +21,7 @@ import httpx
 import pytest
 
 from api.model_router import labelled, merge_metrics
-from benchmarks.live_server import LiveServer
+from benchmarks.live_server import LiveServer, sse_events
 from tests.families import save_embedding_model, save_family
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -111,6 +112,64 @@ def test_an_unknown_model_is_a_404_naming_the_models(two):
         anthropic.Anthropic(base_url=two.url, api_key="x").messages.create(
             model="claude", max_tokens=4, messages=HI)
     assert httpx.get(f"{two.url}/v1/models/gpt-5").status_code == 404
+
+
+def frames_of(url: str, model: str, count: int) -> list[dict]:
+    """The first `count` snapshots /dashboard/events streams for `model` (the first may be
+    from before the stream opened: snapshots are taken only while someone watches)."""
+    with httpx.stream("GET", f"{url}/dashboard/events?model={model}", timeout=60) as response:
+        assert response.status_code == 200, response.read()
+        events = sse_events(response.iter_lines())
+        return [next(events)["frame"] for _ in range(count)]
+
+
+def test_the_dashboard_shows_each_model(two):
+    """The page lists every model; each generating model's stream is its own engine's (smol
+    is busy with a long prompt while tiny-qwen3 idles); the encoder has no pool to show."""
+    listing = httpx.get(f"{two.url}/dashboard/models?model=smol").json()
+    assert listing["current"] == "smol"
+    assert [(c["id"], c["state"], c["kv_cache"]) for c in listing["data"]] == [
+        ("tiny-qwen3", "loaded", True), ("smol", "loaded", True), ("emb", "loaded", False)]
+    assert httpx.get(f"{two.url}/dashboard/models").json()["current"] == "tiny-qwen3"
+    with streaming(two.url, "smol") as stream:
+        lines = stream.iter_lines()  # held: a dropped iterator closes the stream
+        assert next(lines).startswith("data:")
+        busy, idle = frames_of(two.url, "smol", 5), frames_of(two.url, "tiny-qwen3", 3)
+    assert [r["status"] for r in busy[-1]["requests"]] == ["running"]
+    assert not any(frame["requests"] for frame in idle)
+    refused = httpx.get(f"{two.url}/dashboard/events?model=emb")
+    assert refused.status_code == 404 and "no paged KV cache" in refused.json()["error"]["message"]
+    unknown = httpx.get(f"{two.url}/dashboard/events?model=gpt-5")
+    assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "model_not_found"
+    page = httpx.get(f"{two.url}/dashboard?model=emb")
+    assert page.status_code == 200 and 'id="model"' in page.text
+
+
+def test_the_page_picks_a_model(two):
+    """In a real browser: the picker lists the three models, the page streams smol's
+    snapshots, and says the encoder has nothing to draw."""
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None and os.environ.get("CI") != "true":
+        pytest.skip("Debian's chromium is not installed (apt-get install chromium)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium, headless=True)
+        try:
+            page = browser.new_page()
+            errors: list[str] = []
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            page.goto(f"{two.url}/dashboard?model=smol")
+            page.locator("#status", has_text="live").wait_for(timeout=30_000)
+            assert page.locator("#model-name").inner_text() == "smol"
+            assert page.locator("#model option").all_inner_texts() == ["tiny-qwen3", "smol",
+                                                                       "emb"]
+            assert page.locator("#model").is_visible()
+            page.select_option("#model", "emb")  # the page reloads with ?model=emb
+            page.locator("#status", has_text="no paged KV cache").wait_for(timeout=30_000)
+            assert page.url.endswith("?model=emb") and not errors, errors
+        finally:
+            browser.close()
 
 
 def test_metrics_are_labelled_by_model():
@@ -236,13 +295,26 @@ def test_a_busy_model_is_never_unloaded(lazy):
 
 
 def test_an_idle_model_is_unloaded_and_its_memory_given_back(lazy):
+    """An open dashboard does not keep a model loaded: its stream ends with the model, and
+    asks again (503) without loading it."""
     pid = core_pids(lazy.log)["tiny"]
     before = tree_rss_kib(lazy.proc.pid)
+    watching = f"{lazy.url}/dashboard/events?model=tiny&api_key={KEY}"
+    with httpx.stream("GET", watching, timeout=60) as stream:
+        assert stream.status_code == 200
+        frames = sum(1 for _ in sse_events(stream.iter_lines()))  # until the stream ends
+    print(f"{frames} frames before the model was unloaded; {states(lazy)}")
+    assert frames >= 1 and states(lazy)["tiny"] in ("unloading", "unloaded")
     deadline = time.monotonic() + 30  # --idle-unload 8
     while states(lazy)["tiny"] != "unloaded":
         assert time.monotonic() < deadline
         time.sleep(0.5)
     assert no_process_left([pid])
+    again = httpx.get(watching)
+    assert again.status_code == 503 and again.headers["retry-after"]
+    assert "watching does not load it" in again.json()["error"]["message"]
+    assert httpx.get(f"{lazy.url}/dashboard/events?model=tiny").status_code == 401
+    assert states(lazy)["tiny"] == "unloaded"
     after = tree_rss_kib(lazy.proc.pid)
     print(f"server and engine processes: {before} KiB loaded, {after} KiB unloaded")
     assert after < before - 50 * 1024  # the engine process's memory, given back

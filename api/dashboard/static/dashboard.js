@@ -217,7 +217,7 @@ function onSnapshot(event) {
   lastFrame = frame;
   addSample(message.time, message.counters);
   drawCharts();
-  document.getElementById("status").textContent =
+  statusLine.textContent =
     `live · step ${frame.step} · snapshot ${frame.seq} · ${new Date(message.time * 1000).toLocaleTimeString()}`;
   document.body.dataset.seq = frame.seq;
 }
@@ -255,6 +255,56 @@ pool.addEventListener("mouseover", async event => {
 });
 pool.addEventListener("mouseleave", () => { hovered = null; tooltip.hidden = true; });
 
-const source = new EventSource(`dashboard/events${query}`);
-source.addEventListener("snapshot", onSnapshot);
-source.onerror = () => { document.getElementById("status").textContent = "disconnected: retrying…"; };
+// The models the server serves, in a picker (shown when there are several): choosing one
+// reloads the page with ?model=NAME, which the stream and the tooltips then carry.
+const statusLine = document.getElementById("status");
+const picker = document.getElementById("model");
+const RETRY_MS = 3000;
+picker.addEventListener("change", () => {
+  const params = new URLSearchParams(window.location.search);
+  params.set("model", picker.value);
+  window.location.search = params.toString();
+});
+
+async function currentModel() {
+  const response = await fetch(`dashboard/models${query}`);
+  if (!response.ok) throw new Error(`dashboard/models: HTTP ${response.status}`);
+  const listing = await response.json();
+  picker.textContent = "";
+  for (const card of listing.data) {
+    const label = card.state === "loaded" ? card.id : `${card.id} (${card.state})`;
+    picker.add(new Option(label, card.id, false, card.id === listing.current));
+  }
+  picker.hidden = listing.data.length < 2;
+  document.getElementById("model-name").textContent = listing.current;
+  document.title = `nano-vLLM · ${listing.current}`;
+  return listing.data.find(card => card.id === listing.current);
+}
+
+// Stream the model's snapshots while it is loaded; when it is not (or stops: an unloaded
+// model ends its stream), say so and look again every few seconds.
+async function connect() {
+  let card;
+  try { card = await currentModel(); } catch (error) {
+    statusLine.textContent = `${error.message}: retrying…`;
+    setTimeout(connect, RETRY_MS);
+    return;
+  }
+  if (card.kv_cache === false) {
+    statusLine.textContent = "no paged KV cache to show (an embedding model)";
+    return;
+  }
+  if (card.state !== "loaded") {
+    statusLine.textContent = `${card.state}: shown once loaded (watching does not load it)`;
+    setTimeout(connect, RETRY_MS);
+    return;
+  }
+  const source = new EventSource(`dashboard/events${query}`);
+  source.addEventListener("snapshot", onSnapshot);
+  source.onerror = () => {
+    statusLine.textContent = "disconnected: retrying…";
+    source.close();
+    setTimeout(connect, RETRY_MS);
+  };
+}
+connect();
