@@ -47,8 +47,8 @@ from benchmarks.model_matmuls import (
     weight_bytes,
 )
 from benchmarks.results import ComputePeak, Machine, RooflineCell, RooflineRun, result_path
-from model.cpu_kernel import cpu_flags
 from model.dense_linear import PackedLinear, load_dense_linear
+from model.kernels.build import cpu_flags
 
 ROOT = Path(__file__).resolve().parents[1]
 ROWS = [1, 8, 30, 64]

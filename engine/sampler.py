@@ -17,7 +17,7 @@ from torch import Tensor
 from engine.logits_processors import apply_logits_processors, apply_min_p
 from engine.logprobs import TokenLogprobs, gather_logprobs, raw_logprobs
 from engine.request import Request
-from model.cpu_kernel import load_cpu_kernels
+from model.kernels.build import load_cpu_kernels
 
 
 @dataclass
@@ -126,7 +126,7 @@ def top_k_top_p_logits(logits: Tensor, top_k: Tensor, top_p: Tensor) -> Tensor:
 
 def argmax_rows(logits: Tensor, compiled: bool = True) -> list[int]:
     """Each row's argmax (the first of equals; a NaN counts as the largest). On a CPU by the
-    kernel in model/csrc/argmax_cpu.cpp (rows split over the step's threads, bf16 read as it
+    kernel in model/kernels/csrc/argmax_cpu.cpp (rows split over the step's threads, bf16 read as it
     is) where `compiled`, else through NumPy, which is faster than torch's own argmax on a
     CPU (most of all in bf16). One fp32 row stays on NumPy, whose SIMD scan is faster alone
     (benchmarks/studies/argmax_cost.py)."""

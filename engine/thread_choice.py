@@ -11,7 +11,7 @@ JSON file under the cache root, keyed by what it depends on (the CPU's model, th
 count, the model, its dtype and weights, the attention and matmul paths, whether decode
 steps run as one C++ call), so a later start reads it in no time.
 
-Then, where the dense matmul kernel runs (model/csrc/dense_linear.cpp), decode steps of
+Then, where the dense matmul kernel runs (model/kernels/csrc/dense_linear.cpp), decode steps of
 PREFETCH_BATCH sequences are timed with each of PREFETCH_BYTES as the prefetch distance for
 rows that fit in one row block, in turns (one sequence's row reads its panels side by side
 without software prefetch, so a step of one would not see the distance); the default (4 KB)
@@ -113,7 +113,7 @@ def cache_file() -> Path:
 def cache_key(core: PagedEngineCore, cpu: str | None = None) -> dict[str, object]:
     """What the choice depends on."""
     config, runner = core.config, core.runner
-    from model.cpu_kernel import EMULATED_MARCH, cpu_flags, emulated_cpu
+    from model.kernels.build import EMULATED_MARCH, cpu_flags, emulated_cpu
     from model.prepare import resolve_model_dir
 
     emulated = emulated_cpu()

@@ -1,4 +1,4 @@
-"""A decode step's decoder layers in one C++ call (model/csrc/decode_stack_cpu.cpp).
+"""A decode step's decoder layers in one C++ call (model/kernels/csrc/decode_stack_cpu.cpp).
 
 At one user a decode step on a CPU is a few hundred small calls: per layer two fused norms,
 four matmuls, RoPE, the K/V write, attention and the activation, each reached through a
@@ -23,8 +23,8 @@ from torch import Tensor, nn
 
 from kvcache.pool import KVCachePool
 from model.attention.metadata import StepMetadata
-from model.cpu_kernel import load_cpu_kernels
 from model.dense_linear import PackedLinear
+from model.kernels.build import load_cpu_kernels
 from model.layers import BiasedLinear
 from model.weights.quantized import PartsLinear, QuantizedLinear
 

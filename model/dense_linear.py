@@ -3,18 +3,18 @@
 A decode step multiplies a few rows (1-30 users) by every weight matrix: that is a stream
 through the weights, and the libraries here leave memory bandwidth on the table at one row
 (MKL's `x @ W` reads ~20 GB/s of the ~45 a plain sum reaches; bf16 matmuls ~16). The kernel
-(model/csrc/dense_linear.cpp) reads each weight matrix as column panels laid out K-major,
+(model/kernels/csrc/dense_linear.cpp) reads each weight matrix as column panels laid out K-major,
 one contiguous stream per thread, and register-blocks the rows so that 30 rows cost one
 pass over the weights from memory, not 30 (benchmarks/studies/linear_microbench.py measures it).
 
 `PackedLinear` replaces `model.layers.Linear` module for module; `pack_model_linears`
-does it for a whole loaded model. The kernel has two paths over the same packed weights: AVX-512
-and, on CPUs without it, AVX2 with FMA (model/csrc/dense_linear_avx2.cpp; bf16 weights widened
-to fp32 in registers). The AVX-512 path computes bf16 by AVX512_BF16's dot products, or where
-those run at half the FMAs' rate (Intel's cores, measured at first use) by FMAs on widened
-weights for many rows, and on AMX from 8 rows where the CPU has it (`bf16_arithmetic` says
-which). Without either path (no compiler, no AVX2, not a CPU tensor) it falls back to plain
-torch matmuls.
+does it for a whole loaded model. The kernel has two paths over the same packed weights:
+AVX-512 and, on CPUs without it, AVX2 with FMA (model/kernels/csrc/dense_linear_avx2.cpp;
+bf16 weights widened to fp32 in registers). The AVX-512 path computes bf16 by AVX512_BF16's
+dot products, or where those run at half the FMAs' rate (Intel's cores, measured at first
+use) by FMAs on widened weights for many rows, and on AMX from 8 rows where the CPU has it
+(`bf16_arithmetic` says which). Without either path (no compiler, no AVX2, not a CPU tensor)
+it falls back to plain torch matmuls.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from model.cpu_kernel import AMX_ENV, cpu_supports, cpu_supports_avx2, load_cpu_kernels
+from model.kernels.build import AMX_ENV, cpu_supports, cpu_supports_avx2, load_cpu_kernels
 
 log = logging.getLogger("nano_vllm.kernel")
 
@@ -49,7 +49,7 @@ def kernel_support() -> dict[str, bool]:
 def kernel_isa(dtype: torch.dtype) -> str:
     """Which of the kernel's paths runs weights of this dtype here: "avx512", "avx2", or
     "none" (torch matmuls). ("avx512" for bf16 includes AMX, which takes over from 8 rows
-    where the CPU has it: model/csrc/dense_linear_amx.cpp.)"""
+    where the CPU has it: model/kernels/csrc/dense_linear_amx.cpp.)"""
     name = {torch.float32: "float32", torch.bfloat16: "bfloat16"}.get(dtype)
     if name is None or not kernel_support()[name]:
         return "none"
@@ -73,7 +73,7 @@ def bf16_arithmetic() -> str:
 
 
 def load_dense_linear() -> object | None:
-    """The compiled kernels module (model/cpu_kernel.py), or None if this CPU or toolchain
+    """The compiled kernels module (model/kernels/build.py), or None if this CPU or toolchain
     cannot have it."""
     if not kernel_support()["float32"]:
         log.warning("dense-linear kernel off (no AVX2 here, or NANO_VLLM_DENSE_KERNEL=0); "

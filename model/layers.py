@@ -4,7 +4,7 @@
 way (packed weights, quantized codes) replaces it module for module.
 
 On a CPU, the small ops between the matmuls (RMSNorm with its residual add, RoPE, SwiGLU's
-activation) can run as one compiled kernel each (model/csrc/fused_ops_cpu.cpp) instead of
+activation) can run as one compiled kernel each (model/kernels/csrc/fused_ops_cpu.cpp) instead of
 5-8 PyTorch ops: `use_fused_ops(model)` switches a loaded model over. The PyTorch code stays
 the reference, and what runs on other devices.
 """

@@ -6,7 +6,7 @@
 //   g++ -O3 -march=native -fopenmp -std=c++20 benchmarks/studies/amx_int8_blocks.cpp -o /tmp/amx_int8_blocks && /tmp/amx_int8_blocks
 //
 // For 30 rows of x against all 30 layers' matmul shapes of the default model (random codes
-// in model/csrc/q4_1_int8act_cpu.cpp's byte layout), at 1 and 2 threads, best of 30, ms:
+// in model/kernels/csrc/q4_1_int8act_cpu.cpp's byte layout), at 1 and 2 threads, best of 30, ms:
 //   vnni       register tiles of 8 rows: 8 vpdpbusd per row and block, then the scales
 //   amx        per 16 rows and block one tdpbsud, the tile stored, the same fp32 steps
 //   amx-tiles  the tile unit's part of amx alone (multiplies, tile stores)

@@ -1,5 +1,5 @@
 """What greedy sampling's argmax costs a decode step, by path: the compiled kernel the sampler
-uses (model/csrc/argmax_cpu.cpp: rows split over the threads, bf16 read as it is) and the
+uses (model/kernels/csrc/argmax_cpu.cpp: rows split over the threads, bf16 read as it is) and the
 NumPy path it keeps for one fp32 row and other dtypes (a widened fp32 copy, then NumPy's
 argmax on one thread).
 
@@ -22,7 +22,7 @@ import torch
 
 from benchmarks.results import cpu_model
 from benchmarks.roofline import best_time
-from model.cpu_kernel import load_cpu_kernels
+from model.kernels.build import load_cpu_kernels
 
 VOCAB = 49152  # SmolLM2's
 

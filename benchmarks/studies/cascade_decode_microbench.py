@@ -5,7 +5,7 @@ cascade form.
 query token each, in the default model's attention shape (9 query heads on 3 K/V heads,
 head dim 64, 30 layers, fp32). Per decode step (every layer once), best of --repeats:
 
-- kernel: model/csrc/paged_attention_cpu.cpp over each whole context (what the engine runs);
+- kernel: model/kernels/csrc/paged_attention_cpu.cpp over each whole context (what the engine runs);
 - cascade: the shared prefix once for all queries, a GEMM per K/V head (torch.bmm: the
   group's query heads of every sequence as rows), then each sequence's own tokens, the two
   merged by their log-sum-exp (all in PyTorch);
@@ -34,7 +34,7 @@ import torch
 from torch import Tensor
 
 from kvcache.pool import BLOCK_SIZE
-from model.cpu_kernel import load_paged_decode_attention
+from model.kernels.build import load_paged_decode_attention
 
 torch.set_grad_enabled(False)
 HEADS, KV_HEADS, DIM = 9, 3, 64

@@ -3,7 +3,7 @@ alternated in one process.
 
     python3 benchmarks/studies/decode_attention_ab.py --against HEAD~1
 
-Both versions of model/csrc/paged_attention_cpu.cpp (this checkout's and `git show
+Both versions of model/kernels/csrc/paged_attention_cpu.cpp (this checkout's and `git show
 REV:...`'s) are built on their own, each with a two-line binding, with the kernels' flags
 (the whole kernels module cannot be loaded twice in one process). Each shape is the default
 model's attention (9 query heads on 3 K/V heads, head dim 64, 30 layers): every sequence's
@@ -32,11 +32,11 @@ import torch
 
 from benchmarks.results import cpu_model
 from kvcache.pool import BLOCK_SIZE
-from model.cpu_kernel import CFLAGS
+from model.kernels.build import CFLAGS
 
 torch.set_grad_enabled(False)
 ROOT = Path(__file__).resolve().parents[2]
-SOURCE = "model/csrc/paged_attention_cpu.cpp"
+SOURCE = "model/kernels/csrc/paged_attention_cpu.cpp"
 HEADS, KV_HEADS, DIM, LAYERS = 9, 3, 64, 30
 BINDING = """#include <torch/extension.h>
 torch::Tensor paged_decode_attention(torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor,
@@ -59,7 +59,7 @@ def build(name: str, source: str, workdir: Path) -> Callable:
     module = load(name=f"decode_attention_{name}_{digest}", build_directory=str(folder),
                   sources=[str(folder / "kernel.cpp"), str(folder / "binding.cpp")],
                   extra_cflags=CFLAGS, extra_ldflags=["-fopenmp"],
-                  extra_include_paths=[str(ROOT / "model/csrc")])  # its kernel_api.h
+                  extra_include_paths=[str(ROOT / "model/kernels/csrc")])  # its kernel_api.h
     return module.paged_decode_attention
 
 

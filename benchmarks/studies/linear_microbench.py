@@ -35,7 +35,7 @@ from benchmarks.model_matmuls import build, make_weights, pass_inputs, time_pass
 from model.dense_linear import load_dense_linear
 
 ROWS = [1, 2, 4, 8, 16, 30, 64]
-AMX_ROWS, AMX_CHUNK = 8, 0  # the kernel's defaults (model/csrc/dense_linear.cpp)
+AMX_ROWS, AMX_CHUNK = 8, 0  # the kernel's defaults (model/kernels/csrc/dense_linear.cpp)
 # Our paths' kernel settings: (AVX2 forced, AMX from rows, bf16 by FMAs: 1, 0, or -1 as chosen,
 # one row's panels side by side, x bytes per row group: -1 as chosen, 0 all rows in one).
 OUR_PATHS = {"ours": (False, AMX_ROWS, -1, True, -1), "ours-avx2": (True, AMX_ROWS, -1, True, -1),

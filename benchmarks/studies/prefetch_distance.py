@@ -3,7 +3,7 @@ the default model's matmuls (benchmarks/model_matmuls.py) with each distance in 
 
     python3 benchmarks/studies/prefetch_distance.py --rows 1 4 8 30 --distances 16384 4096
 
-The kernel (model/csrc/dense_linear.cpp) has two distances: one for rows that fit in one
+The kernel (model/kernels/csrc/dense_linear.cpp) has two distances: one for rows that fit in one
 row block (1-6 to 1-12 rows, by panel width), one for rows that need several. Both are set
 to each distance in turn, round after round, so a drift of the machine lands on all of
 them; printed per row count and distance: the median pass time and the median, over the

@@ -1,4 +1,4 @@
-// Study: the prefill attention kernel's tasks alone (model/csrc/paged_prefill_attention_cpu.cpp),
+// Study: the prefill attention kernel's tasks alone (model/kernels/csrc/paged_prefill_attention_cpu.cpp),
 // on one thread, with no Python, no K/V write and no OpenMP around them: one layer's tasks for
 // a chunk of `chunk` positions after `cached` cached tokens, the default model's shape (9
 // query heads on 3 K/V heads, head dim 64, fp32, blocks of 16 slots in order), split into
@@ -19,7 +19,7 @@
 #include <vector>
 
 #define PREFILL_TASK_ONLY
-#include "../../model/csrc/paged_prefill_attention_cpu.cpp"
+#include "../../model/kernels/csrc/paged_prefill_attention_cpu.cpp"
 
 namespace {
 

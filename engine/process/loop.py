@@ -274,7 +274,7 @@ def exit_when_orphaned(parent: int) -> None:
     """Exit (status 0) as soon as the server that started this process is gone, whatever
     the core is doing: loading (the model, a first start's kernel compile and thread
     measurement, a minute or more; its kernel build's lock goes with it,
-    model/cpu_kernel.build_lock), stepping or idle."""
+    model/kernels/build.py build_lock), stepping or idle."""
     while os.getppid() == parent:
         time.sleep(PARENT_POLL_S)
     log.warning("the server process is gone: stopping")

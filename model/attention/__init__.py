@@ -14,7 +14,7 @@ import torch
 from kvcache.pool import KVCachePool
 from model.attention.metadata import StepMetadata
 from model.attention.paged import CpuKernelAttention, TorchPagedAttention
-from model.cpu_kernel import (
+from model.kernels.build import (
     load_cpu_kernels,
     load_paged_decode_attention,
     load_paged_prefill_attention,

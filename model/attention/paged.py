@@ -16,8 +16,8 @@ which the window's mask (or the kernels' first key) never reaches.
 Query heads are grouped onto their shared K/V head by SDPA's `enable_gqa`, so K/V are
 never repeated. `CpuKernelAttention` replaces the gather with compiled kernels that read
 K/V in place through the block tables: one for the single-token rows
-(model/csrc/paged_attention_cpu.cpp), one for the multi-token chunks
-(model/csrc/paged_prefill_attention_cpu.cpp); the gather path stays as the reference, for
+(model/kernels/csrc/paged_attention_cpu.cpp), one for the multi-token chunks
+(model/kernels/csrc/paged_prefill_attention_cpu.cpp); the gather path stays as the reference, for
 other devices and dtypes, and for bf16 chunks with much work on a CPU with AMX, where SDPA
 runs on AMX and is the faster.
 """

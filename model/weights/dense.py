@@ -12,8 +12,8 @@ from torch import Tensor, nn
 
 from model.checkpoint import Checkpoint, read_checkpoint
 from model.config import ModelConfig
-from model.cpu_kernel import load_fused_ops
 from model.dense_linear import pack_model_linears
+from model.kernels.build import load_fused_ops
 from model.layers import BiasedLinear, Linear, log_torch_pieces, use_fused_ops
 from model.weights.blocks import BlockTensor
 

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from model.checkpoint import Checkpoint
 from model.config import ModelConfig
-from model.cpu_kernel import load_fused_ops
+from model.kernels.build import load_fused_ops
 from model.layers import BiasedLinear, use_fused_ops
 from model.llama import LlamaModel
 from model.weights.blocks import BlockTensor

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from model.checkpoint import Checkpoint, read_checkpoint, replace, weight_units
 from model.config import ModelConfig
-from model.cpu_kernel import load_fused_ops
+from model.kernels.build import load_fused_ops
 from model.layers import Linear, log_torch_pieces, use_fused_ops
 from model.llama import LlamaModel
 from model.weights.blocks import BLOCK, BlockTensor

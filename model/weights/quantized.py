@@ -1,7 +1,7 @@
 """Linear layers and an embedding on a GGUF file's own codes, and the kernels behind them.
 
 Each weight's codes are kept in one of the block forms of model/weights/blocks.py, packed once
-for the kernels (model/csrc/quantized_kernel.h): output rows in groups of 16, one fp32 lane
+for the kernels (model/kernels/csrc/quantized_kernel.h): output rows in groups of 16, one fp32 lane
 each. A kernel dequantizes each weight exactly as gguf's reference code does and multiplies
 by FMA, so a layer computes the fp32 model on the dequantized weights, summed in another
 order. `QuantizedLinear` is one matrix, `PartsLinear` a fused module whose parts differ in
@@ -9,7 +9,7 @@ type (each on its kernel), `QuantizedEmbedding` the token embedding looked up in
 
 `--activations int8` (opt-in, not exact) multiplies Q4_1 and Q8_0 codes by activations
 rounded to int8 per block of 32, with integer dot products (AVX512-VNNI,
-model/csrc/q4_1_int8act_cpu.cpp, or AVX2's pair products, q4_1_int8act_avx2.cpp, with the
+model/kernels/csrc/q4_1_int8act_cpu.cpp, or AVX2's pair products, q4_1_int8act_avx2.cpp, with the
 same results); its error against the exact path is measured in
 tests/model/test_q4_1_int8act.py. The weight format that builds these layers from a
 checkpoint is model/weights/gguf_format.py.
@@ -23,7 +23,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from model.cpu_kernel import (
+from model.kernels.build import (
     cpu_has_vnni,
     cpu_kernels_error,
     cpu_supports,

@@ -234,7 +234,7 @@ def test_a_measurement_beside_a_busy_process_is_not_cached(tmp_path, monkeypatch
 
 def test_the_cache_is_keyed_by_the_cpu_flags(monkeypatch, model, tokenizer):
     """Two CPUs with one model name and different flags get different entries."""
-    from model import cpu_kernel
+    from model.kernels import build as cpu_kernel
 
     core = engine(model, tokenizer).core
     first = cache_key(core, cpu="Intel(R) Xeon(R) Processor @ 2.80GHz")

@@ -7,7 +7,8 @@ import os
 import pytest
 import torch
 
-from model.cpu_kernel import (
+from model.dense_linear import kernel_fn
+from model.kernels.build import (
     AMX_ENV,
     as_avx2,
     cpu_supports,
@@ -15,10 +16,9 @@ from model.cpu_kernel import (
     cpu_supports_quantized,
     load_cpu_kernels,
 )
-from model.dense_linear import kernel_fn
 
-# The dense matmul kernel's paths (model/csrc/dense_linear.cpp), for its tests and those that
-# run it at a model's shapes.
+# The dense matmul kernel's paths (model/kernels/csrc/dense_linear.cpp), for its tests and
+# those that run it at a model's shapes.
 FP32_OK = kernel_fn(torch.float32) is not None
 BF16_OK = kernel_fn(torch.bfloat16) is not None
 needs_fp32 = pytest.mark.skipif(not FP32_OK, reason="no AVX2 or no C++ toolchain here")
@@ -36,7 +36,7 @@ BF16_AVX512 = FP32_OK and cpu_supports(bf16=True)
 BF16_PATHS = PATHS + (["no-amx"] if AMX else []) + (["dot", "fma"] if BF16_AVX512 else [])
 DTYPE_PATHS = ([pytest.param(torch.float32, p, id=f"float32-{p}") for p in PATHS]
                + [pytest.param(torch.bfloat16, p, id=f"bfloat16-{p}") for p in BF16_PATHS])
-# The kernel's defaults (model/csrc/dense_linear.cpp; none under NANO_VLLM_AMX=0).
+# The kernel's defaults (model/kernels/csrc/dense_linear.cpp; none under NANO_VLLM_AMX=0).
 AMX_ROWS = 0 if os.environ.get(AMX_ENV, "1") == "0" else 8
 AMX_CHUNK = 0  # all of K
 BF16_FMA = {"dot": 0, "fma": 1}  # set_dense_bf16_fma's blocks for those paths (else -1)

@@ -1,4 +1,4 @@
-"""The compiled argmax over logits rows (model/csrc/argmax_cpu.cpp) gives NumPy's answer:
+"""The compiled argmax over logits rows (model/kernels/csrc/argmax_cpu.cpp) gives NumPy's answer:
 the first of equal maxima, a NaN as the largest, the two zeros equal, in fp32 and bf16, on
 rows that are views; and the sampler's greedy rows take it."""
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from engine.sampler import argmax_rows
-from model.cpu_kernel import load_cpu_kernels
+from model.kernels.build import load_cpu_kernels
 
 kernels = load_cpu_kernels()
 pytestmark = pytest.mark.skipif(kernels is None, reason="no C++ toolchain to build the kernels")

@@ -7,7 +7,7 @@ import torch
 
 from kvcache.pool import BLOCK_SIZE, KVCachePool
 from model.attention import StepMetadata, TorchPagedAttention
-from model.cpu_kernel import load_paged_decode_attention
+from model.kernels.build import load_paged_decode_attention
 
 kernel = load_paged_decode_attention()
 pytestmark = pytest.mark.skipif(kernel is None, reason="no C++ toolchain to build the kernel")

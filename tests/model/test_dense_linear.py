@@ -11,13 +11,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model.cpu_kernel import (
-    as_avx2,
-    cpu_flags,
-    cpu_supports,
-    cpu_supports_avx2,
-    load_cpu_kernels,
-)
 from model.dense_linear import (
     PackedLinear,
     choose_panel,
@@ -26,6 +19,13 @@ from model.dense_linear import (
     kernel_support,
     pack_model_linears,
     pack_weight,
+)
+from model.kernels.build import (
+    as_avx2,
+    cpu_flags,
+    cpu_supports,
+    cpu_supports_avx2,
+    load_cpu_kernels,
 )
 from model.layers import Linear, causal_attention
 from model.loader import load_model

@@ -2,7 +2,7 @@
 
 Part of each kernel's path is chosen when it is compiled (the attention kernels' AVX-512 or
 AVX2 code) and part when it runs (bf16 matmuls on AVX512_BF16, on AMX, or on the AVX2 path),
-so a suite run on one CPU checks that CPU's paths only. `NANO_VLLM_CPU` (model/cpu_kernel.py)
+so a suite run on one CPU checks that CPU's paths only. `NANO_VLLM_CPU` (model/kernels/build.py)
 builds the kernels for an older target and hides what it lacks; here each target's build runs
 the attention, fused-op and Gemma-shape tests in a child pytest (about a minute to compile,
 half a minute to run, per target):
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from model.cpu_kernel import CPU_ENV, cpu_flags, cpu_supports, load_cpu_kernels
+from model.kernels.build import CPU_ENV, cpu_flags, cpu_supports, load_cpu_kernels
 
 ROOT = Path(__file__).resolve().parents[2]
 TESTS = ["tests/model/test_gemma_shapes.py", "tests/model/test_prefill_kernel.py",

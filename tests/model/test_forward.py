@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-from model.cpu_kernel import load_fused_ops
+from model.kernels.build import load_fused_ops
 from model.layers import use_fused_ops
 from model.llama import RotaryEmbedding, causal_attention
 from model.loader import load_model

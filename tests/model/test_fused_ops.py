@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model.cpu_kernel import load_fused_ops
+from model.kernels.build import load_fused_ops
 from model.layers import RotaryEmbedding
 
 ops = load_fused_ops()

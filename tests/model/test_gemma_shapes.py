@@ -20,9 +20,9 @@ import torch
 
 from kvcache.pool import BLOCK_SIZE, KVCachePool
 from model.attention import StepMetadata, TorchPagedAttention
-from model.cpu_kernel import load_paged_decode_attention, load_paged_prefill_attention
 from model.dense_linear import PackedLinear
 from model.gguf.codes import block_tensor
+from model.kernels.build import load_paged_decode_attention, load_paged_prefill_attention
 from tests.model.conftest import BF16_PATHS, PATHS, needs_bf16, needs_fp32
 from tests.model.test_dense_linear import check_bf16, check_fp32, inputs, rows
 from tests.model.test_gguf_codes import random_raw

@@ -1,4 +1,4 @@
-"""The kernels' build lock (model/cpu_kernel.py): a build that dies does not stop the next."""
+"""The kernels' build lock (model/kernels/build.py): a build that dies does not stop the next."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from model.cpu_kernel import (
+from model.kernels.build import (
     build_directory,
     build_lock,
     end_processes_working_in,
@@ -37,7 +37,7 @@ def test_the_lock_is_held_until_its_holder_dies(tmp_path):
     directory = tmp_path / "nano_vllm_cpu_kernels_x"
     holder = subprocess.Popen(
         [sys.executable, "-c", "import sys, time; from pathlib import Path; "
-         "from model.cpu_kernel import build_lock\n"
+         "from model.kernels.build import build_lock\n"
          f"with build_lock(Path({str(directory)!r})):\n"
          "    print('held', flush=True); time.sleep(60)"],
         cwd=ROOT, stdout=subprocess.PIPE, text=True)
@@ -74,7 +74,7 @@ def test_a_build_killed_midway_is_cleared_by_the_next(tmp_path, monkeypatch):
     running then; the next build ends them and clears the file."""
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
     directory = build_directory(module_name())
-    builder = subprocess.Popen([sys.executable, "-m", "model.cpu_kernel"], cwd=ROOT,
+    builder = subprocess.Popen([sys.executable, "-m", "model.kernels.build"], cwd=ROOT,
                                env={**os.environ, "PYTHONPATH": str(ROOT)},
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                start_new_session=True)  # its own group: it and its ninja

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from model.cpu_kernel import load_cpu_kernels
+from model.kernels.build import load_cpu_kernels
 
 pytestmark = pytest.mark.skipif(load_cpu_kernels() is None,
                                 reason="no C++ toolchain to build the kernels")
@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CHILD = textwrap.dedent('''
     import resource, sys
     import torch
-    from model.cpu_kernel import load_cpu_kernels
+    from model.kernels.build import load_cpu_kernels
 
     kernels = load_cpu_kernels()
     torch.set_num_threads(2)

@@ -1,4 +1,4 @@
-"""The compiled kernels compute without holding the GIL (model/csrc/bindings.cpp releases it
+"""The compiled kernels compute without holding the GIL (model/kernels/csrc/bindings.cpp releases it
 around each one): while one thread is inside a long matmul, another thread's Python runs. In
 the server's in-process mode that other thread is the HTTP server's."""
 

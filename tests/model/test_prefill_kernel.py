@@ -7,7 +7,7 @@ import torch
 
 from kvcache.pool import BLOCK_SIZE, KVCachePool
 from model.attention import StepMetadata, TorchPagedAttention
-from model.cpu_kernel import load_cpu_kernels, load_paged_prefill_attention
+from model.kernels.build import load_cpu_kernels, load_paged_prefill_attention
 
 kernel = load_paged_prefill_attention()
 pytestmark = pytest.mark.skipif(kernel is None, reason="no C++ toolchain to build the kernel")
@@ -187,7 +187,7 @@ def test_bf16_chunks_with_enough_work_take_sdpa_where_it_runs_on_amx():
     gather + SDPA (the very same output as that path); others take the kernel. Without it,
     every chunk takes the kernel. Only a bf16 pool on a CPU with AMX turns it on."""
     from model.attention import CpuKernelAttention, create_backend
-    from model.cpu_kernel import load_paged_decode_attention
+    from model.kernels.build import load_paged_decode_attention
 
     pool, table = filled_pool(3, 64, 700, seed=7, dtype=torch.bfloat16)
     routed = CpuKernelAttention(pool, load_paged_decode_attention(), kernel, amx_sdpa=True)
@@ -222,7 +222,7 @@ def test_a_steps_chunks_in_one_call_give_each_chunk_its_own_bits(dtype, window):
     them all: bit for bit each chunk's output from a call of its own, and within fp32's
     tolerance of gather + SDPA; with and without a sliding window."""
     from model.attention import CpuKernelAttention
-    from model.cpu_kernel import load_paged_decode_attention, load_paged_prefill_attention_chunks
+    from model.kernels.build import load_paged_decode_attention, load_paged_prefill_attention_chunks
 
     pool = KVCachePool(num_layers=1, num_blocks=60, num_kv_heads=3, head_dim=64, dtype=dtype)
     torch.manual_seed(3)
@@ -255,7 +255,7 @@ def test_a_steps_chunks_in_one_call_give_each_chunk_its_own_bits(dtype, window):
 def test_the_chunks_call_rejects_bad_chunks():
     """A chunk whose rows fall outside q or overlap another's, or tensors of different
     lengths, are a Python error, not a crash."""
-    from model.cpu_kernel import load_paged_prefill_attention_chunks
+    from model.kernels.build import load_paged_prefill_attention_chunks
 
     chunks_kernel = load_paged_prefill_attention_chunks()
     pool, table = filled_pool(3, 64, 40, seed=2)

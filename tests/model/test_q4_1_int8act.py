@@ -29,7 +29,7 @@ from torch import Tensor
 from benchmarks.studies.quant_accuracy import EVAL_TEXT
 from benchmarks.studies.quant_accuracy import PROMPTS as MORE_PROMPTS
 from engine.config import EngineConfig
-from model.cpu_kernel import cpu_has_vnni, load_cpu_kernels
+from model.kernels.build import cpu_has_vnni, load_cpu_kernels
 from model.llama import LlamaModel, causal_attention
 from model.loader import load_q4_1_model
 from model.weights import quantized

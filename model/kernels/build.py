@@ -1,4 +1,4 @@
-"""Our compiled CPU kernels (model/csrc/), built on first use.
+"""Our compiled CPU kernels (model/kernels/csrc/), built on first use.
 
 Built with PyTorch's C++ extension tooling (needs a C++ compiler and ninja; about a
 minute each, then cached under ~/.cache/torch_extensions). The build is keyed by the
@@ -7,7 +7,7 @@ CPU must not be loaded on another, and two checkouts with different sources must
 rebuild over each other. If a kernel cannot be built, the caller is told (None) and
 falls back to a PyTorch path, loudly. One build at a time per module (build_lock): a
 build that died (a server stopped during its first start) does not stop the next one.
-`python3 -m model.cpu_kernel` builds the module ahead, e.g. into an image.
+`python3 -m model.kernels.build` builds the module ahead, e.g. into an image.
 
 $NANO_VLLM_CPU builds and runs everything as on an older CPU, so that one machine with
 AVX-512 can run every CPU-specific path of every kernel:
@@ -45,7 +45,7 @@ HIDDEN_FLAGS = {"avx2": ("avx512", "amx", "avx_vnni"),
                 "avx512": ("avx512_bf16", "avx512_fp16", "amx", "avx_vnni", "avx512_vp2intersect")}
 AMX_ENV = "NANO_VLLM_AMX"  # "0": bf16 matmuls stay on AVX-512 where the CPU has AMX
 # "0": the AVX-512 path computes bf16 by vdpbf16ps, "1": by FMAs on widened weights, "N": by
-# FMAs from N row blocks; unset: as chosen for this CPU (model/csrc/dense_linear.cpp).
+# FMAs from N row blocks; unset: as chosen for this CPU (model/kernels/csrc/dense_linear.cpp).
 BF16_FMA_ENV = "NANO_VLLM_BF16_FMA"
 
 
@@ -221,7 +221,7 @@ def end_processes_working_in(directory: Path, timeout: float = 10.0) -> int:
 
 @cache
 def build_cpu_kernels() -> tuple[ModuleType | None, str | None]:
-    """The extension module with every kernel in model/csrc/ (bindings.cpp lists them), and
+    """The extension module with every kernel in model/kernels/csrc/ (bindings.cpp lists them), and
     None; or None and why it could not be built here. One module, so a first start
     compiles once (the sources in parallel, as separate objects)."""
     try:

@@ -55,19 +55,19 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   const pybind11::call_guard<pybind11::gil_scoped_release> no_gil;
   m.def("paged_decode_attention", &paged_decode_attention, no_gil,
         "decode attention over the paged KV cache, the last `window` tokens if window > 0 "
-        "(model/csrc/paged_attention_cpu.cpp)",
+        "(model/kernels/csrc/paged_attention_cpu.cpp)",
         pybind11::arg("q"), pybind11::arg("k_cache"), pybind11::arg("v_cache"),
         pybind11::arg("block_tables"), pybind11::arg("context_lens"), pybind11::arg("scale"),
         pybind11::arg("window") = 0);
   m.def("paged_prefill_attention", &paged_prefill_attention, no_gil,
         "causal attention of one prefill chunk over the paged KV cache, read in place "
-        "(model/csrc/paged_prefill_attention_cpu.cpp)",
+        "(model/kernels/csrc/paged_prefill_attention_cpu.cpp)",
         pybind11::arg("q"), pybind11::arg("k_cache"), pybind11::arg("v_cache"),
         pybind11::arg("block_table"), pybind11::arg("context_len"), pybind11::arg("scale"),
         pybind11::arg("window") = 0);
   m.def("paged_prefill_attention_chunks", &paged_prefill_attention_chunks, no_gil,
         "paged_prefill_attention for several chunks in one call: chunk c is rows "
-        "starts[c]:starts[c]+lengths[c] of q (model/csrc/paged_prefill_attention_cpu.cpp)",
+        "starts[c]:starts[c]+lengths[c] of q (model/kernels/csrc/paged_prefill_attention_cpu.cpp)",
         pybind11::arg("q"), pybind11::arg("k_cache"), pybind11::arg("v_cache"),
         pybind11::arg("block_tables"), pybind11::arg("context_lens"), pybind11::arg("starts"),
         pybind11::arg("lengths"), pybind11::arg("scale"), pybind11::arg("window") = 0);

@@ -32,7 +32,7 @@ namespace dense_amx {
 
 // Does the CPU have AMX-TILE and AMX-BF16, and has the kernel let this process use the tile
 // registers (Linux asks each process to request them once)? Never in a build for a target
-// without AMX (NANO_VLLM_CPU=avx512, model/cpu_kernel.py).
+// without AMX (NANO_VLLM_CPU=avx512, model/kernels/build.py).
 bool amx_usable() {
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
   static const bool usable = [] {

@@ -362,7 +362,7 @@ static bool cpu_has_avx512() {
 }
 
 // Only where the build's target has it too: a build for a CPU without it (NANO_VLLM_CPU=avx512
-// on one with it, model/cpu_kernel.py) then takes the paths such a CPU takes.
+// on one with it, model/kernels/build.py) then takes the paths such a CPU takes.
 static bool cpu_has_avx512_bf16() {
 #ifdef __AVX512BF16__
   return cpu_has_avx512() && __builtin_cpu_supports("avx512bf16");

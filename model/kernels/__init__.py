@@ -1,0 +1,1 @@
+"""Our compiled CPU kernels: their sources (csrc/), their build, their tuning."""
