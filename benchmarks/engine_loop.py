@@ -72,7 +72,7 @@ def main() -> None:
     for round_ in range(args.rounds):
         for (stack, engine), side_by_side in product(engines.items(), streams):
             if kernels is not None:
-                kernels.set_dense_row_streams(side_by_side)
+                kernels.tuning.set_dense_row_streams(side_by_side)
             p50 = itl_p50(engine, f"r{round_}", args.tokens, args.users)
             print(f"{args.model or 'default model'}, {args.dtype}, {args.weights} weights, "
                   f"{args.activations} activations, {args.lm_head} LM head, "
@@ -81,7 +81,7 @@ def main() -> None:
                   + ("" if side_by_side else ", one row's panels one after another")
                   + f": ITL p50 {p50:.2f} ms")
     if kernels is not None:
-        kernels.set_dense_row_streams(True)
+        kernels.tuning.set_dense_row_streams(True)
 
 
 def itl_p50(engine, request_id: str, tokens: int, users: int = 1) -> float:

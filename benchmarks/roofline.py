@@ -48,7 +48,7 @@ from benchmarks.model_matmuls import (
 )
 from benchmarks.results import ComputePeak, Machine, RooflineCell, RooflineRun, result_path
 from model.dense_linear import PackedLinear, load_dense_linear
-from model.kernels.build import cpu_flags
+from model.kernels.cpu import cpu_flags
 
 ROOT = Path(__file__).resolve().parents[1]
 ROWS = [1, 8, 30, 64]
@@ -164,7 +164,7 @@ def compute_peak(dtype: str, size: int, repeats: int, threads: int) -> ComputePe
                for name, fn in fns.items()}
     theory, note = theoretical_peak(dtype, threads, cpu_flags(), max_clock_mhz())
     kernels = load_dense_linear() if dtype == "float32" else None
-    instruction = kernels.dense_fma_peak(threads) if kernels else None
+    instruction = kernels.tuning.dense_fma_peak(threads) if kernels else None
     return ComputePeak(dtype, size, by_path, max(by_path.values()), theory, note,
                        instruction or None)
 

@@ -11,12 +11,9 @@ JSON file under the cache root, keyed by what it depends on (the CPU's model, th
 count, the model, its dtype and weights, the attention and matmul paths, whether decode
 steps run as one C++ call), so a later start reads it in no time.
 
-Then, where the dense matmul kernel runs (model/kernels/csrc/dense_linear.cpp), decode steps of
-PREFETCH_BATCH sequences are timed with each of PREFETCH_BYTES as the prefetch distance for
-rows that fit in one row block, in turns (one sequence's row reads its panels side by side
-without software prefetch, so a step of one would not see the distance); the default (4 KB)
-is kept unless another is faster by more than PREFETCH_MARGIN, and the choice is cached with
-the threads'.
+Then, where the dense matmul kernel runs, the kernels' start-up autotuner
+(model/kernels/autotune.py) is handed decode steps to time and picks the matmul's prefetch
+distance for a step of a few rows; the engine caches its answer with the threads'.
 
 A measurement describes the machine only if nothing else ran on it meanwhile: another
 process on one core makes the all-threads steps wait for the thread sharing it (a busy first
@@ -44,11 +41,11 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
 from engine.core import PagedEngineCore
 from engine.cpu_load import ForeignLoad
 from engine.request import FinishReason, Request, SamplingParams
+from model.kernels import autotune
 
 log = logging.getLogger("nano_vllm.threads")
 
@@ -60,15 +57,6 @@ ROUNDS = 3
 PROMPT = [1, 2, 3, 4]  # short enough, with the steps' tokens, to fill no block
 CACHE_ENV = "NANO_THREADS_CACHE"  # a file path replacing the default cache file
 FORCE_ENV = "NANO_MEASURE_THREADS"  # "1": measure again, as --single-thread-below measure
-# The one-row-block prefetch distances tried (the first is the kernel's own default), the
-# sequences of the decode steps they are timed on (a few: more than one, which does not
-# prefetch, and within one row block), the rounds each gets, and how much faster than the
-# default another must be to replace it (two starts on one idle machine measured 4 KB 5% faster,
-# then the two within 0.1%: a near tie is noise, and keeps the default).
-PREFETCH_BYTES = (4096, 16384)
-PREFETCH_BATCH = 4
-PREFETCH_ROUNDS = 10
-PREFETCH_MARGIN = 0.03
 # Other processes' CPU time during a measurement, in cores on average, above which it is not
 # cached (an idle machine measured 0.01-0.03 here; one spinning process, 0.7-1.0).
 FOREIGN_LIMIT = 0.2
@@ -113,7 +101,7 @@ def cache_file() -> Path:
 def cache_key(core: PagedEngineCore, cpu: str | None = None) -> dict[str, object]:
     """What the choice depends on."""
     config, runner = core.config, core.runner
-    from model.kernels.build import EMULATED_MARCH, cpu_flags, emulated_cpu
+    from model.kernels.cpu import EMULATED_MARCH, cpu_flags, emulated_cpu
     from model.prepare import resolve_model_dir
 
     emulated = emulated_cpu()
@@ -145,7 +133,7 @@ def _read_all(path: Path) -> dict:
 class Choice:
     """What was chosen for one key, and the timings it was chosen from: the threshold, and
     the one-block prefetch distance (None where the dense kernel does not run) with the
-    median PREFETCH_BATCH-sequence step (ms) at each distance tried."""
+    median step (ms) at each distance tried (model/kernels/autotune.py)."""
 
     single_thread_below: int
     timings: list[Timing]
@@ -252,40 +240,15 @@ def measure(core: PagedEngineCore, batch_sizes: Sequence[int] | None = None) -> 
     return timings
 
 
-class PrefetchKnob(Protocol):
-    def set_prefetch_one_block(self, distance: int) -> None: ...
+def uses_dense_kernel(core: PagedEngineCore) -> bool:
+    """Do the core's matmuls run on the dense kernel (whose prefetch distance is tuned)?"""
+    return "packed-kernel" in core.runner.matmul_path
 
 
-def dense_kernel(core: PagedEngineCore) -> PrefetchKnob | None:
-    """The dense matmul kernels' module where the core's matmuls use it, else None."""
-    if "packed-kernel" not in core.runner.matmul_path:
-        return None
-    from model.dense_linear import load_dense_linear
-
-    return load_dense_linear()
-
-
-def prefetch_from(step_ms: dict[int, float]) -> int:
-    """The default distance (PREFETCH_BYTES[0]) unless another's step was faster by more
-    than PREFETCH_MARGIN; then the fastest."""
-    default = PREFETCH_BYTES[0]
-    fastest = min(step_ms, key=step_ms.__getitem__)
-    return fastest if step_ms[fastest] < step_ms[default] * (1 - PREFETCH_MARGIN) else default
-
-
-def measure_prefetch(core: PagedEngineCore, kernels: PrefetchKnob) -> dict[int, float]:
-    """The median decode step of PREFETCH_BATCH sequences (ms) with each of PREFETCH_BYTES
-    as the kernel's one-block prefetch distance, in turns; the kernel is left at the first."""
-    times: dict[int, list[float]] = {b: [] for b in PREFETCH_BYTES}
+def tune_prefetch(core: PagedEngineCore) -> autotune.Prefetch | None:
+    """The autotuner's prefetch distance, from decode steps of this core (no speculation)."""
     with timing_steps(core):
-        try:
-            for _ in range(PREFETCH_ROUNDS):
-                for distance, steps in times.items():
-                    kernels.set_prefetch_one_block(distance)
-                    steps.extend(_timed_steps(core, PREFETCH_BATCH))
-        finally:
-            kernels.set_prefetch_one_block(PREFETCH_BYTES[0])
-    return {b: round(statistics.median(t), 2) for b, t in times.items()}
+        return autotune.tune_prefetch(lambda rows: _timed_steps(core, rows))
 
 
 def check_clean(core: PagedEngineCore) -> None:
@@ -308,7 +271,7 @@ def describe(choice: Choice, threads: int) -> str:
     if choice.prefetch_ms:
         tried = ", ".join(f"{b // 1024} KB {ms:.2f} ms" for b, ms in choice.prefetch_ms.items())
         text += (f"; matmul prefetch {choice.prefetch_one_block // 1024} KB ahead for a few "
-                 f"rows ({PREFETCH_BATCH}-sequence step: {tried})")
+                 f"rows ({autotune.ROWS}-sequence step: {tried})")
     return text
 
 
@@ -327,7 +290,7 @@ def choose_threads(core: object, again: bool = False,
         return None
     path, key, threads = cache_file(), cache_key(core), policy.max_threads
     again = again or os.environ.get(FORCE_ENV) == "1"
-    kernels = dense_kernel(core)
+    kernel = uses_dense_kernel(core)
     choice = None if again else read_cached(path, key)
     if choice is not None:
         log.info("threads: %s, read from %s", describe(choice, threads), path)
@@ -344,13 +307,13 @@ def choose_threads(core: object, again: bool = False,
                         describe_threshold(core.config.single_thread_below))
             choice = Choice(core.config.single_thread_below, timings)
         else:
-            if kernels is not None:
-                policy.single_below = choice.single_thread_below
-                choice.prefetch_ms = measure_prefetch(core, kernels)
-                choice.prefetch_one_block = prefetch_from(choice.prefetch_ms)
+            policy.single_below = choice.single_thread_below
+            tuned = tune_prefetch(core) if kernel else None
+            if tuned is not None:
+                choice.prefetch_one_block, choice.prefetch_ms = tuned.distance, tuned.step_ms
             write_cached(path, key, choice)
             log.info("threads: %s, cached in %s", describe(choice, threads), path)
     policy.single_below = core.config.single_thread_below = choice.single_thread_below
-    if kernels is not None and choice.prefetch_one_block is not None:
-        kernels.set_prefetch_one_block(choice.prefetch_one_block)
+    if kernel and choice.prefetch_one_block is not None:
+        autotune.set_prefetch(choice.prefetch_one_block)
     return choice.single_thread_below

@@ -20,7 +20,6 @@ it falls back to plain torch matmuls.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable
 from functools import cache
 
@@ -28,7 +27,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from model.kernels.build import AMX_ENV, cpu_supports, cpu_supports_avx2, load_cpu_kernels
+from model.kernels.build import load_cpu_kernels
+from model.kernels.cpu import cpu_supports, cpu_supports_avx2
+from model.kernels.tuning import tuning
 
 log = logging.getLogger("nano_vllm.kernel")
 
@@ -39,8 +40,8 @@ def kernel_support() -> dict[str, bool]:
     run on AVX2 with FMA, and on AVX-512 where the CPU has it (F, BW, VL, DQ; bfloat16 by
     vdpbf16ps or AMX where it also has AVX512_BF16, else by FMAs on widened weights). Read
     from /proc/cpuinfo; where there is none, torch's own probe decides. The environment
-    variable NANO_VLLM_DENSE_KERNEL=0 turns the kernel off."""
-    if os.environ.get("NANO_VLLM_DENSE_KERNEL", "1") == "0":
+    variable NANO_VLLM_DENSE_KERNEL=0 turns the kernel off (model/kernels/tuning.py)."""
+    if not tuning().dense_kernel:
         return {"float32": False, "bfloat16": False}
     both = cpu_supports() or cpu_supports_avx2()
     return {"float32": both, "bfloat16": both}
@@ -63,12 +64,12 @@ def bf16_arithmetic() -> str:
         return {"avx2": "FMAs on weights widened to fp32 (AVX2)", "none": "torch"}[isa]
     if not cpu_supports(bf16=True):
         return "FMAs on weights widened to fp32 (AVX-512; this CPU has no AVX512_BF16)"
-    kernels = load_dense_linear()
-    blocks = kernels.dense_bf16_fma_blocks()
+    knobs = load_dense_linear().tuning
+    blocks = knobs.dense_bf16_fma_blocks()
     way = ("vdpbf16ps" if blocks == 0 else "FMAs on weights widened to fp32" if blocks == 1
            else f"vdpbf16ps, FMAs on weights widened to fp32 from {blocks} row blocks")
-    way += f" (vdpbf16ps at {kernels.bf16_dot_rate():.2f}x the FMAs' rate here)"
-    amx = kernels.dense_amx_usable() and os.environ.get(AMX_ENV, "1") != "0"
+    way += f" (vdpbf16ps at {knobs.bf16_dot_rate():.2f}x the FMAs' rate here)"
+    amx = knobs.dense_amx_usable() and tuning().amx
     return way + (", AMX from 8 rows" if amx else "")
 
 

@@ -80,7 +80,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     if not (report.skipped and os.environ.get("CI") == "true"
             and "tests/model/" in item.nodeid.replace("\\", "/")):
         return
-    from model.kernels.build import cpu_supports, cpu_supports_avx2, cpu_supports_quantized
+    from model.kernels.cpu import cpu_supports, cpu_supports_avx2, cpu_supports_quantized
 
     reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
     if kernel_skip_is_a_failure(reason, shutil.which("c++") is not None, cpu_supports(),

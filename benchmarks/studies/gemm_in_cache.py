@@ -62,7 +62,7 @@ def main() -> int:
     if kernels is None:
         print("our kernels do not build on this machine")
         return 1
-    peak = {t: kernels.dense_fma_peak(t) for t in (1, 2)}
+    peak = {t: kernels.tuning.dense_fma_peak(t) for t in (1, 2)}
     weights = make_weights(torch.float32)
     passes = build("ours", weights)
     print(f"{cpu_model()}; fp32, our kernel; GFLOP/s, best of {args.repeats}; FMA instruction "

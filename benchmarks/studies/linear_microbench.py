@@ -51,11 +51,11 @@ def set_path(path: str) -> None:
     """The kernel's knobs for one of OUR_PATHS (the defaults for any other path)."""
     avx2, amx_rows, bf16_fma, streams, group_bytes = OUR_PATHS.get(path, OUR_PATHS["ours"])
     kernels = load_dense_linear()
-    kernels.set_dense_group_bytes(GROUP_BYTES if group_bytes < 0 else group_bytes)
-    kernels.set_dense_avx2(avx2)
-    kernels.set_dense_amx(amx_rows, AMX_CHUNK)
-    kernels.set_dense_bf16_fma(bf16_fma)
-    kernels.set_dense_row_streams(streams)
+    kernels.tuning.set_dense_group_bytes(GROUP_BYTES if group_bytes < 0 else group_bytes)
+    kernels.tuning.set_dense_avx2(avx2)
+    kernels.tuning.set_dense_amx(amx_rows, AMX_CHUNK)
+    kernels.tuning.set_dense_bf16_fma(bf16_fma)
+    kernels.tuning.set_dense_row_streams(streams)
 
 
 def main() -> None:
@@ -82,10 +82,10 @@ def main() -> None:
     torch.set_grad_enabled(False)
     load_dense_linear()
     if args.prefetch is not None:
-        load_dense_linear().set_prefetch_bytes(args.prefetch)
-        load_dense_linear().set_prefetch_one_block(args.prefetch)
+        load_dense_linear().tuning.set_prefetch_bytes(args.prefetch)
+        load_dense_linear().tuning.set_prefetch_one_block(args.prefetch)
     if args.chunk is not None:
-        load_dense_linear().set_chunk_steps(args.chunk)
+        load_dense_linear().tuning.set_chunk_steps(args.chunk)
     kw = {} if args.panel is None else {"panel": args.panel}
 
     print(f"threads={args.threads}, best of {args.repeats} passes, ms per pass "

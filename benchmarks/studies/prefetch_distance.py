@@ -52,8 +52,8 @@ def main() -> None:
             times: dict[int, list[float]] = {d: [] for d in args.distances}
             for _ in range(args.rounds):
                 for distance, passes in times.items():
-                    kernels.set_prefetch_bytes(distance)
-                    kernels.set_prefetch_one_block(distance)
+                    kernels.tuning.set_prefetch_bytes(distance)
+                    kernels.tuning.set_prefetch_one_block(distance)
                     passes.append(time_pass(fns, inputs, args.repeats))
             first = times[args.distances[0]]
             for distance, passes in times.items():
@@ -63,8 +63,8 @@ def main() -> None:
                       f"({nbytes / best / 1e9:.1f} GB/s), {ratio:.3f}x the "
                       f"{args.distances[0]} B pass", flush=True)
         del fns, weights
-    kernels.set_prefetch_bytes(DEFAULT_SEVERAL)
-    kernels.set_prefetch_one_block(DEFAULT_ONE_BLOCK)
+    kernels.tuning.set_prefetch_bytes(DEFAULT_SEVERAL)
+    kernels.tuning.set_prefetch_one_block(DEFAULT_ONE_BLOCK)
 
 
 if __name__ == "__main__":

@@ -50,7 +50,8 @@ def create_backend(requested: str, pool: KVCachePool) -> TorchPagedAttention:
     if name is AttentionBackend.CPU_KERNEL:
         kernel = load_paged_decode_attention()
         if kernel is not None:
-            amx_sdpa = pool.k[0].dtype == torch.bfloat16 and load_cpu_kernels().dense_amx_usable()
+            amx_sdpa = (pool.k[0].dtype == torch.bfloat16
+                        and load_cpu_kernels().tuning.dense_amx_usable())
             return CpuKernelAttention(pool, kernel, load_paged_prefill_attention(), amx_sdpa,
                                       load_paged_prefill_attention_chunks())
     return TorchPagedAttention(pool)

@@ -9,13 +9,10 @@ falls back to a PyTorch path, loudly. One build at a time per module (build_lock
 build that died (a server stopped during its first start) does not stop the next one.
 `python3 -m model.kernels.build` builds the module ahead, e.g. into an image.
 
-$NANO_VLLM_CPU builds and runs everything as on an older CPU, so that one machine with
-AVX-512 can run every CPU-specific path of every kernel:
-- `avx2`: a CPU with AVX2 and FMA but no AVX-512 (AMD Zen 3, say): `-march=x86-64-v3`, the
-  AVX-512 flags hidden, the matmuls' AVX2 paths forced;
-- `avx512`: a CPU with AVX-512 and VNNI but neither AVX512_BF16 nor AMX (Intel Ice Lake):
-  `-march=icelake-server`, those flags hidden; the kernels take a path only where the build's
-  target has its instructions too, so bf16 matmuls take the AVX2 path, as on such a CPU.
+Under an emulated older CPU ($NANO_VLLM_CPU: model/kernels/tuning.py) the module is built for
+that CPU's target (`-march=x86-64-v3` or `-march=icelake-server`); the kernels take a path only
+where the build's target has its instructions too, so on the emulated Ice Lake bf16 matmuls
+take the AVX2 path, as on such a CPU. The knobs are applied as the module loads, and logged.
 """
 
 from __future__ import annotations
@@ -32,40 +29,13 @@ from functools import cache
 from pathlib import Path
 from types import ModuleType
 
-import torch
+from model.kernels.cpu import EMULATED_MARCH, cpu_identity, emulated_cpu
+from model.kernels.tuning import tuning
 
 log = logging.getLogger("nano_vllm.kernel")
 CSRC = Path(__file__).parent / "csrc"
 # -ffast-math lets exp() vectorize; our kernels never see inf or NaN.
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffast-math"]
-CPU_ENV = "NANO_VLLM_CPU"  # "avx2" or "avx512": behave as an older CPU (module docstring)
-# What each $NANO_VLLM_CPU builds for, and the /proc/cpuinfo flags it hides from our code.
-EMULATED_MARCH = {"avx2": "x86-64-v3", "avx512": "icelake-server"}
-HIDDEN_FLAGS = {"avx2": ("avx512", "amx", "avx_vnni"),
-                "avx512": ("avx512_bf16", "avx512_fp16", "amx", "avx_vnni", "avx512_vp2intersect")}
-AMX_ENV = "NANO_VLLM_AMX"  # "0": bf16 matmuls stay on AVX-512 where the CPU has AMX
-# "0": the AVX-512 path computes bf16 by vdpbf16ps, "1": by FMAs on widened weights, "N": by
-# FMAs from N row blocks; unset: as chosen for this CPU (model/kernels/csrc/dense_linear.cpp).
-BF16_FMA_ENV = "NANO_VLLM_BF16_FMA"
-
-
-AVX512 = {"avx512f", "avx512bw", "avx512vl", "avx512dq"}  # what our kernels' code needs
-AVX2 = {"avx2", "fma"}  # the dense kernel's path for CPUs without AVX-512
-AVX2_QUANTIZED = AVX2 | {"f16c"}  # the quantized kernels' (fp16 scales)
-
-
-def emulated_cpu() -> str | None:
-    """The older CPU this process is to behave as ($NANO_VLLM_CPU: "avx2" or "avx512"), or
-    None for this CPU as it is."""
-    value = os.environ.get(CPU_ENV, "").lower()
-    if value not in ("", "native", *EMULATED_MARCH):
-        raise ValueError(f"{CPU_ENV}={value!r}: expected 'avx2', 'avx512' or 'native'")
-    return value if value in EMULATED_MARCH else None
-
-
-def as_avx2() -> bool:
-    """Is this process to behave as on a CPU with AVX2 but no AVX-512 ($NANO_VLLM_CPU=avx2)?"""
-    return emulated_cpu() == "avx2"
 
 
 def cflags() -> list[str]:
@@ -76,75 +46,6 @@ def cflags() -> list[str]:
         return CFLAGS
     return [f for f in CFLAGS if f != "-march=native"] + [f"-march={EMULATED_MARCH[emulated]}",
                                                           "-mtune=native"]
-
-
-@cache
-def cpu_flags() -> frozenset[str]:
-    """The CPU's feature flags from /proc/cpuinfo (empty where there is none; without those
-    the emulated CPU lacks under $NANO_VLLM_CPU); read once: every quantized layer asks at
-    load."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                flags = line.split(":", 1)[1].split()
-                emulated = emulated_cpu()
-                if emulated is not None:
-                    flags = [f for f in flags if not f.startswith(HIDDEN_FLAGS[emulated])]
-                return frozenset(flags)
-    except OSError:
-        pass
-    return frozenset()
-
-
-def cpu_supports(bf16: bool = False) -> bool:
-    """Can this CPU run our AVX-512 kernels (with bf16: also AVX512_BF16)? Read from
-    /proc/cpuinfo; where there is none, PyTorch's own probe decides, and bf16 is off."""
-    flags = cpu_flags()
-    if not flags:
-        return not bf16 and torch.backends.cpu.get_cpu_capability() in ("AVX512", "AMX")
-    return AVX512.issubset(flags) and (not bf16 or "avx512_bf16" in flags)
-
-
-def cpu_supports_avx2() -> bool:
-    """Has this CPU AVX2 with FMA (what the dense kernel's second path needs where AVX-512 is
-    missing)? Read from /proc/cpuinfo; where there is none, PyTorch's own probe decides."""
-    flags = cpu_flags()
-    if not flags:
-        return torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512", "AMX")
-    return AVX2.issubset(flags)
-
-
-def cpu_supports_quantized() -> bool:
-    """Can this CPU run our quantized matmuls (AVX-512 F, BW, VL, DQ; or AVX2 with FMA and
-    F16C)? Read from /proc/cpuinfo; where there is none, PyTorch's own probe decides."""
-    return cpu_supports() or cpu_supports_avx2_quantized()
-
-
-def cpu_supports_avx2_quantized() -> bool:
-    """Has this CPU AVX2 with FMA and F16C (what the quantized kernels' AVX2 copies need)?
-    Read from /proc/cpuinfo; where there is none, PyTorch's own probe decides."""
-    flags = cpu_flags()
-    if not flags:
-        return torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512", "AMX")
-    return AVX2_QUANTIZED.issubset(flags)
-
-
-def cpu_has_vnni() -> bool:
-    """Has this CPU AVX512-VNNI (`vpdpbusd`, the int8 dot products of --activations int8)?
-    Read from /proc/cpuinfo; where there is none, no."""
-    return "avx512_vnni" in cpu_flags()
-
-
-def cpu_identity() -> str:
-    """The CPU model and flags: what -march=native compiled for."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        import platform
-        return platform.processor()
-    wanted = [ln for ln in lines if ln.startswith(("model name", "flags"))]
-    emulated = emulated_cpu()
-    return "\n".join(wanted[:2] + ([f"as {EMULATED_MARCH[emulated]}"] if emulated else []))
 
 
 def module_name() -> str:
@@ -232,13 +133,8 @@ def build_cpu_kernels() -> tuple[ModuleType | None, str | None]:
         with build_lock(build_directory(name)):
             module = load(name=name, sources=[str(f) for f in sorted(CSRC.glob("*.cpp"))],
                           extra_cflags=cflags(), extra_ldflags=["-fopenmp"])
-        if as_avx2():
-            module.set_dense_avx2(True)
-            module.set_quantized_avx2(True)
-        if os.environ.get(AMX_ENV, "1") == "0":
-            module.set_dense_amx(0, 0)
-        if os.environ.get(BF16_FMA_ENV, "").isdigit():
-            module.set_dense_bf16_fma(int(os.environ[BF16_FMA_ENV]))
+        tuning().apply(module)
+        log.info("kernel tuning: %s", tuning().describe())
         return module, None
     except Exception as exc:  # no compiler, no ninja, ...: fall back, loudly
         log.warning("CPU kernels unavailable (%s); using the PyTorch paths", exc)

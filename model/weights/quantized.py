@@ -23,13 +23,12 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from model.kernels.build import (
+from model.kernels.build import cpu_kernels_error, load_cpu_kernels
+from model.kernels.cpu import (
     cpu_has_vnni,
-    cpu_kernels_error,
     cpu_supports,
     cpu_supports_avx2_quantized,
     cpu_supports_quantized,
-    load_cpu_kernels,
 )
 from model.weights.blocks import BlockTensor
 

@@ -27,6 +27,7 @@ from engine.thread_choice import (
     threshold_from,
     write_cached,
 )
+from model.kernels import autotune
 
 
 def timings(*pairs: tuple[float, float]) -> list[Timing]:
@@ -78,9 +79,9 @@ def test_an_entry_without_the_prefetch_distance_is_measured_again(tmp_path, mode
 
 
 def test_the_default_prefetch_distance_stays_unless_another_is_clearly_faster():
-    assert thread_choice.prefetch_from({4096: 10.0, 16384: 9.9}) == 4096  # 1%: a near tie
-    assert thread_choice.prefetch_from({4096: 10.0, 16384: 9.5}) == 16384
-    assert thread_choice.prefetch_from({4096: 9.0, 16384: 10.0}) == 4096
+    assert autotune.prefetch_from({4096: 10.0, 16384: 9.9}) == 4096  # 1%: a near tie
+    assert autotune.prefetch_from({4096: 10.0, 16384: 9.5}) == 16384
+    assert autotune.prefetch_from({4096: 9.0, 16384: 10.0}) == 4096
 
 
 class Knob:
@@ -99,13 +100,14 @@ def test_the_faster_prefetch_distance_is_kept_and_set_again_from_the_cache(
     monkeypatch.setenv(thread_choice.CACHE_ENV, str(tmp_path / "choices.json"))
     monkeypatch.setattr(thread_choice, "measure", lambda core: timings((5, 4)))
     knob = Knob()
-    monkeypatch.setattr(thread_choice, "dense_kernel", lambda core: knob)
+    monkeypatch.setattr(autotune, "knobs", lambda: knob)
+    monkeypatch.setattr(thread_choice, "uses_dense_kernel", lambda core: True)
     # 16 KB is the faster here (the default, 4 KB, is tried first).
     monkeypatch.setattr(thread_choice, "_timed_steps",
                         lambda core, batch: [9.0 if knob.distance == 16384 else 10.0])
     caplog.set_level(logging.INFO, "nano_vllm.threads")
     assert choose_threads(engine(model, tokenizer).core) == 0
-    rounds = thread_choice.PREFETCH_ROUNDS
+    rounds = autotune.ROUNDS
     assert knob.history == [4096, 16384] * rounds + [4096, 16384]  # tried, reset, chosen
     assert "matmul prefetch 16 KB ahead" in caplog.text and "4 KB 10.00 ms" in caplog.text
     knob.history.clear()
@@ -143,7 +145,7 @@ def default_prefetch():
 
     kernels = load_dense_linear()
     if kernels is not None:
-        kernels.set_prefetch_one_block(thread_choice.PREFETCH_BYTES[0])
+        kernels.tuning.set_prefetch_one_block(autotune.DISTANCES[0])
 
 
 def test_measuring_stops_at_the_first_batch_where_all_threads_win(monkeypatch, model,
@@ -168,7 +170,7 @@ def test_measures_leaving_the_engine_clean_then_reads_the_cache(tmp_path, monkey
     monkeypatch.setenv(thread_choice.CACHE_ENV, str(tmp_path / "choices.json"))
     monkeypatch.setattr(thread_choice, "BATCH_SIZES", (1, 4))  # a few seconds
     monkeypatch.setattr(thread_choice, "TIMED_STEPS", 2)
-    monkeypatch.setattr(thread_choice, "PREFETCH_ROUNDS", 1)
+    monkeypatch.setattr(autotune, "ROUNDS", 1)
     spec = SpeculativeConfig(prompt_lookup_min=1)  # off while measuring: back after
     first = engine(model, tokenizer, speculative=spec)
     before = first.metrics.render()
@@ -180,7 +182,7 @@ def test_measures_leaving_the_engine_clean_then_reads_the_cache(tmp_path, monkey
     assert f"cached in {tmp_path / 'choices.json'}" in caplog.text
     assert "batch 1: 1 thread" in caplog.text and "2 threads" in caplog.text
     assert ("batch 4: 1 thread" in caplog.text) == (chosen != 0)  # measured up to a win
-    if thread_choice.dense_kernel(first.core) is not None:  # the dense kernel runs here
+    if thread_choice.uses_dense_kernel(first.core):  # the dense kernel runs here
         assert "matmul prefetch" in caplog.text
     stats = first.core.stats()
     assert stats["blocks_used"] == stats["blocks_cached_free"] == stats["running"] == 0
@@ -234,11 +236,11 @@ def test_a_measurement_beside_a_busy_process_is_not_cached(tmp_path, monkeypatch
 
 def test_the_cache_is_keyed_by_the_cpu_flags(monkeypatch, model, tokenizer):
     """Two CPUs with one model name and different flags get different entries."""
-    from model.kernels import build as cpu_kernel
+    from model.kernels import cpu
 
     core = engine(model, tokenizer).core
     first = cache_key(core, cpu="Intel(R) Xeon(R) Processor @ 2.80GHz")
-    monkeypatch.setattr(cpu_kernel, "cpu_flags", lambda: frozenset({"avx2", "avx512f"}))
+    monkeypatch.setattr(cpu, "cpu_flags", lambda: frozenset({"avx2", "avx512f"}))
     second = cache_key(core, cpu="Intel(R) Xeon(R) Processor @ 2.80GHz")
     print(f"flags' digests: {first['cpu_flags']} and {second['cpu_flags']}")
     assert first["cpu"] == second["cpu"] and first["cpu_flags"] != second["cpu_flags"]

@@ -8,14 +8,9 @@ import pytest
 import torch
 
 from model.dense_linear import kernel_fn
-from model.kernels.build import (
-    AMX_ENV,
-    as_avx2,
-    cpu_supports,
-    cpu_supports_avx2,
-    cpu_supports_quantized,
-    load_cpu_kernels,
-)
+from model.kernels.build import load_cpu_kernels
+from model.kernels.cpu import as_avx2, cpu_supports, cpu_supports_avx2, cpu_supports_quantized
+from model.kernels.tuning import AMX_ENV
 
 # The dense matmul kernel's paths (model/kernels/csrc/dense_linear.cpp), for its tests and
 # those that run it at a model's shapes.
@@ -27,7 +22,7 @@ needs_bf16 = pytest.mark.skipif(not BF16_OK, reason="no AVX2 or no C++ toolchain
 # too, so that both are checked on every machine with AVX-512.
 PATHS = ["native"] + (["avx2"] if FP32_OK and cpu_supports() and cpu_supports_avx2() else [])
 # Where the CPU has AMX, bf16 from 8 rows runs on it; "no-amx" keeps the AVX-512 path tested.
-AMX = FP32_OK and cpu_supports(bf16=True) and load_cpu_kernels().dense_amx_usable()
+AMX = FP32_OK and cpu_supports(bf16=True) and load_cpu_kernels().tuning.dense_amx_usable()
 # The AVX-512 path computes bf16 by vdpbf16ps or by FMAs on widened weights, as chosen for the
 # CPU; "dot" and "fma" force each for every row count (AMX off), so both are tested anywhere.
 BF16_AVX512 = FP32_OK and cpu_supports(bf16=True)
@@ -49,15 +44,15 @@ def path(request):
         yield request.param
         return
     kernels = load_cpu_kernels()
-    kernels.set_dense_avx2(request.param == "avx2" or as_avx2())
-    kernels.set_dense_amx(AMX_ROWS if request.param == "avx2" else 0, AMX_CHUNK)
-    kernels.set_dense_bf16_fma(BF16_FMA.get(request.param, -1))
+    kernels.tuning.set_dense_avx2(request.param == "avx2" or as_avx2())
+    kernels.tuning.set_dense_amx(AMX_ROWS if request.param == "avx2" else 0, AMX_CHUNK)
+    kernels.tuning.set_dense_bf16_fma(BF16_FMA.get(request.param, -1))
     try:
         yield request.param
     finally:
-        kernels.set_dense_avx2(as_avx2())
-        kernels.set_dense_amx(AMX_ROWS, AMX_CHUNK)
-        kernels.set_dense_bf16_fma(-1)
+        kernels.tuning.set_dense_avx2(as_avx2())
+        kernels.tuning.set_dense_amx(AMX_ROWS, AMX_CHUNK)
+        kernels.tuning.set_dense_bf16_fma(-1)
 
 
 def quantized_paths() -> list[str]:
@@ -75,8 +70,8 @@ def quantized_path(request):
         yield request.param
         return
     kernels = load_cpu_kernels()
-    kernels.set_quantized_avx2(True)
+    kernels.tuning.set_quantized_avx2(True)
     try:
         yield request.param
     finally:
-        kernels.set_quantized_avx2(False)
+        kernels.tuning.set_quantized_avx2(False)

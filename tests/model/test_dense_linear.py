@@ -20,13 +20,8 @@ from model.dense_linear import (
     pack_model_linears,
     pack_weight,
 )
-from model.kernels.build import (
-    as_avx2,
-    cpu_flags,
-    cpu_supports,
-    cpu_supports_avx2,
-    load_cpu_kernels,
-)
+from model.kernels.build import load_cpu_kernels
+from model.kernels.cpu import as_avx2, cpu_flags, cpu_supports, cpu_supports_avx2
 from model.layers import Linear, causal_attention
 from model.loader import load_model
 from tests.conftest import LOGITS_ATOL, PROMPTS
@@ -62,14 +57,14 @@ def test_amx_is_used_where_the_cpu_has_it():
     layer = PackedLinear(w)
     try:
         for rows, amx_rows, expected in [(8, 8, AMX), (7, 8, False), (30, 0, False)]:
-            kernels.set_dense_amx(amx_rows, AMX_CHUNK)
-            before = kernels.dense_amx_calls()
+            kernels.tuning.set_dense_amx(amx_rows, AMX_CHUNK)
+            before = kernels.tuning.dense_amx_calls()
             layer(x[:rows])
-            assert (kernels.dense_amx_calls() > before) == expected, (rows, amx_rows)
-        kernels.set_dense_amx(8, 64)  # K in chunks of 64 steps, their sums added after
+            assert (kernels.tuning.dense_amx_calls() > before) == expected, (rows, amx_rows)
+        kernels.tuning.set_dense_amx(8, 64)  # K in chunks of 64 steps, their sums added after
         check_bf16(layer(x), x, w)
     finally:
-        kernels.set_dense_amx(AMX_ROWS, AMX_CHUNK)
+        kernels.tuning.set_dense_amx(AMX_ROWS, AMX_CHUNK)
 
 ROWS = [1, 3, 4, 5, 8, 17, 30, 33, 100]
 # (K, N): the model's shapes (LM head, qkv, down), K and N off every tile size, a tiny odd one,
@@ -198,14 +193,14 @@ def test_many_rows_in_row_groups_with_the_same_sums(dtype, path, k, n):
     kernels, kernel = load_cpu_kernels(), kernel_fn(dtype)
     row_bytes = k * x.element_size()
     for threads in [1, 2]:
-        kernels.set_dense_group_bytes(0)
+        kernels.tuning.set_dense_group_bytes(0)
         try:
             whole = kernel(x, layer.packed, n, threads)
             for rows in [25, 50, 75]:
-                kernels.set_dense_group_bytes(rows * row_bytes)
+                kernels.tuning.set_dense_group_bytes(rows * row_bytes)
                 assert torch.equal(kernel(x, layer.packed, n, threads), whole), (rows, threads)
         finally:
-            kernels.set_dense_group_bytes(-1)
+            kernels.tuning.set_dense_group_bytes(-1)
     (check_fp32 if dtype == torch.float32 else check_bf16)(whole, x, w)
 
 
@@ -225,11 +220,11 @@ def test_one_row_reads_panels_side_by_side_with_the_same_sums(dtype, k, n, panel
     layer = PackedLinear(w, panel=panel)
     kernels, kernel = load_cpu_kernels(), kernel_fn(dtype)
     for threads in [1, 2, 3]:
-        kernels.set_dense_row_streams(False)
+        kernels.tuning.set_dense_row_streams(False)
         try:
             one_by_one = kernel(x, layer.packed, n, threads)
         finally:
-            kernels.set_dense_row_streams(True)
+            kernels.tuning.set_dense_row_streams(True)
         side_by_side = kernel(x, layer.packed, n, threads)
         assert torch.equal(side_by_side, one_by_one), (threads, dtype, k, n)
     check = check_fp32 if dtype == torch.float32 else check_bf16
@@ -334,11 +329,11 @@ def test_bf16_takes_avx512_wherever_fp32_does():
     x, w = inputs(30, 576, 960, torch.bfloat16)
     layer = PackedLinear(w)
     kernels = load_cpu_kernels()
-    kernels.set_dense_bf16_fma(0)  # vdpbf16ps, where the CPU has it
+    kernels.tuning.set_dense_bf16_fma(0)  # vdpbf16ps, where the CPU has it
     try:
         check_bf16(layer(x), x, w)
     finally:
-        kernels.set_dense_bf16_fma(-1)
+        kernels.tuning.set_dense_bf16_fma(-1)
 
 
 def kernel_outputs(layer: PackedLinear, x: torch.Tensor, *, avx2: bool = False,
@@ -346,15 +341,15 @@ def kernel_outputs(layer: PackedLinear, x: torch.Tensor, *, avx2: bool = False,
     """layer(x) with the AVX2 path forced or not and bf16's way set (AMX off: it has its own
     order), the kernel's settings restored after."""
     kernels = load_cpu_kernels()
-    kernels.set_dense_amx(0, AMX_CHUNK)
-    kernels.set_dense_avx2(avx2 or as_avx2())
-    kernels.set_dense_bf16_fma(bf16_fma)
+    kernels.tuning.set_dense_amx(0, AMX_CHUNK)
+    kernels.tuning.set_dense_avx2(avx2 or as_avx2())
+    kernels.tuning.set_dense_bf16_fma(bf16_fma)
     try:
         return layer(x)
     finally:
-        kernels.set_dense_avx2(as_avx2())
-        kernels.set_dense_amx(AMX_ROWS, AMX_CHUNK)
-        kernels.set_dense_bf16_fma(-1)
+        kernels.tuning.set_dense_avx2(as_avx2())
+        kernels.tuning.set_dense_amx(AMX_ROWS, AMX_CHUNK)
+        kernels.tuning.set_dense_bf16_fma(-1)
 
 
 @needs_fp32
@@ -365,7 +360,7 @@ def test_the_avx2_path_agrees_with_the_native_one():
     elsewhere differ only where the instruction's pair sum rounds otherwise."""
     if "avx2" not in PATHS:
         pytest.skip("this CPU runs the AVX2 path natively")
-    two_fmas = load_cpu_kernels().dense_bf16_dot_is_two_fmas()
+    two_fmas = load_cpu_kernels().tuning.dense_bf16_dot_is_two_fmas()
     for dtype in [torch.float32, torch.bfloat16]:
         x, w = inputs(30, 576, 960, dtype)
         layer = PackedLinear(w)
@@ -404,8 +399,8 @@ def test_bf16_takes_the_faster_way_with_the_same_sums():
     if not BF16_AVX512:
         pytest.skip("no AVX512_BF16 here")
     kernels = load_cpu_kernels()
-    rate, two_fmas = kernels.bf16_dot_rate(), kernels.dense_bf16_dot_is_two_fmas()
-    blocks = kernels.dense_bf16_fma_blocks()
+    rate, two_fmas = kernels.tuning.bf16_dot_rate(), kernels.tuning.dense_bf16_dot_is_two_fmas()
+    blocks = kernels.tuning.dense_bf16_fma_blocks()
     print(f"vdpbf16ps: {rate:.2f}x the FMAs' multiply-adds per second, two FMAs: {two_fmas}; "
           f"bf16 by FMAs from {blocks} row blocks (0: never)")
     assert 0.2 < rate < 8
@@ -428,16 +423,16 @@ def test_fma_peak_is_a_plausible_instruction_rate():
     kernels = load_cpu_kernels()
     native = 16 if cpu_supports() else 8  # fp32 lanes of the path this CPU takes
     for lanes, force_avx2 in [(native, False), (8, True)]:
-        kernels.set_dense_avx2(force_avx2 or as_avx2())
+        kernels.tuning.set_dense_avx2(force_avx2 or as_avx2())
         try:
-            one, two = kernels.dense_fma_peak(1), kernels.dense_fma_peak(2)
+            one, two = kernels.tuning.dense_fma_peak(1), kernels.tuning.dense_fma_peak(2)
         finally:
-            kernels.set_dense_avx2(as_avx2())
+            kernels.tuning.set_dense_avx2(as_avx2())
         print(f"{lanes} lanes: FMA peak {one:.0f} GFLOP/s on 1 thread, {two:.0f} on 2")
         ceiling = lanes * 2 * 2 * 6.0
         assert 1 < one < ceiling and 1 < two < 2 * ceiling
     with pytest.raises(RuntimeError, match="threads must be positive"):
-        kernels.dense_fma_peak(0)
+        kernels.tuning.dense_fma_peak(0)
 
 
 # ---- the whole model -------------------------------------------------------------------

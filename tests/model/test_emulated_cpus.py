@@ -20,7 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from model.kernels.build import CPU_ENV, cpu_flags, cpu_supports, load_cpu_kernels
+from model.kernels.build import load_cpu_kernels
+from model.kernels.cpu import cpu_flags, cpu_supports
+from model.kernels.tuning import CPU_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
 TESTS = ["tests/model/test_gemma_shapes.py", "tests/model/test_prefill_kernel.py",

@@ -211,7 +211,7 @@ def test_bf16_chunks_with_enough_work_take_sdpa_where_it_runs_on_amx():
         assert not torch.equal(outs["kernel"], outs["sdpa"])  # so the check above can fail
     fp32_pool, _ = filled_pool(3, 64, 16, seed=0)
     assert not create_backend("auto", fp32_pool).amx_sdpa
-    assert create_backend("auto", pool).amx_sdpa is load_cpu_kernels().dense_amx_usable()
+    assert create_backend("auto", pool).amx_sdpa is load_cpu_kernels().tuning.dense_amx_usable()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

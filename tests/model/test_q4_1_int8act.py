@@ -29,7 +29,8 @@ from torch import Tensor
 from benchmarks.studies.quant_accuracy import EVAL_TEXT
 from benchmarks.studies.quant_accuracy import PROMPTS as MORE_PROMPTS
 from engine.config import EngineConfig
-from model.kernels.build import cpu_has_vnni, load_cpu_kernels
+from model.kernels.build import load_cpu_kernels
+from model.kernels.cpu import cpu_has_vnni
 from model.llama import LlamaModel, causal_attention
 from model.loader import load_q4_1_model
 from model.weights import quantized
@@ -150,11 +151,11 @@ def test_the_avx2_copy_gives_the_vnni_copys_results_bit_for_bit(kind):
     for batch in ROWS:
         x = torch.randn(batch, 1536, generator=g) * 3
         vnni, vnni_codes = layer(x), kernels.quantize_rows_int8(x)
-        kernels.set_quantized_avx2(True)
+        kernels.tuning.set_quantized_avx2(True)
         try:
             avx2, avx2_codes = layer(x), kernels.quantize_rows_int8(x)
         finally:
-            kernels.set_quantized_avx2(False)
+            kernels.tuning.set_quantized_avx2(False)
         assert torch.equal(avx2, vnni)
         assert all(torch.equal(a, b) for a, b in zip(avx2_codes, vnni_codes, strict=True))
 

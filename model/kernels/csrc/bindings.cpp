@@ -75,40 +75,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rope_inplace", &rope_inplace, no_gil, "rotate-half RoPE in place (fused_ops_cpu.cpp)");
   m.def("silu_mul", &silu_mul, no_gil, "silu(gate) * up (fused_ops_cpu.cpp)");
   m.def("dense_linear", &dense_linear, no_gil, "x @ W, W packed in panels (dense_linear.cpp)");
-  m.def("set_prefetch_bytes", &set_prefetch_bytes, "dense_linear tuning knob");
-  m.def("set_prefetch_one_block", &set_prefetch_one_block,
-        "dense_linear tuning knob: the prefetch distance for rows in one row block");
-  m.def("set_chunk_steps", &set_chunk_steps, "dense_linear tuning knob");
-  m.def("set_dense_group_bytes", &set_dense_group_bytes,
-        "dense_linear: x bytes per row group for many rows (0: one group)");
-  m.def("set_dense_avx2", &set_dense_avx2,
-        "dense_linear: use the AVX2 path even where AVX-512 would run (tests, studies)");
-  m.def("set_dense_amx", &set_dense_amx,
-        "dense_linear: bf16 rows from which AMX runs where the CPU has it (0: never), and its "
-        "steps per chunk");
-  m.def("dense_amx_usable", &dense_amx_usable,
-        "dense_linear: does this CPU have AMX (tile, bf16) and may this process use it?");
-  m.def("dense_amx_calls", &dense_amx_calls,
-        "dense_linear: how many products have run on AMX in this process (tests)");
-  m.def("dense_bf16_fma_blocks", &dense_bf16_fma_blocks,
-        "dense_linear: from how many row blocks the AVX-512 path computes bf16 by FMAs on "
-        "widened weights (0: never; else by vdpbf16ps)");
-  m.def("set_dense_bf16_fma", &set_dense_bf16_fma,
-        "dense_linear: bf16 by FMAs from this many row blocks (1: always, 0: never, -1: as "
-        "chosen for this CPU)");
-  m.def("bf16_dot_rate", &bf16_dot_rate,
-        "vdpbf16ps's multiply-adds per second over FMAs' on this CPU (0: no AVX512_BF16)");
-  m.def("set_dense_row_streams", &set_dense_row_streams,
-        "dense_linear: one row reads several panels side by side (True, the default: 4 with "
-        "AVX-512, as many as fit the registers with AVX2) or one after another (the same sums "
-        "either way)");
-  m.def("dense_fma_peak", &dense_fma_peak,
-        "GFLOP/s of `threads` threads running independent fp32 FMA chains on registers only "
-        "(AVX-512, else AVX2): the fp32 GEMM's instruction peak");
-  m.def("dense_bf16_dot_is_two_fmas", &dense_bf16_dot_is_two_fmas,
-        "does this CPU's vdpbf16ps sum a pair as two fp32 FMAs, k+1 first (Intel's definition)?");
-  m.def("set_quantized_avx2", &set_quantized_avx2,
-        "the quantized matmuls: use the AVX2 copy even where AVX-512 would run (tests, studies)");
   m.def("q4_1_linear", &q4_1_linear, no_gil, "x @ W^T from Q4_1 codes (quantized_linear_cpu.cpp)");
   m.def("q8_0_linear", &q8_0_linear, no_gil, "x @ W^T from Q8_0 codes (quantized_linear_cpu.cpp)");
   m.def("q5_0_linear", &q5_0_linear, no_gil, "x @ W^T from Q5_0 codes (quantized_linear_cpu.cpp)");
@@ -130,6 +96,43 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "x's int8 codes, scales and scaled sums as q4_1_int8act_linear makes them");
   m.def("argmax_rows", &argmax_rows,
         "each row's argmax, first of equals, NaN the largest (argmax_cpu.cpp)");
+  // The knobs and what the kernels measured of this CPU, apart from the ops: set once as the
+  // module loads (model/kernels/tuning.py), by the start-up autotuner, and by tests/studies.
+  auto knobs = m.def_submodule("tuning", "the kernels' knobs and their measurements of this CPU");
+  knobs.def("set_prefetch_bytes", &set_prefetch_bytes, "dense_linear tuning knob");
+  knobs.def("set_prefetch_one_block", &set_prefetch_one_block,
+            "dense_linear tuning knob: the prefetch distance for rows in one row block");
+  knobs.def("set_chunk_steps", &set_chunk_steps, "dense_linear tuning knob");
+  knobs.def("set_dense_group_bytes", &set_dense_group_bytes,
+            "dense_linear: x bytes per row group for many rows (0: one group)");
+  knobs.def("set_dense_avx2", &set_dense_avx2,
+            "dense_linear: use the AVX2 path even where AVX-512 would run (tests, studies)");
+  knobs.def("set_dense_amx", &set_dense_amx,
+            "dense_linear: bf16 rows from which AMX runs where the CPU has it (0: never), and its "
+            "steps per chunk");
+  knobs.def("dense_amx_usable", &dense_amx_usable,
+            "dense_linear: does this CPU have AMX (tile, bf16) and may this process use it?");
+  knobs.def("dense_amx_calls", &dense_amx_calls,
+            "dense_linear: how many products have run on AMX in this process (tests)");
+  knobs.def("dense_bf16_fma_blocks", &dense_bf16_fma_blocks,
+            "dense_linear: from how many row blocks the AVX-512 path computes bf16 by FMAs on "
+            "widened weights (0: never; else by vdpbf16ps)");
+  knobs.def("set_dense_bf16_fma", &set_dense_bf16_fma,
+            "dense_linear: bf16 by FMAs from this many row blocks (1: always, 0: never, -1: as "
+            "chosen for this CPU)");
+  knobs.def("bf16_dot_rate", &bf16_dot_rate,
+            "vdpbf16ps's multiply-adds per second over FMAs' on this CPU (0: no AVX512_BF16)");
+  knobs.def("set_dense_row_streams", &set_dense_row_streams,
+            "dense_linear: one row reads several panels side by side (True, the default: 4 with "
+            "AVX-512, as many as fit the registers with AVX2) or one after another (the same sums "
+            "either way)");
+  knobs.def("dense_fma_peak", &dense_fma_peak,
+            "GFLOP/s of `threads` threads running independent fp32 FMA chains on registers only "
+            "(AVX-512, else AVX2): the fp32 GEMM's instruction peak");
+  knobs.def("dense_bf16_dot_is_two_fmas", &dense_bf16_dot_is_two_fmas,
+            "does this CPU's vdpbf16ps sum a pair as two fp32 FMAs, k+1 first (Intel's definition)?");
+  knobs.def("set_quantized_avx2", &set_quantized_avx2,
+            "the quantized matmuls: use the AVX2 copy even where AVX-512 would run (tests, studies)");
   pybind11::class_<DecodeStack>(m, "DecodeStack",
                                 "every decoder layer of a decode step in one call "
                                 "(decode_stack_cpu.cpp)")
