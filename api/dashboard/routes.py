@@ -76,10 +76,13 @@ def dashboard_router(engine: DashboardSource, model_name: str,
     board = engine.snapshots
     cache = FrameCache()
 
-    def need_board(model: str | None = None) -> Board:
+    def check_model(model: str | None) -> None:
         if model not in (None, "default", model_name):
             raise APIError(f"The model '{model}' does not exist; this server serves "
                            f"'{model_name}'.", "model", status=404, code="model_not_found")
+
+    def need_board(model: str | None = None) -> Board:
+        check_model(model)
         if board is None:  # a baseline core, an encoder
             raise APIError(f"The model '{model_name}' has no paged KV cache to show.",
                            status=404, err_type="not_found_error")
@@ -95,8 +98,7 @@ def dashboard_router(engine: DashboardSource, model_name: str,
 
     @router.get("/dashboard/models", dependencies=list(guarded))
     async def models(model: str | None = None) -> JSONResponse:
-        if model not in (None, "default", model_name):
-            need_board(model)  # the 404 naming the model served
+        check_model(model)
         return JSONResponse(model_list([model_card(model_name, "loaded", engine)], model_name))
 
     @router.get("/dashboard/events", dependencies=list(guarded))
