@@ -19,6 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
 
+from model.kernels.build import load_cpu_kernels
+
 DISTANCES = (4096, 16384)  # bytes; the first is the kernel's own default
 ROWS = 4  # more than one (which does not prefetch), within one row block
 ROUNDS = 10
@@ -34,10 +36,9 @@ class Prefetch:
 
 
 def knobs() -> ModuleType | None:
-    """The dense kernel's knobs (the module's `tuning`), or None where it does not run."""
-    from model.dense_linear import load_dense_linear
-
-    module = load_dense_linear()
+    """The kernels module's knobs (its `tuning`), or None where it could not be built. The
+    caller asks only where its matmuls run on the dense kernel."""
+    module = load_cpu_kernels()
     return None if module is None else module.tuning
 
 
